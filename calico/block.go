@@ -1,0 +1,234 @@
+package calico
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Block is Calico's AllocationBlock value (key BlockKey(CIDR)). The JSON field order and names are those
+// Calico v3.23-v3.31 writes; fields that only newer versions write are kept when read and omitted when
+// absent, so a block read from a newer Calico and written back loses nothing routing or IPAM needs.
+type Block struct {
+	CIDR netip.Prefix `json:"cidr"`
+	// Affinity is "host:<node>", "virtual:<name>", or nil for a block without owner.
+	Affinity *string `json:"affinity"`
+	// AffinityClaimTime is written by Calico v3.32+ only.
+	AffinityClaimTime *time.Time `json:"affinity_claim_time,omitempty"`
+	// Allocations has one entry per address of the block: nil = free, else an index into Attributes.
+	Allocations []*int `json:"allocations"`
+	// Unallocated is the FIFO of free ordinals: allocate from the head, release to the tail.
+	Unallocated []int                 `json:"unallocated"`
+	Attributes  []AllocationAttribute `json:"attributes"`
+	// SequenceNumber is incremented on every write (v3.23+).
+	SequenceNumber uint64 `json:"sequenceNumber"`
+	// SequenceNumberForAllocation maps an allocated ordinal (decimal string) to SequenceNumber at allocation.
+	// Nil in blocks written before v3.23.
+	SequenceNumberForAllocation map[string]uint64 `json:"sequenceNumberForAllocation"`
+	// Deleted is the Kubernetes backend's soft-delete marker: a deleted block is absent.
+	Deleted bool `json:"deleted"`
+	// HostAffinity is the pre-2016 owner field (a bare node name). Current Calico ignores it.
+	HostAffinity *string `json:"hostAffinity,omitempty"`
+}
+
+// AllocationAttribute is shared by the allocations that point at it: the handle that holds them and
+// free-form secondary attributes (namespace, pod, node, timestamp, ...).
+type AllocationAttribute struct {
+	HandleID  *string           `json:"handle_id"`
+	Secondary map[string]string `json:"secondary"`
+	// ReleasedAt marks an address in cool-down (unreleased Calico): still allocated, not reusable yet.
+	ReleasedAt json.RawMessage `json:"releasedAt,omitempty"`
+	// AlternateOwnerAttrs is written by Calico v3.32+; preserved verbatim.
+	AlternateOwnerAttrs json.RawMessage `json:"alternateOwnerAttrs,omitempty"`
+}
+
+// Secondary attribute names Calico's CNI plugin writes.
+const (
+	AttrNamespace = "namespace"
+	AttrPod       = "pod"
+	AttrNode      = "node"
+	AttrTimestamp = "timestamp"
+)
+
+// Size returns the number of addresses in the block (2^(bits-prefix)); 0 for an invalid or too large CIDR.
+func Size(cidr netip.Prefix) int {
+	host := cidr.Addr().BitLen() - cidr.Bits()
+	if !cidr.IsValid() || host < 0 || host > 24 {
+		return 0
+	}
+	return 1 << host
+}
+
+// DecodeBlock decodes a block value in any form Calico has written. It checks only what every consumer
+// relies on (a valid CIDR); call Validate for the full invariants.
+func DecodeBlock(data []byte) (*Block, error) {
+	var b Block
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("decode block: %w", err)
+	}
+	if !b.CIDR.IsValid() {
+		return nil, errors.New("decode block: missing or invalid cidr")
+	}
+	return &b, nil
+}
+
+// EncodeBlock encodes a block in the form Calico v3.23-v3.31 writes.
+func EncodeBlock(b *Block) ([]byte, error) {
+	if b.Allocations == nil {
+		return nil, fmt.Errorf("encode block %s: no allocations", b.CIDR)
+	}
+	out := *b
+	if out.Unallocated == nil {
+		out.Unallocated = []int{}
+	}
+	if out.Attributes == nil {
+		out.Attributes = []AllocationAttribute{}
+	}
+	if out.SequenceNumberForAllocation == nil {
+		out.SequenceNumberForAllocation = map[string]uint64{}
+	}
+	return json.Marshal(&out)
+}
+
+// NewBlock returns an empty block for cidr with the given affinity ("host:<node>" or "" for none), in the
+// state Calico creates: every ordinal free in order, sequence number seq (Calico uses time.Now().UnixNano()).
+func NewBlock(cidr netip.Prefix, affinity string, seq uint64) *Block {
+	cidr = Canonical(cidr)
+	n := Size(cidr)
+	b := &Block{
+		CIDR:                        cidr,
+		Allocations:                 make([]*int, n),
+		Unallocated:                 make([]int, n),
+		Attributes:                  []AllocationAttribute{},
+		SequenceNumber:              seq,
+		SequenceNumberForAllocation: map[string]uint64{},
+	}
+	if affinity != "" {
+		b.Affinity = &affinity
+	}
+	for i := range b.Unallocated {
+		b.Unallocated[i] = i
+	}
+	return b
+}
+
+// InvariantError names the first block invariant that does not hold.
+type InvariantError struct {
+	CIDR      netip.Prefix
+	Invariant string
+}
+
+func (e *InvariantError) Error() string {
+	return fmt.Sprintf("block %s: invariant broken: %s", e.CIDR, e.Invariant)
+}
+
+// Validate checks the invariants of a well-formed block and returns an *InvariantError naming the first
+// one broken: a canonical CIDR; len(allocations) == 2^(bits-prefix); allocated and unallocated ordinals
+// are disjoint and together cover every ordinal exactly once; every attribute index is valid and every
+// attribute is referenced; the keys of sequenceNumberForAllocation are exactly the allocated ordinals
+// (checked only when the field is present: blocks written before v3.23 have none).
+func (b *Block) Validate() error {
+	fail := func(format string, args ...any) error {
+		return &InvariantError{CIDR: b.CIDR, Invariant: fmt.Sprintf(format, args...)}
+	}
+	if b.CIDR != Canonical(b.CIDR) {
+		return fail("cidr is not canonical (host bits set or IPv4-mapped)")
+	}
+	n := Size(b.CIDR)
+	if n == 0 {
+		return fail("block size 2^%d is out of range", b.CIDR.Addr().BitLen()-b.CIDR.Bits())
+	}
+	if len(b.Allocations) != n {
+		return fail("len(allocations) = %d, want %d", len(b.Allocations), n)
+	}
+	referenced := make([]bool, len(b.Attributes))
+	allocated := 0
+	for ord, a := range b.Allocations {
+		if a == nil {
+			continue
+		}
+		allocated++
+		if *a < 0 || *a >= len(b.Attributes) {
+			return fail("allocations[%d] = %d is not an attribute index (have %d)", ord, *a, len(b.Attributes))
+		}
+		referenced[*a] = true
+	}
+	seen := make([]bool, n)
+	for _, ord := range b.Unallocated {
+		if ord < 0 || ord >= n {
+			return fail("unallocated ordinal %d out of range", ord)
+		}
+		if seen[ord] {
+			return fail("unallocated ordinal %d listed twice", ord)
+		}
+		seen[ord] = true
+		if b.Allocations[ord] != nil {
+			return fail("ordinal %d is both allocated and unallocated", ord)
+		}
+	}
+	if allocated+len(b.Unallocated) != n {
+		for ord := range n {
+			if b.Allocations[ord] == nil && !seen[ord] {
+				return fail("ordinal %d is neither allocated nor unallocated", ord)
+			}
+		}
+	}
+	for i, r := range referenced {
+		if !r {
+			return fail("attribute %d is not referenced by any allocation", i)
+		}
+	}
+	if b.SequenceNumberForAllocation != nil {
+		for k := range b.SequenceNumberForAllocation {
+			ord, err := strconv.Atoi(k)
+			if err != nil || ord < 0 || ord >= n || strconv.Itoa(ord) != k {
+				return fail("sequenceNumberForAllocation key %q is not an ordinal", k)
+			}
+			if b.Allocations[ord] == nil {
+				return fail("sequenceNumberForAllocation has free ordinal %d", ord)
+			}
+		}
+		if len(b.SequenceNumberForAllocation) != allocated {
+			for ord, a := range b.Allocations {
+				if _, ok := b.SequenceNumberForAllocation[strconv.Itoa(ord)]; a != nil && !ok {
+					return fail("allocated ordinal %d has no sequenceNumberForAllocation entry", ord)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Allocated reports the number of allocated ordinals.
+func (b *Block) Allocated() int {
+	n := 0
+	for _, a := range b.Allocations {
+		if a != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// AttributeOf returns the attribute of an allocated ordinal, or nil if the ordinal is free or invalid.
+func (b *Block) AttributeOf(ord int) *AllocationAttribute {
+	if ord < 0 || ord >= len(b.Allocations) || b.Allocations[ord] == nil {
+		return nil
+	}
+	i := *b.Allocations[ord]
+	if i < 0 || i >= len(b.Attributes) {
+		return nil
+	}
+	return &b.Attributes[i]
+}
+
+// Handle returns the attribute's handle ID, or "" when it has none.
+func (a *AllocationAttribute) Handle() string {
+	if a == nil || a.HandleID == nil {
+		return ""
+	}
+	return *a.HandleID
+}
