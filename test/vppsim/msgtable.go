@@ -20,34 +20,34 @@ import (
 // memclnt first, from 1, in this order, so ids 1-28 are the same in every build
 // (GoVPP hard-codes 15 for sockclnt_create).
 var memclntOrder = []string{
-	"memclnt_create",             // 1
-	"memclnt_create_reply",       // 2
-	"memclnt_delete",             // 3
-	"memclnt_delete_reply",       // 4
-	"rx_thread_exit",             // 5
-	"memclnt_rx_thread_suspend",  // 6
-	"memclnt_read_timeout",       // 7
-	"rpc_call",                   // 8
-	"rpc_call_reply",             // 9
-	"get_first_msg_id",           // 10
-	"get_first_msg_id_reply",     // 11
-	"api_versions",               // 12
-	"api_versions_reply",         // 13
-	"trace_plugin_msg_ids",       // 14
-	"sockclnt_create",            // 15
-	"sockclnt_create_reply",      // 16
-	"sockclnt_delete",            // 17
-	"sockclnt_delete_reply",      // 18
-	"sock_init_shm",              // 19
-	"sock_init_shm_reply",        // 20
-	"memclnt_keepalive",          // 21
-	"memclnt_keepalive_reply",    // 22
-	"control_ping",               // 23
-	"control_ping_reply",         // 24
-	"memclnt_create_v2",          // 25
-	"memclnt_create_v2_reply",    // 26
-	"get_api_json",               // 27
-	"get_api_json_reply",         // 28
+	"memclnt_create",            // 1
+	"memclnt_create_reply",      // 2
+	"memclnt_delete",            // 3
+	"memclnt_delete_reply",      // 4
+	"rx_thread_exit",            // 5
+	"memclnt_rx_thread_suspend", // 6
+	"memclnt_read_timeout",      // 7
+	"rpc_call",                  // 8
+	"rpc_call_reply",            // 9
+	"get_first_msg_id",          // 10
+	"get_first_msg_id_reply",    // 11
+	"api_versions",              // 12
+	"api_versions_reply",        // 13
+	"trace_plugin_msg_ids",      // 14
+	"sockclnt_create",           // 15
+	"sockclnt_create_reply",     // 16
+	"sockclnt_delete",           // 17
+	"sockclnt_delete_reply",     // 18
+	"sock_init_shm",             // 19
+	"sock_init_shm_reply",       // 20
+	"memclnt_keepalive",         // 21
+	"memclnt_keepalive_reply",   // 22
+	"control_ping",              // 23
+	"control_ping_reply",        // 24
+	"memclnt_create_v2",         // 25
+	"memclnt_create_v2_reply",   // 26
+	"get_api_json",              // 27
+	"get_api_json_reply",        // 28
 }
 
 // firstDynamicID is the first message id that depends on the VPP build.
