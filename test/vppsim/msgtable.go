@@ -223,8 +223,9 @@ func decodeIsBounded(t reflect.Type) bool {
 			}
 			n := tag[lb+1 : rb]
 			if n == "" || strings.Trim(n, "0123456789") != "" {
-				// Sized by a sibling count field: only an 8-bit count is bounded.
-				if !countIsU8(t, n) {
+				// Sized by a sibling count field: only an 8- or 16-bit count
+				// is bounded.
+				if !countIsSmall(t, n) {
 					return false
 				}
 			}
@@ -237,11 +238,11 @@ func decodeIsBounded(t reflect.Type) bool {
 	return true
 }
 
-func countIsU8(t reflect.Type, name string) bool {
+func countIsSmall(t reflect.Type, name string) bool {
 	for i := 0; i < t.NumField(); i++ {
 		tag := t.Field(i).Tag.Get("binapi")
 		if strings.Contains(tag+",", ",name="+name+",") {
-			return strings.HasPrefix(tag, "u8,")
+			return strings.HasPrefix(tag, "u8,") || strings.HasPrefix(tag, "u16,")
 		}
 	}
 	return false
