@@ -68,8 +68,8 @@ func FuzzServerFrames(f *testing.F) {
 	seed(routeReq(true, false, 0, "2001:db8::/64", nhPath("fd00::1", 1), fib_types.FibPath{Type: fib_types.FIB_API_PATH_TYPE_DROP}))
 	seed(&memclnt.SockclntDelete{}, &memclnt.ControlPing{})
 	seed(&memclnt.SockclntCreate{Name: "again"}, &memclnt.RPCCall{})
-	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})                // empty payload
-	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}) // absurd length
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})              // empty payload
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0})  // absurd length
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 23, 0xc1}) // truncated ping
 
 	f.Fuzz(func(t *testing.T, in []byte) {
