@@ -175,6 +175,17 @@ func TestFaultReplyDelay(t *testing.T) {
 	if d := time.Since(start); d < 150*time.Millisecond {
 		t.Errorf("reply after %v, want >= 150ms", d)
 	}
+	// Close does not wait for a pending slow reply.
+	s.SetFaults(Faults{ReplyDelay: time.Hour})
+	ch.SendRequest(&memclnt.ControlPing{})
+	time.Sleep(50 * time.Millisecond)
+	start = time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v with a reply pending", d)
+	}
 }
 
 func TestFaultHangUpAfter(t *testing.T) {

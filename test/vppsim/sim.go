@@ -277,7 +277,7 @@ func (s *Sim) stop() {
 		_ = ln.Close()
 	}
 	for c := range s.conns {
-		_ = c.nc.Close()
+		c.kill()
 	}
 	s.lmu.Unlock()
 	s.wg.Wait()
@@ -526,7 +526,9 @@ func (s *Sim) sendEvents(targets []eventTarget, ev interfaces.SwInterfaceEvent) 
 	}
 }
 
-// Request is one decoded message a client sent.
+// Request is one message a client sent whose id is in the message table,
+// logged in arrival order, including the handshake and messages dropped for
+// an unknown client_index.
 type Request struct {
 	Time   time.Time
 	Client uint32 // client_index from the header (0 when the shape has none)
