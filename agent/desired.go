@@ -107,6 +107,7 @@ type desiredSet struct {
 
 	ownerCounts     map[string]int
 	unresolvedCount int
+	resolved        int // targets with resolved == true
 }
 
 func newDesiredSet(node string) *desiredSet {
@@ -123,6 +124,7 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
 	d.ownerCounts = make(map[string]int)
 	d.unresolvedCount = 0
+	d.resolved = 0
 	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
 	for cidr, b := range snap.Blocks {
 		d.setBlock(cidr, b, dirty)
@@ -278,11 +280,17 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 			}
 		}
 	}
+	if old, ok := d.targets[p]; ok && old.resolved {
+		d.resolved--
+	}
 	if best == nil {
 		delete(d.targets, p)
 		return
 	}
 	d.targets[p] = *best
+	if best.resolved {
+		d.resolved++
+	}
 }
 
 func betterTarget(a, b target) bool {
@@ -341,6 +349,31 @@ func (d *desiredSet) managed(p netip.Prefix) bool {
 	}
 	return false
 }
+
+// prefixesOf returns the route prefixes that depend on node's peer IPs.
+func (d *desiredSet) prefixesOf(node string) map[netip.Prefix]struct{} {
+	out := make(map[netip.Prefix]struct{})
+	for cidr := range d.byNode[node] {
+		r := d.perBlock[cidr]
+		if r == nil {
+			continue
+		}
+		for _, rt := range r.routes {
+			if rt.Owner == node {
+				out[rt.Prefix] = struct{}{}
+			}
+		}
+		for _, u := range r.unresolved {
+			if u.Owner == node {
+				out[u.Prefix] = struct{}{}
+			}
+		}
+	}
+	return out
+}
+
+// resolvedCount returns the number of route prefixes with a resolved target.
+func (d *desiredSet) resolvedCount() int { return d.resolved }
 
 // routes returns the resolved targets sorted by prefix.
 func (d *desiredSet) routes() []DesiredRoute {
