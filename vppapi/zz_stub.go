@@ -5,7 +5,10 @@ package vppapi
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"log/slog"
 	"net/netip"
+	"time"
 )
 
 type Route struct {
@@ -82,3 +85,13 @@ func (c *Client) SetupUplink(ctx context.Context, u Uplink) (uint32, error)    {
 func (c *Client) EnsureTable(ctx context.Context, t uint32) error              { return nil }
 func (c *Client) DumpRoutes(ctx context.Context, t uint32) ([]FIBEntry, error) { return nil, nil }
 func (c *Client) Apply(ctx context.Context, adds, dels []Route) Result         { return Result{} }
+
+type Config struct {
+	Socket       string
+	ReplyTimeout time.Duration
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
+}
+
+func New(cfg Config) (*Client, error)           { return &Client{}, nil }
+func (c *Client) Run(ctx context.Context) error { return nil }
