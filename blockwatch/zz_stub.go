@@ -31,11 +31,11 @@ func (c Config) Validate() error { return nil }
 
 type Watcher struct{ ch chan *Snapshot }
 
-func New(cfg Config) (*Watcher, error)          { return &Watcher{ch: make(chan *Snapshot, 1)}, nil }
+func New(cfg Config) (*Watcher, error)           { return &Watcher{ch: make(chan *Snapshot, 1)}, nil }
 func (w *Watcher) Run(ctx context.Context) error { <-ctx.Done(); return nil }
-func (w *Watcher) Updates() <-chan *Snapshot    { return w.ch }
-func (w *Watcher) Relist()                      {}
-func (w *Watcher) Status() Status               { return Status{} }
+func (w *Watcher) Updates() <-chan *Snapshot     { return w.ch }
+func (w *Watcher) Relist()                       {}
+func (w *Watcher) Status() Status                { return Status{} }
 
 type Status struct {
 	Synced    bool
@@ -64,3 +64,5 @@ type Block struct {
 }
 
 type Peer struct{ IPv4, IPv6 netip.Addr }
+
+func List(ctx context.Context, cfg Config) (*Snapshot, error) { return nil, nil }
