@@ -1,0 +1,418 @@
+package vppsim
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"go.fd.io/govpp/binapi/fib_types"
+)
+
+// This file holds the simulated VPP state: FIB tables with per-source
+// contributions and interfaces with their addresses. It does no I/O; all of it
+// is guarded by Sim.mu.
+
+// Source tells which part of VPP owns the path set a FIB entry forwards with.
+type Source int
+
+const (
+	// SourceSpecial marks the routes VPP creates with every table (the IPv4
+	// drop routes for 0.0.0.0/0, 0.0.0.0/32, 224.0.0.0/4, 240.0.0.0/4,
+	// 255.255.255.255/32 and the IPv6 default drop route ::/0).
+	SourceSpecial Source = iota + 1
+	// SourceInterface marks the routes VPP derives from interface addresses
+	// (connected subnet, local address, network and broadcast drops).
+	SourceInterface
+	// SourceAPI marks routes added with ip_route_add_del (by any client) or
+	// with Sim.AddRoute.
+	SourceAPI
+)
+
+// String returns "special", "interface" or "api".
+func (s Source) String() string {
+	switch s {
+	case SourceSpecial:
+		return "special"
+	case SourceInterface:
+		return "interface"
+	case SourceAPI:
+		return "api"
+	}
+	return "unknown"
+}
+
+// MarshalText encodes the source as its String form (used by the JSON of
+// the standalone command's /fib endpoint).
+func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Path is one forwarding path of a route as VPP dumps it.
+type Path struct {
+	// NextHop is the next-hop address; the zero Addr when the path has none.
+	NextHop netip.Addr `json:"next_hop,omitzero"`
+	// SwIfIndex is the outgoing interface; ^uint32(0) when none (recursive
+	// and drop paths).
+	SwIfIndex uint32 `json:"sw_if_index"`
+	// Type is "" for a normal path, "attached" for the connected route of an
+	// interface address, or one of "local", "drop", "icmp-unreachable",
+	// "icmp-prohibit", "udp-encap", "bier-imp", "source-lookup", "dvr",
+	// "interface-rx", "classify".
+	Type string `json:"type,omitempty"`
+}
+
+// Route is one FIB entry with the paths of its best source.
+type Route struct {
+	TableID uint32       `json:"table_id"`
+	Prefix  netip.Prefix `json:"prefix"`
+	Source  Source       `json:"source"`
+	Paths   []Path       `json:"paths"`
+}
+
+// Interface is a snapshot of one simulated interface.
+type Interface struct {
+	SwIfIndex uint32         `json:"sw_if_index"`
+	Name      string         `json:"name"`
+	AdminUp   bool           `json:"admin_up"`
+	LinkUp    bool           `json:"link_up"`
+	Addresses []netip.Prefix `json:"addresses"`
+}
+
+var pathTypeNames = map[fib_types.FibPathType]string{
+	fib_types.FIB_API_PATH_TYPE_NORMAL:        "",
+	fib_types.FIB_API_PATH_TYPE_LOCAL:         "local",
+	fib_types.FIB_API_PATH_TYPE_DROP:          "drop",
+	fib_types.FIB_API_PATH_TYPE_UDP_ENCAP:     "udp-encap",
+	fib_types.FIB_API_PATH_TYPE_BIER_IMP:      "bier-imp",
+	fib_types.FIB_API_PATH_TYPE_ICMP_UNREACH:  "icmp-unreachable",
+	fib_types.FIB_API_PATH_TYPE_ICMP_PROHIBIT: "icmp-prohibit",
+	fib_types.FIB_API_PATH_TYPE_SOURCE_LOOKUP: "source-lookup",
+	fib_types.FIB_API_PATH_TYPE_DVR:           "dvr",
+	fib_types.FIB_API_PATH_TYPE_INTERFACE_RX:  "interface-rx",
+	fib_types.FIB_API_PATH_TYPE_CLASSIFY:      "classify",
+}
+
+// fibPath is a path as the simulator stores it: comparable, so that equal
+// paths are equal structs (VPP compares weight and preference too).
+type fibPath struct {
+	typ        fib_types.FibPathType
+	proto      fib_types.FibPathNhProto
+	flags      fib_types.FibPathFlags
+	swIfIndex  uint32
+	tableID    uint32 // next-hop table of a recursive path
+	nh         netip.Addr
+	weight     uint8
+	preference uint8
+	attached   bool // the connected route of an interface address
+}
+
+func (p fibPath) export() Path {
+	t := pathTypeNames[p.typ]
+	if p.attached {
+		t = "attached"
+	}
+	return Path{NextHop: p.nh, SwIfIndex: p.swIfIndex, Type: t}
+}
+
+func comparePaths(a, b fibPath) int {
+	if c := a.nh.Compare(b.nh); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.swIfIndex, b.swIfIndex); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.typ, b.typ); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.proto, b.proto); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.tableID, b.tableID); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.weight, b.weight); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.preference, b.preference); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.flags, b.flags)
+}
+
+// normalizePaths sorts paths and drops duplicates, in place.
+func normalizePaths(ps []fibPath) []fibPath {
+	if len(ps) > 1 {
+		slices.SortFunc(ps, comparePaths)
+		ps = slices.Compact(ps)
+	}
+	return ps
+}
+
+func dropPath(ip6 bool) fibPath {
+	return fibPath{typ: fib_types.FIB_API_PATH_TYPE_DROP, proto: protoOf(ip6), swIfIndex: ^uint32(0), weight: 1}
+}
+
+func protoOf(ip6 bool) fib_types.FibPathNhProto {
+	if ip6 {
+		return fib_types.FIB_API_PATH_NH_PROTO_IP6
+	}
+	return fib_types.FIB_API_PATH_NH_PROTO_IP4
+}
+
+// entry is one prefix of a table with the contribution of each source. The
+// best source wins: special, then interface, then API, then the default route.
+type entry struct {
+	prefix  netip.Prefix
+	stats   uint32
+	special []fibPath // FIB_SOURCE_SPECIAL, cannot be overridden
+	iface   []fibPath
+	api     []fibPath
+	deflt   []fibPath // FIB_SOURCE_DEFAULT_ROUTE, the lowest priority
+}
+
+func (e *entry) best() (Source, []fibPath) {
+	switch {
+	case e.special != nil:
+		return SourceSpecial, e.special
+	case e.iface != nil:
+		return SourceInterface, e.iface
+	case e.api != nil:
+		return SourceAPI, e.api
+	default:
+		return SourceSpecial, e.deflt
+	}
+}
+
+func (e *entry) empty() bool {
+	return e.special == nil && e.iface == nil && e.api == nil && e.deflt == nil
+}
+
+type tableKey struct {
+	id  uint32
+	ip6 bool
+}
+
+type fibTable struct {
+	key     tableKey
+	name    string
+	entries map[netip.Prefix]*entry
+}
+
+var (
+	specialV4 = []netip.Prefix{
+		netip.MustParsePrefix("0.0.0.0/0"),
+		netip.MustParsePrefix("0.0.0.0/32"),
+		netip.MustParsePrefix("255.255.255.255/32"),
+		netip.MustParsePrefix("224.0.0.0/4"),
+		netip.MustParsePrefix("240.0.0.0/4"),
+	}
+	specialV6 = []netip.Prefix{
+		netip.MustParsePrefix("::/0"),
+	}
+)
+
+// dumpRank orders the special prefixes first in ip_route_dump, as VPP does.
+func dumpRank(p netip.Prefix) int {
+	list := specialV4
+	if p.Addr().Is6() {
+		list = specialV6
+	}
+	if i := slices.Index(list, p); i >= 0 {
+		return i
+	}
+	return len(list)
+}
+
+func comparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}
+
+// newTable creates a table with the special routes VPP puts in every table.
+func (s *Sim) newTable(key tableKey, name string) *fibTable {
+	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry)}
+	specials := specialV4
+	if key.ip6 {
+		specials = specialV6
+	}
+	for _, p := range specials {
+		e := s.getEntry(t, p)
+		if p.Bits() == 0 {
+			e.deflt = []fibPath{dropPath(key.ip6)}
+		} else {
+			e.special = []fibPath{dropPath(key.ip6)}
+		}
+	}
+	return t
+}
+
+func (s *Sim) getEntry(t *fibTable, p netip.Prefix) *entry {
+	e := t.entries[p]
+	if e == nil {
+		s.statsIndex++
+		e = &entry{prefix: p, stats: s.statsIndex}
+		t.entries[p] = e
+	}
+	return e
+}
+
+func (t *fibTable) gc(e *entry) {
+	if e.empty() {
+		delete(t.entries, e.prefix)
+	}
+}
+
+// sortedEntries returns the table's entries in ip_route_dump order.
+func (t *fibTable) sortedEntries() []*entry {
+	es := make([]*entry, 0, len(t.entries))
+	for _, e := range t.entries {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int {
+		if c := cmp.Compare(dumpRank(a.prefix), dumpRank(b.prefix)); c != 0 {
+			return c
+		}
+		return comparePrefixes(a.prefix, b.prefix)
+	})
+	return es
+}
+
+// apiReplace sets the API paths of prefix p (ip_route_add_del, not multipath).
+func (s *Sim) apiReplace(t *fibTable, p netip.Prefix, paths []fibPath) *entry {
+	e := s.getEntry(t, p)
+	e.api = normalizePaths(paths)
+	return e
+}
+
+// apiAddPaths adds paths to the API path set of p (multipath add).
+func (s *Sim) apiAddPaths(t *fibTable, p netip.Prefix, paths []fibPath) *entry {
+	e := s.getEntry(t, p)
+	e.api = normalizePaths(append(slices.Clone(e.api), paths...))
+	return e
+}
+
+// apiRemovePaths removes paths from the API path set of p (multipath delete);
+// the API source goes away with its last path.
+func (t *fibTable) apiRemovePaths(p netip.Prefix, paths []fibPath) {
+	e := t.entries[p]
+	if e == nil || e.api == nil {
+		return
+	}
+	kept := e.api[:0:0]
+	for _, ep := range e.api {
+		if !slices.Contains(paths, ep) {
+			kept = append(kept, ep)
+		}
+	}
+	if len(kept) == 0 {
+		kept = nil
+	}
+	e.api = kept
+	t.gc(e)
+}
+
+// apiDelete removes the API source of p (delete, not multipath).
+func (t *fibTable) apiDelete(p netip.Prefix) {
+	if e := t.entries[p]; e != nil {
+		e.api = nil
+		t.gc(e)
+	}
+}
+
+func (t *fibTable) export(e *entry, src Source, paths []fibPath) Route {
+	r := Route{TableID: t.key.id, Prefix: e.prefix, Source: src, Paths: make([]Path, len(paths))}
+	for i, p := range paths {
+		r.Paths[i] = p.export()
+	}
+	return r
+}
+
+// iface is one simulated interface.
+type iface struct {
+	index   uint32
+	name    string
+	adminUp bool
+	linkUp  bool
+	mac     [6]byte
+	addrs   []netip.Prefix // address with prefix length, host bits kept
+}
+
+func (i *iface) export() Interface {
+	return Interface{
+		SwIfIndex: i.index,
+		Name:      i.name,
+		AdminUp:   i.adminUp,
+		LinkUp:    i.linkUp,
+		Addresses: slices.Clone(i.addrs),
+	}
+}
+
+// syncInterfaceRoutes recomputes the interface-sourced entries of table 0
+// from the addresses of every admin-up interface, as VPP adds and removes them
+// on address changes and admin up/down. It touches only the entries that
+// carry or will carry an interface contribution.
+func (s *Sim) syncInterfaceRoutes() {
+	for p := range s.ifacePrefixes {
+		t := s.tables[tableKey{0, p.Addr().Is6()}]
+		if e := t.entries[p]; e != nil {
+			e.iface = nil
+			t.gc(e)
+		}
+	}
+	clear(s.ifacePrefixes)
+	add := func(p netip.Prefix, fp fibPath) {
+		t := s.tables[tableKey{0, p.Addr().Is6()}]
+		e := s.getEntry(t, p)
+		if !slices.Contains(e.iface, fp) {
+			e.iface = normalizePaths(append(e.iface, fp))
+		}
+		s.ifacePrefixes[p] = struct{}{}
+	}
+	for _, ifc := range s.ifaces {
+		if !ifc.adminUp {
+			continue
+		}
+		for _, a := range ifc.addrs {
+			ip6 := a.Addr().Is6()
+			proto := protoOf(ip6)
+			host := netip.PrefixFrom(a.Addr(), a.Addr().BitLen())
+			attached := fibPath{typ: fib_types.FIB_API_PATH_TYPE_NORMAL, proto: proto, swIfIndex: ifc.index, weight: 1, attached: true}
+			switch {
+			case !ip6 && a.Bits() <= 30, ip6 && a.Bits() < 128:
+				add(a.Masked(), attached)
+				if !ip6 {
+					network := netip.PrefixFrom(a.Masked().Addr(), 32)
+					if network != host {
+						add(network, dropPath(false))
+					}
+					bcast := netip.PrefixFrom(lastAddr(a), 32)
+					if bcast != host {
+						add(bcast, dropPath(false))
+					}
+				}
+			case !ip6 && a.Bits() == 31:
+				b := a.Addr().As4()
+				b[3] ^= 1
+				other := netip.AddrFrom4(b)
+				p := attached
+				p.nh = other
+				add(netip.PrefixFrom(other, 32), p)
+			}
+			add(host, fibPath{typ: fib_types.FIB_API_PATH_TYPE_LOCAL, proto: proto, swIfIndex: ifc.index, nh: a.Addr(), weight: 1})
+		}
+	}
+}
+
+// lastAddr returns the highest address of an IPv4 prefix (its broadcast).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// overlaps reports whether a and b share any address.
+func overlaps(a, b netip.Prefix) bool {
+	return a.Addr().Is6() == b.Addr().Is6() && a.Masked().Overlaps(b.Masked())
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package vppsim
+
+const raceEnabled = false
