@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -468,8 +469,9 @@ func (c *Client) newStream(octx context.Context, sess *session, replies int) (ap
 	return s, nil
 }
 
-// streamError turns a stream's send or receive error into this package's: a lost connection wraps
-// ErrNotConnected, an unanswered request ErrTimeout (and asks for a health probe), a done ctx its error.
+// streamError turns a stream's send or receive error into this package's: a lost connection or a
+// failed socket wraps ErrNotConnected, an unanswered request ErrTimeout (both ask Run for a health probe
+// now), a done ctx is its error.
 func (c *Client) streamError(octx context.Context, err error) error {
 	if cause := context.Cause(octx); cause != nil && octx.Err() != nil {
 		if errors.Is(cause, ErrNotConnected) {
@@ -483,9 +485,11 @@ func (c *Client) streamError(octx context.Context, err error) error {
 	case errors.Is(err, ErrTimeout):
 		c.kickHealth()
 		return fmt.Errorf("no reply within %v: %w", c.cfg.ReplyTimeout, ErrTimeout)
-	default:
-		// A send error other than "not connected" is the socket failing.
+	case errors.As(err, new(net.Error)):
+		// The socket failed (VPP hung up): the connection is lost, Run will notice at its next probe.
 		c.kickHealth()
+		return fmt.Errorf("%w: %w", ErrNotConnected, err)
+	default:
 		return err
 	}
 }

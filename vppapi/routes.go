@@ -1,9 +1,11 @@
 package vppapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/binapi/fib_types"
@@ -126,12 +128,17 @@ func (c *Client) ApplySync(ctx context.Context, adds, deletes []Route) Result {
 // routeAddDel is the request name Apply's errors are counted under.
 var routeAddDel = (*ip.IPRouteAddDel)(nil).GetMessageName()
 
+// indexedError is a route error and the index of its route in adds followed by deletes.
+type indexedError struct {
+	i   int
+	err RouteError
+}
+
 // apply runs adds then deletes with up to window requests in flight.
-func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) Result {
-	var res Result
+func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) (res Result) {
 	total := len(adds) + len(deletes)
 	if total == 0 {
-		return res
+		return
 	}
 	at := func(i int) (Route, Op) {
 		if i < len(adds) {
@@ -139,17 +146,26 @@ func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) R
 		}
 		return deletes[i-len(adds)], OpDelete
 	}
+	// Failures are collected with their index and reported in input order: a route rejected before
+	// sending fails before the replies to the routes ahead of it arrive.
+	var failed []indexedError
 	fail := func(i int, err error) {
 		r, op := at(i)
-		res.Failed = append(res.Failed, RouteError{Route: r, Op: op, Err: err})
+		failed = append(failed, indexedError{i, RouteError{Route: r, Op: op, Err: err}})
 	}
+	defer func() {
+		slices.SortStableFunc(failed, func(a, b indexedError) int { return cmp.Compare(a.i, b.i) })
+		for _, f := range failed {
+			res.Failed = append(res.Failed, f.err)
+		}
+	}()
 
 	sess, err := c.current()
 	if err != nil {
 		for i := range total {
 			fail(i, err)
 		}
-		return res
+		return
 	}
 	octx, stop := sess.opContext(ctx)
 	defer stop()
@@ -158,7 +174,7 @@ func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) R
 		for i := range total {
 			fail(i, err)
 		}
-		return res
+		return
 	}
 	defer func() { _ = s.Close() }()
 
@@ -232,5 +248,5 @@ func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) R
 			fail(next, fmt.Errorf("not sent: %w", stopErr))
 		}
 	}
-	return res
+	return
 }
