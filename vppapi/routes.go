@@ -108,25 +108,34 @@ func (c *Client) dump(ctx context.Context, sess *session, req api.Message, each 
 }
 
 // Apply programs adds first (each replacing its prefix's path set with the one path of the Route), then
-// deletes, pipelined over one dedicated GoVPP stream with at most Config.Window requests in flight. Every
-// reply's retval is checked and attributed to its route. Each reply must come within Config.ReplyTimeout
-// of the previous one (VPP answers in order), and within ctx's deadline.
+// deletes, pipelined over one dedicated GoVPP stream with at most Config.Window requests in flight: one
+// goroutine sends while the caller's receives the replies. Every reply's retval is checked and attributed
+// to its route. Each reply must come within Config.ReplyTimeout of its request being sent or of the
+// previous reply, whichever is later (VPP answers in order), and within ctx's deadline.
 //
 // A route that cannot be encoded (invalid prefix) fails without being sent. When VPP stops answering, the
-// connection is lost or ctx is done, the requests in flight and all those not yet sent fail with that
-// error. Apply is safe to call while Run reconnects, but not concurrently with itself.
+// connection is lost or ctx is done, the requests in flight fail with that error and those not yet sent
+// with "not sent: " and that error. Failures are reported in input order. Apply is safe to call while Run
+// reconnects, but not concurrently with itself.
 func (c *Client) Apply(ctx context.Context, adds, deletes []Route) Result {
-	return c.apply(ctx, adds, deletes, c.cfg.Window)
+	return c.apply(ctx, adds, deletes, true)
 }
 
-// ApplySync is Apply with one synchronous request per route: each is sent only after the previous reply.
-// It exists for comparison and as a fallback.
+// ApplySync is Apply's contract with one synchronous request per route: each is sent only after the
+// previous reply arrived. It exists for comparison and as a fallback.
 func (c *Client) ApplySync(ctx context.Context, adds, deletes []Route) Result {
-	return c.apply(ctx, adds, deletes, 1)
+	return c.apply(ctx, adds, deletes, false)
 }
 
 // routeAddDel is the request name Apply's errors are counted under.
 var routeAddDel = (*ip.IPRouteAddDel)(nil).GetMessageName()
+
+// batch is the routes of one Apply and their outcome so far.
+type batch struct {
+	adds, deletes []Route
+	res           Result
+	failed        []indexedError
+}
 
 // indexedError is a route error and the index of its route in adds followed by deletes.
 type indexedError struct {
@@ -134,119 +143,202 @@ type indexedError struct {
 	err RouteError
 }
 
-// apply runs adds then deletes with up to window requests in flight.
-func (c *Client) apply(ctx context.Context, adds, deletes []Route, window int) (res Result) {
-	total := len(adds) + len(deletes)
-	if total == 0 {
-		return
-	}
-	at := func(i int) (Route, Op) {
-		if i < len(adds) {
-			return adds[i], OpAdd
-		}
-		return deletes[i-len(adds)], OpDelete
-	}
-	// Failures are collected with their index and reported in input order: a route rejected before
-	// sending fails before the replies to the routes ahead of it arrive.
-	var failed []indexedError
-	fail := func(i int, err error) {
-		r, op := at(i)
-		failed = append(failed, indexedError{i, RouteError{Route: r, Op: op, Err: err}})
-	}
-	defer func() {
-		slices.SortStableFunc(failed, func(a, b indexedError) int { return cmp.Compare(a.i, b.i) })
-		for _, f := range failed {
-			res.Failed = append(res.Failed, f.err)
-		}
-	}()
+func (b *batch) len() int { return len(b.adds) + len(b.deletes) }
 
+// at returns route i of adds followed by deletes, and what to do with it.
+func (b *batch) at(i int) (Route, Op) {
+	if i < len(b.adds) {
+		return b.adds[i], OpAdd
+	}
+	return b.deletes[i-len(b.adds)], OpDelete
+}
+
+func (b *batch) fail(i int, err error) {
+	r, op := b.at(i)
+	b.failed = append(b.failed, indexedError{i, RouteError{Route: r, Op: op, Err: err}})
+}
+
+// failRest fails routes from..len with "not sent" and the error that stopped the batch.
+func (b *batch) failRest(from int, err error) {
+	for i := from; i < b.len(); i++ {
+		b.fail(i, fmt.Errorf("not sent: %w", err))
+	}
+}
+
+// encode fills msg with route i; a route that cannot be encoded fails.
+func (b *batch) encode(msg *ip.IPRouteAddDel, i int) bool {
+	r, op := b.at(i)
+	if err := fillRouteAddDel(msg, r, op == OpAdd); err != nil {
+		b.fail(i, fmt.Errorf("invalid route: %w", err))
+		return false
+	}
+	return true
+}
+
+// result returns the outcome with failures in input order: a route rejected before sending fails before
+// the replies to the routes ahead of it arrive.
+func (b *batch) result() Result {
+	slices.SortStableFunc(b.failed, func(x, y indexedError) int { return cmp.Compare(x.i, y.i) })
+	for _, f := range b.failed {
+		b.res.Failed = append(b.res.Failed, f.err)
+	}
+	return b.res
+}
+
+// reply attributes the reply to route i.
+func (c *Client) reply(b *batch, i int, reply api.Message) {
+	c.noteReply()
+	rep, ok := reply.(*ip.IPRouteAddDelReply)
+	switch {
+	case !ok:
+		b.fail(i, fmt.Errorf("unexpected reply %s", reply.GetMessageName()))
+	case rep.Retval != 0:
+		c.metrics.apiError(routeAddDel)
+		b.fail(i, api.VPPApiError(rep.Retval))
+	case i < len(b.adds):
+		b.res.Added++
+	default:
+		b.res.Deleted++
+	}
+}
+
+// newRouteMsg returns the one message a batch re-encodes for every route: SendMsg encodes it before
+// returning, so it can be refilled at once.
+func newRouteMsg() *ip.IPRouteAddDel {
+	return &ip.IPRouteAddDel{Route: ip.IPRoute{Paths: make([]fib_types.FibPath, 0, 1)}}
+}
+
+func (c *Client) apply(ctx context.Context, adds, deletes []Route, pipelined bool) Result {
+	b := &batch{adds: adds, deletes: deletes}
+	if b.len() == 0 {
+		return b.res
+	}
 	sess, err := c.current()
 	if err != nil {
-		for i := range total {
-			fail(i, err)
-		}
-		return
+		b.failRest(0, err)
+		return b.result()
 	}
 	octx, stop := sess.opContext(ctx)
 	defer stop()
+	window := 1
+	if pipelined {
+		window = c.cfg.Window
+	}
 	s, err := c.newStream(octx, sess, window)
 	if err != nil {
-		for i := range total {
-			fail(i, err)
-		}
-		return
+		b.failRest(0, err)
+		return b.result()
 	}
 	defer func() { _ = s.Close() }()
+	if pipelined {
+		c.pipeline(octx, s, b, window)
+	} else {
+		c.lockstep(octx, s, b)
+	}
+	return b.result()
+}
 
-	// One message, re-encoded for every route: SendMsg encodes it before returning.
-	msg := &ip.IPRouteAddDel{Route: ip.IPRoute{Paths: make([]fib_types.FibPath, 0, 1)}}
-	// The op indexes in flight, oldest first, in a ring: VPP answers a client's requests in order.
-	ring := make([]int, window)
-	head, inFlight, next := 0, 0, 0
-	var stopErr error // once set, nothing more is sent and the unsent fail with it
-	done := octx.Done()
-
-	for {
-		for inFlight < window && next < total && stopErr == nil {
-			select {
-			case <-done:
-				stopErr = c.streamError(octx, octx.Err())
-				continue
-			default:
-			}
-			r, op := at(next)
-			if err := fillRouteAddDel(msg, r, op == OpAdd); err != nil {
-				fail(next, fmt.Errorf("invalid route: %w", err))
-				next++
-				continue
-			}
-			if err := s.SendMsg(msg); err != nil {
-				stopErr = c.streamError(octx, err)
-				break
-			}
-			ring[(head+inFlight)%window] = next
-			inFlight++
-			next++
+// lockstep sends each route only after the previous one's reply.
+func (c *Client) lockstep(octx context.Context, s api.Stream, b *batch) {
+	msg := newRouteMsg()
+	for i := range b.len() {
+		if octx.Err() != nil {
+			b.failRest(i, c.streamError(octx, octx.Err()))
+			return
 		}
-		if inFlight == 0 {
-			break
+		if !b.encode(msg, i) {
+			continue
+		}
+		if err := s.SendMsg(msg); err != nil {
+			b.failRest(i, c.streamError(octx, err))
+			return
 		}
 		reply, err := s.RecvMsg()
 		if err != nil {
 			err = c.streamError(octx, err)
 			if errors.Is(err, ErrTimeout) {
-				c.metrics.apiErrorsN(routeAddDel, inFlight)
+				c.metrics.apiError(routeAddDel)
 			}
-			for ; inFlight > 0; inFlight-- {
-				fail(ring[head], err)
-				head = (head + 1) % window
-			}
-			if stopErr == nil {
-				stopErr = err
-			}
-			break
+			b.fail(i, err)
+			b.failRest(i+1, err)
+			return
 		}
-		c.noteReply()
-		i := ring[head]
-		head = (head + 1) % window
-		inFlight--
-		rep, ok := reply.(*ip.IPRouteAddDelReply)
-		switch {
-		case !ok:
-			fail(i, fmt.Errorf("unexpected reply %s", reply.GetMessageName()))
-		case rep.Retval != 0:
-			c.metrics.apiError(routeAddDel)
-			fail(i, api.VPPApiError(rep.Retval))
-		case i < len(adds):
-			res.Added++
-		default:
-			res.Deleted++
+		c.reply(b, i, reply)
+	}
+}
+
+// pipeline sends from a goroutine of its own, at most window requests ahead of the replies, and receives
+// on the caller's. Both use the one stream: GoVPP's Stream guards the only state its SendMsg and RecvMsg
+// share (the reply's package path) with its mutex, and the sender returns before the stream is closed.
+func (c *Client) pipeline(octx context.Context, s api.Stream, b *batch, window int) {
+	var (
+		tokens = make(chan struct{}, window) // one per request in flight
+		sent   = make(chan int, window)      // route indexes in flight, in order; closed when the sender ends
+		quit   = make(chan struct{})         // closed by the receiver when it stops receiving
+		// Owned by the sender until it closes sent.
+		next    int            // the first route not sent
+		sendErr error          // why the sender stopped early
+		local   []indexedError // routes rejected before sending
+	)
+	go func() {
+		defer close(sent)
+		lb := &batch{adds: b.adds, deletes: b.deletes} // the sender's own failures, merged after it ends
+		defer func() { local = lb.failed }()
+		msg := newRouteMsg()
+		done := octx.Done()
+		for ; next < b.len(); next++ {
+			if !lb.encode(msg, next) {
+				continue
+			}
+			select {
+			case tokens <- struct{}{}:
+			case <-quit:
+				return
+			}
+			select {
+			case <-done:
+				sendErr = c.streamError(octx, octx.Err())
+				return
+			default:
+			}
+			if err := s.SendMsg(msg); err != nil {
+				sendErr = c.streamError(octx, err)
+				return
+			}
+			sent <- next
 		}
+	}()
+
+	var recvErr error
+	unanswered := 0
+	for i := range sent {
+		if recvErr != nil {
+			// Sent before the sender noticed quit: its outcome is as unknown as the one that failed.
+			b.fail(i, recvErr)
+			unanswered++
+			continue
+		}
+		reply, err := s.RecvMsg()
+		if err != nil {
+			recvErr = c.streamError(octx, err)
+			close(quit)
+			b.fail(i, recvErr)
+			unanswered++
+			continue
+		}
+		<-tokens
+		c.reply(b, i, reply)
+	}
+	// The sender has ended: next, sendErr and local are the receiver's now.
+	b.failed = append(b.failed, local...)
+	if errors.Is(recvErr, ErrTimeout) {
+		c.metrics.apiErrorsN(routeAddDel, unanswered)
+	}
+	stopErr := recvErr
+	if stopErr == nil {
+		stopErr = sendErr
 	}
 	if stopErr != nil {
-		for ; next < total; next++ {
-			fail(next, fmt.Errorf("not sent: %w", stopErr))
-		}
+		b.failRest(next, stopErr)
 	}
-	return
 }
