@@ -191,11 +191,13 @@ func (c *Client) Run(ctx context.Context) error {
 
 	bo := backoff{first: c.cfg.ReconnectDelay, max: maxReconnectDelay}
 	var lastPID uint32
+	var lastFailure string
 	connects := 0
 	for {
 		sess, err := c.connect(ctx)
 		if err == nil {
 			bo.reset()
+			lastFailure = ""
 			restarted := lastPID != 0 && sess.pid != lastPID
 			lastPID = sess.pid
 			connects++
@@ -215,8 +217,10 @@ func (c *Client) Run(ctx context.Context) error {
 			if errors.As(err, &incompat) {
 				c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
 				c.emit(ctx, Event{Kind: Incompatible, Version: incompat.Version, Err: err})
-			} else {
-				c.log.Debug("connecting to VPP failed", "error", err)
+			} else if msg := err.Error(); msg != lastFailure {
+				// Logged when the reason changes, not on every retry while VPP is down.
+				c.log.Warn("connecting to VPP failed, retrying", "error", err)
+				lastFailure = msg
 			}
 		}
 		if ctx.Err() != nil {

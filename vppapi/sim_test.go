@@ -821,3 +821,71 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+// TestShuffledMessageIDs runs every call against a VPP whose message ids (from 29 up) and message table
+// order differ from the default build's: nothing may depend on an id.
+func TestShuffledMessageIDs(t *testing.T) {
+	for _, seed := range []int64{1, 42} {
+		sim := startSim(t, vppsim.Config{MessageOrderSeed: seed})
+		h := start(t, sim, nil)
+		h.expect(vppapi.Connected)
+		ctx := ctxT(t)
+		if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.1/24")}}); err != nil {
+			t.Fatalf("seed %d: SetupUplink: %v", seed, err)
+		}
+		if err := h.c.EnsureTable(ctx, 9); err != nil {
+			t.Fatalf("seed %d: EnsureTable: %v", seed, err)
+		}
+		routes := blockRoutes(300, "192.0.2.7", 9)
+		if res := h.c.Apply(ctx, routes, nil); res.Err() != nil || res.Added != len(routes) {
+			t.Fatalf("seed %d: Apply: %+v %v", seed, res.Added, res.Err())
+		}
+		fib, err := h.c.DumpRoutes(ctx, 9)
+		if err != nil {
+			t.Fatalf("seed %d: DumpRoutes: %v", seed, err)
+		}
+		if n := len(sim.Routes(9, false)) + len(sim.Routes(9, true)); len(fib) != n || n < len(routes) {
+			t.Errorf("seed %d: dumped %d entries, sim has %d", seed, len(fib), n)
+		}
+	}
+}
+
+// TestRestartDuringApply restarts VPP while a large Apply is in flight: Apply must account for every
+// route, fail the rest with a connection error, not hang, and work again after the reconnect.
+func TestRestartDuringApply(t *testing.T) {
+	sim := startSim(t, vppsim.Config{})
+	h := start(t, sim, nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	routes := blockRoutes(20000, "192.0.2.7", 0)
+
+	resc := make(chan vppapi.Result, 1)
+	go func() { resc <- h.c.Apply(ctx, routes, nil) }()
+	for len(sim.APIRoutes(0)) < 1000 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := sim.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var res vppapi.Result
+	select {
+	case res = <-resc:
+	case <-time.After(3 * testReplyTimeout):
+		t.Fatal("Apply did not return after VPP restarted")
+	}
+	if res.Added+len(res.Failed) != len(routes) || len(res.Failed) == 0 {
+		t.Fatalf("Apply = added %d failed %d of %d", res.Added, len(res.Failed), len(routes))
+	}
+	for _, f := range res.Failed {
+		if !errors.Is(f, vppapi.ErrNotConnected) && !errors.Is(f, vppapi.ErrTimeout) {
+			t.Fatalf("failure %v is neither a lost connection nor a timeout", f)
+		}
+	}
+	h.expect(vppapi.Disconnected)
+	if ev := h.expect(vppapi.Connected); !ev.Restarted {
+		t.Errorf("Connected after restart = %+v", ev)
+	}
+	if res := h.c.Apply(ctx, routes, nil); res.Err() != nil || len(sim.APIRoutes(0)) != len(routes) {
+		t.Errorf("Apply after the restart: %v; sim has %d routes", res.Err(), len(sim.APIRoutes(0)))
+	}
+}
