@@ -22,6 +22,11 @@ var (
 	ErrNoInterface = errors.New("no such interface")
 )
 
+var (
+	_ error = RouteError{}
+	_ error = (*IncompatibleError)(nil)
+)
+
 // IncompatibleError reports a VPP that lacks messages (by name and CRC) this package uses: an API change
 // this build of the agent cannot drive. Run reports it in an Incompatible event and keeps retrying.
 type IncompatibleError struct {
