@@ -287,6 +287,16 @@ func (c *Client) pipeline(octx context.Context, s api.Stream, b *batch, window i
 		msg := newRouteMsg()
 		done := octx.Done()
 		for ; next < b.len(); next++ {
+			// Checked before every send, not only while waiting for room in the window: a select with
+			// several cases ready picks one at random.
+			select {
+			case <-quit:
+				return
+			case <-done:
+				sendErr = c.streamError(octx, octx.Err())
+				return
+			default:
+			}
 			if !lb.encode(msg, next) {
 				continue
 			}
@@ -294,12 +304,9 @@ func (c *Client) pipeline(octx context.Context, s api.Stream, b *batch, window i
 			case tokens <- struct{}{}:
 			case <-quit:
 				return
-			}
-			select {
 			case <-done:
 				sendErr = c.streamError(octx, octx.Err())
 				return
-			default:
 			}
 			if err := s.SendMsg(msg); err != nil {
 				sendErr = c.streamError(octx, err)
