@@ -103,10 +103,14 @@ type Event struct {
 
 // Status is a snapshot of the connection, for health endpoints and logs.
 type Status struct {
-	Connected  bool
-	PID        uint32
-	Version    string
-	LastError  string
+	// Connected is true while a compatible VPP is connected.
+	Connected bool
+	// PID and Version are those of the current or, when disconnected, the last connected VPP.
+	PID     uint32
+	Version string
+	// LastError is why the last connection ended or the last attempt failed; "" if none has.
+	LastError string
+	// Reconnects counts connections established after the first.
 	Reconnects uint64
 }
 

@@ -155,7 +155,9 @@ func (o Op) String() string {
 type RouteError struct {
 	Route Route
 	Op    Op
-	Err   error
+	// Err is why: an api.VPPApiError from VPP, or an error wrapping ErrTimeout, ErrNotConnected or the
+	// ctx's error; "not sent: ..." for routes after the one that stopped the batch.
+	Err error
 }
 
 // Error says what was attempted and why it failed: "add 10.244.3.0/26 via 192.0.2.7 sw_if_index 1: ...".
@@ -180,8 +182,10 @@ func deleteString(r Route) string {
 // Result is the outcome of Apply or ApplySync: how many adds and deletes VPP accepted, and every route
 // that failed.
 type Result struct {
+	// Added and Deleted count the routes VPP accepted.
 	Added, Deleted int
-	Failed         []RouteError
+	// Failed are the routes that failed, in input order (adds, then deletes).
+	Failed []RouteError
 }
 
 // maxJoinedErrors bounds how many route errors Result.Err spells out.

@@ -19,7 +19,8 @@ type Uplink struct {
 	Name string
 	// SwIfIndex is the interface's index, used when HasIndex is set.
 	SwIfIndex uint32
-	HasIndex  bool
+	// HasIndex says SwIfIndex is set (0 is local0, a valid index).
+	HasIndex bool
 	// Addresses are the interface addresses, host bits included, like 192.0.2.7/24.
 	Addresses []netip.Prefix
 }
