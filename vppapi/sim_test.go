@@ -605,7 +605,7 @@ func TestNoReplyTimesOut(t *testing.T) {
 	t0 := time.Now()
 	res := h.c.Apply(ctx, routes, nil)
 	took := time.Since(t0)
-	if took > 3*testReplyTimeout {
+	if took > 4*testReplyTimeout {
 		t.Errorf("Apply took %v with VPP not replying; reply timeout is %v", took, testReplyTimeout)
 	}
 	if len(res.Failed) != len(routes) || res.Added != 0 {
@@ -621,7 +621,7 @@ func TestNoReplyTimesOut(t *testing.T) {
 	}
 
 	t0 = time.Now()
-	if err := h.c.EnsureTable(ctx, 3); !errors.Is(err, vppapi.ErrTimeout) || time.Since(t0) > 2*testReplyTimeout {
+	if err := h.c.EnsureTable(ctx, 3); !errors.Is(err, vppapi.ErrTimeout) || time.Since(t0) > 3*testReplyTimeout {
 		t.Errorf("EnsureTable: %v after %v", err, time.Since(t0))
 	}
 	if got := apiErrors(t, h.reg, "ip_table_add_del"); got != 1 {
@@ -647,7 +647,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 		defer cancel()
 		t0 := time.Now()
 		err := call(ctx)
-		if took := time.Since(t0); !errors.Is(err, context.DeadlineExceeded) || took > short+testReplyTimeout/2 {
+		if took := time.Since(t0); !errors.Is(err, context.DeadlineExceeded) || took > short+testReplyTimeout {
 			t.Errorf("%s with a %v deadline: %v after %v", what, short, err, took)
 		}
 	}
@@ -704,7 +704,7 @@ func TestHangUpMidApply(t *testing.T) {
 	t0 := time.Now()
 	res := h.c.Apply(ctx, routes, nil)
 	sim.SetFaults(vppsim.Faults{})
-	if took := time.Since(t0); took > 3*testReplyTimeout {
+	if took := time.Since(t0); took > 4*testReplyTimeout {
 		t.Errorf("Apply took %v after a hang-up", took)
 	}
 	if res.Added > 20 || res.Added < 15 || len(res.Failed) != len(routes)-res.Added {
@@ -870,7 +870,7 @@ func TestRestartDuringApply(t *testing.T) {
 	var res vppapi.Result
 	select {
 	case res = <-resc:
-	case <-time.After(3 * testReplyTimeout):
+	case <-time.After(5 * testReplyTimeout):
 		t.Fatal("Apply did not return after VPP restarted")
 	}
 	if res.Added+len(res.Failed) != len(routes) || len(res.Failed) == 0 {
