@@ -39,6 +39,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./calico -run '^$$' -fuzz FuzzParseKey -fuzztime $(FUZZTIME)
 	$(GO) test ./calico -run '^$$' -fuzz FuzzDecodeBlock -fuzztime $(FUZZTIME)
+	$(GO) test ./test/vppsim -run '^$$' -fuzz FuzzServerFrames -fuzztime $(FUZZTIME)
 
 clean:
 	rm -rf $(BIN)

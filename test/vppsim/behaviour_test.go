@@ -54,8 +54,8 @@ func TestInterfaceEvents(t *testing.T) {
 	if err := s.SetLinkState(1, true); err != nil {
 		t.Fatal(err)
 	}
-	if e := next(); e.Flags != interface_types.IF_STATUS_API_FLAG_LINK_UP {
-		t.Errorf("link up event %+v", e)
+	if e := next(); e.Flags != 0 {
+		t.Errorf("carrier up on an admin-down interface: event %+v, want link down", e)
 	}
 	if err := s.SetLinkState(9, true); err == nil {
 		t.Error("SetLinkState of a missing interface succeeded")
@@ -63,6 +63,13 @@ func TestInterfaceEvents(t *testing.T) {
 	do(t, ch, &interfaces.SwInterfaceSetFlags{SwIfIndex: 1, Flags: interface_types.IF_STATUS_API_FLAG_ADMIN_UP}, new(interfaces.SwInterfaceSetFlagsReply))
 	if e := next(); e.Flags != interface_types.IF_STATUS_API_FLAG_ADMIN_UP|interface_types.IF_STATUS_API_FLAG_LINK_UP {
 		t.Errorf("admin up event %+v", e)
+	}
+	_ = s.SetLinkState(1, false)
+	if e := next(); e.Flags != interface_types.IF_STATUS_API_FLAG_ADMIN_UP {
+		t.Errorf("carrier loss event %+v", e)
+	}
+	if ifs := s.Interfaces(); !ifs[1].AdminUp || ifs[1].LinkUp {
+		t.Errorf("Interfaces() after carrier loss: %+v", ifs[1])
 	}
 	if rv := do(t, ch, &interfaces.WantInterfaceEvents{EnableDisable: 0}, new(interfaces.WantInterfaceEventsReply)); rv != 0 {
 		t.Errorf("disable: %d", rv)
@@ -167,6 +174,17 @@ func TestFaultReplyDelay(t *testing.T) {
 	}
 	if d := time.Since(start); d < 150*time.Millisecond {
 		t.Errorf("reply after %v, want >= 150ms", d)
+	}
+	// Close does not wait for a pending slow reply.
+	s.SetFaults(Faults{ReplyDelay: time.Hour})
+	ch.SendRequest(&memclnt.ControlPing{})
+	time.Sleep(50 * time.Millisecond)
+	start = time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close took %v with a reply pending", d)
 	}
 }
 

@@ -35,6 +35,9 @@ type conn struct {
 	received    int
 	closing     bool // sockclnt_delete: close once the reply is out
 
+	done     chan struct{} // closed by kill
+	killOnce sync.Once
+
 	wmu  sync.Mutex // guards w and hdr
 	w    *bufio.Writer
 	hdr  [frameHeaderLen]byte
@@ -48,7 +51,17 @@ func (s *Sim) newConn(nc net.Conn) *conn {
 		r:           bufio.NewReaderSize(nc, 64<<10),
 		w:           bufio.NewWriterSize(nc, 64<<10),
 		hangUpAfter: s.faults.Load().HangUpAfter,
+		done:        make(chan struct{}),
 	}
+}
+
+// kill closes the connection from another goroutine and interrupts a
+// ReplyDelay sleep, so that Close and Restart never wait for a slow reply.
+func (c *conn) kill() {
+	c.killOnce.Do(func() {
+		close(c.done)
+		_ = c.nc.Close()
+	})
 }
 
 // serve reads frames until EOF or error, processing each in order. Replies
@@ -173,7 +186,13 @@ func (c *conn) handle(p []byte) {
 		if err := c.flush(); err != nil {
 			return
 		}
-		time.Sleep(d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-c.done:
+			t.Stop()
+			return
+		}
 	}
 	mi.handler(c.s, c, ctx, msg)
 }

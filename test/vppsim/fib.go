@@ -69,10 +69,14 @@ type Route struct {
 
 // Interface is a snapshot of one simulated interface.
 type Interface struct {
-	SwIfIndex uint32         `json:"sw_if_index"`
-	Name      string         `json:"name"`
-	AdminUp   bool           `json:"admin_up"`
-	LinkUp    bool           `json:"link_up"`
+	SwIfIndex uint32 `json:"sw_if_index"`
+	Name      string `json:"name"`
+	AdminUp   bool   `json:"admin_up"`
+	// LinkUp is the link state VPP reports: true only while the interface
+	// is admin up and its carrier (SetLinkState, initially up) is up.
+	LinkUp bool `json:"link_up"`
+	// Addresses are the interface addresses with their prefix length (host
+	// bits kept), in the order they were added.
 	Addresses []netip.Prefix `json:"addresses"`
 }
 
@@ -332,17 +336,21 @@ type iface struct {
 	index   uint32
 	name    string
 	adminUp bool
-	linkUp  bool
+	carrier bool // physical link; VPP reports link up only while admin up too
 	mac     [6]byte
 	addrs   []netip.Prefix // address with prefix length, host bits kept
 }
+
+// linkUp is the link state VPP reports: a hardware interface's link comes up
+// only once it is admin up and has carrier.
+func (i *iface) linkUp() bool { return i.adminUp && i.carrier }
 
 func (i *iface) export() Interface {
 	return Interface{
 		SwIfIndex: i.index,
 		Name:      i.name,
 		AdminUp:   i.adminUp,
-		LinkUp:    i.linkUp,
+		LinkUp:    i.linkUp(),
 		Addresses: slices.Clone(i.addrs),
 	}
 }

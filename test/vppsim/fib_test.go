@@ -352,6 +352,13 @@ func TestForeignRoutes(t *testing.T) {
 	if got, _ := findRoute(routes, "192.0.2.0/24"); got != "192.0.2.0/24 via 0.0.0.0@-1:drop" {
 		t.Errorf("foreign drop route dumped as %q", got)
 	}
+	if err := s.AddRoute(Route{Prefix: netip.MustParsePrefix("::ffff:10.30.0.0/112"), Paths: []Path{{Type: "drop"}}}); err != nil {
+		t.Error(err)
+	}
+	if got, _ := findRoute(dumpRoutes(t, ch, 0, false), "10.30.0.0/16"); got == "" {
+		t.Error("IPv4-mapped prefix not added as IPv4")
+	}
+	do(t, ch, routeReq(false, false, 0, "10.30.0.0/16"), new(ip.IPRouteAddDelReply))
 	api := s.APIRoutes(0)
 	if len(api) != 2 || api[0].Source != SourceAPI {
 		t.Errorf("APIRoutes = %+v", api)
@@ -429,6 +436,9 @@ func TestInterfaces(t *testing.T) {
 	}
 	if rv := do(t, ch, &interfaces.SwInterfaceSetFlags{SwIfIndex: 1, Flags: interface_types.IF_STATUS_API_FLAG_ADMIN_UP}, new(interfaces.SwInterfaceSetFlagsReply)); rv != 0 {
 		t.Fatalf("admin up: %d", rv)
+	}
+	if d := dump(&interfaces.SwInterfaceDump{SwIfIndex: 1}); len(d) != 1 || d[0].Flags != interface_types.IF_STATUS_API_FLAG_ADMIN_UP|interface_types.IF_STATUS_API_FLAG_LINK_UP {
+		t.Errorf("flags after admin up: %+v", d)
 	}
 	routes := dumpRoutes(t, ch, 0, false)
 	for prefix, want := range map[string]string{

@@ -70,7 +70,7 @@ func handleSockclntDelete(s *Sim, c *conn, ctx uint32, msg api.Message) {
 		c.closing = true
 		return
 	}
-	_ = target.nc.Close()
+	target.kill()
 }
 
 func handleControlPing(s *Sim, c *conn, ctx uint32, _ api.Message) {

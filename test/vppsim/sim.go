@@ -193,7 +193,7 @@ func (s *Sim) reset() {
 	}
 	for _, ifc := range s.ifaces {
 		ifc.adminUp = false
-		ifc.linkUp = ifc.index != 0
+		ifc.carrier = ifc.index != 0
 		ifc.addrs = nil
 	}
 }
@@ -277,7 +277,7 @@ func (s *Sim) stop() {
 		_ = ln.Close()
 	}
 	for c := range s.conns {
-		_ = c.nc.Close()
+		c.kill()
 	}
 	s.lmu.Unlock()
 	s.wg.Wait()
@@ -422,11 +422,11 @@ func (s *Sim) AddRoute(r Route) error {
 	if !r.Prefix.IsValid() {
 		return fmt.Errorf("add route: invalid prefix %v", r.Prefix)
 	}
-	pfx := netip.PrefixFrom(r.Prefix.Addr().Unmap(), r.Prefix.Bits())
-	if r.Prefix.Addr().Is4In6() {
-		pfx = netip.PrefixFrom(r.Prefix.Addr().Unmap(), r.Prefix.Bits()-96)
+	a, bits := r.Prefix.Addr().WithZone(""), r.Prefix.Bits()
+	if a.Is4In6() && bits >= 96 {
+		a, bits = a.Unmap(), bits-96
 	}
-	pfx = pfx.Masked()
+	pfx := netip.PrefixFrom(a, bits).Masked()
 	if len(r.Paths) == 0 {
 		return fmt.Errorf("add route %v: no paths", pfx)
 	}
@@ -460,9 +460,10 @@ func (s *Sim) Interfaces() []Interface {
 	return out
 }
 
-// SetLinkState sets the link (carrier) state of an interface and sends
-// sw_interface_event to every registered client, even when the state did not
-// change (as a flapping link would).
+// SetLinkState sets the carrier of an interface (the link VPP reports is up
+// only while the interface is also admin up) and sends sw_interface_event to
+// every registered client, even when the state did not change (as a
+// flapping link would).
 func (s *Sim) SetLinkState(swIfIndex uint32, up bool) error {
 	s.mu.Lock()
 	if int(swIfIndex) >= len(s.ifaces) {
@@ -470,7 +471,7 @@ func (s *Sim) SetLinkState(swIfIndex uint32, up bool) error {
 		return fmt.Errorf("set link state: no interface with sw_if_index %d", swIfIndex)
 	}
 	ifc := s.ifaces[swIfIndex]
-	ifc.linkUp = up
+	ifc.carrier = up
 	targets := s.eventTargets()
 	ev := ifaceEvent(ifc)
 	s.mu.Unlock()
@@ -510,7 +511,7 @@ func ifaceFlags(ifc *iface) interface_types.IfStatusFlags {
 	if ifc.adminUp {
 		f |= interface_types.IF_STATUS_API_FLAG_ADMIN_UP
 	}
-	if ifc.linkUp {
+	if ifc.linkUp() {
 		f |= interface_types.IF_STATUS_API_FLAG_LINK_UP
 	}
 	return f
@@ -525,7 +526,9 @@ func (s *Sim) sendEvents(targets []eventTarget, ev interfaces.SwInterfaceEvent) 
 	}
 }
 
-// Request is one decoded message a client sent.
+// Request is one message a client sent whose id is in the message table,
+// logged in arrival order, including the handshake and messages dropped for
+// an unknown client_index.
 type Request struct {
 	Time   time.Time
 	Client uint32 // client_index from the header (0 when the shape has none)

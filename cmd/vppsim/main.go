@@ -1,0 +1,217 @@
+// Command vppsim runs the VPP binary-API simulator (package test/vppsim) as a
+// standalone process, for the local lab and process-level tests:
+//
+//	vppsim --socket PATH [--interface NAME]... [--version TEXT] [--crc NAME=CRC]... [--http ADDR]
+//
+// It prints one line "vppsim ready socket=PATH pid=N" (followed by
+// " http=ADDR" when --http is set) to stdout once the socket accepts, runs
+// until SIGTERM or SIGINT, and simulates a VPP restart on SIGHUP, printing
+// "vppsim restarted pid=N". With --http it serves GET /fib (JSON array of
+// every table's routes; ?source=api keeps only API routes), GET /interfaces
+// and GET /requests (JSON object: message name -> count).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+)
+
+// errUsage marks a command-line error (exit status 2).
+var errUsage = errors.New("usage error")
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "vppsim:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// options are the parsed command-line flags.
+type options struct {
+	socket     string
+	interfaces []string
+	version    string
+	crcs       []string
+	httpAddr   string
+	debug      bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error) {
+	var o options
+	fs := pflag.NewFlagSet("vppsim", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.socket, "socket", "", "path of the VPP API unix socket to create (required)")
+	fs.StringArrayVar(&o.interfaces, "interface", nil, "interface name, sw_if_index 1..N in order (repeatable; default "+vppsim.DefaultInterface+")")
+	fs.StringVar(&o.version, "version", vppsim.DefaultVersion, "version reported by show_version")
+	fs.StringArrayVar(&o.crcs, "crc", nil, "NAME=CRC: advertise CRC for message NAME instead of the real one (repeatable)")
+	fs.StringVar(&o.httpAddr, "http", "", "serve GET /fib, /interfaces and /requests on this address (e.g. 127.0.0.1:0)")
+	fs.BoolVar(&o.debug, "debug", false, "log per-connection events")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return o, vppsim.Config{}, err
+		}
+		return o, vppsim.Config{}, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return o, vppsim.Config{}, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if o.socket == "" {
+		return o, vppsim.Config{}, fmt.Errorf("%w: --socket is required", errUsage)
+	}
+	if len(o.socket) > 107 {
+		return o, vppsim.Config{}, fmt.Errorf("%w: --socket %q longer than the 107 bytes a unix socket path allows", errUsage, o.socket)
+	}
+	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version}
+	for _, kv := range o.crcs {
+		name, crc, ok := strings.Cut(kv, "=")
+		if !ok || name == "" {
+			return o, cfg, fmt.Errorf("%w: --crc %q: want NAME=CRC", errUsage, kv)
+		}
+		if cfg.CRCOverrides == nil {
+			cfg.CRCOverrides = make(map[string]string)
+		}
+		cfg.CRCOverrides[name] = crc
+	}
+	return o, cfg, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	sim, err := vppsim.New(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+
+	// Catch signals and open everything before announcing readiness.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var httpLn net.Listener
+	if o.httpAddr != "" {
+		if httpLn, err = net.Listen("tcp", o.httpAddr); err != nil {
+			return fmt.Errorf("listen on --http %s: %w", o.httpAddr, err)
+		}
+	}
+	if err := sim.Listen(o.socket); err != nil {
+		if httpLn != nil {
+			_ = httpLn.Close()
+		}
+		return err
+	}
+	ready := fmt.Sprintf("vppsim ready socket=%s pid=%d", sim.SocketPath(), sim.PID())
+	if httpLn != nil {
+		ready += " http=" + httpLn.Addr().String()
+	}
+	fmt.Fprintln(stdout, ready)
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-hup:
+				if err := sim.Restart(); err != nil {
+					return fmt.Errorf("restart: %w", err)
+				}
+				fmt.Fprintf(stdout, "vppsim restarted pid=%d\n", sim.PID())
+			}
+		}
+	})
+	if httpLn != nil {
+		srv := &http.Server{Handler: newHandler(sim), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	err = g.Wait()
+	return errors.Join(err, sim.Close())
+}
+
+// newHandler serves the simulator's state as JSON.
+func newHandler(sim *vppsim.Sim) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /fib", func(w http.ResponseWriter, r *http.Request) {
+		src := r.URL.Query().Get("source")
+		if src == vppsim.SourceAPI.String() {
+			// API routes of every table, including those a better source shadows.
+			writeJSON(w, apiRoutes(sim))
+			return
+		}
+		routes := []vppsim.Route{}
+		for _, rt := range sim.AllRoutes() {
+			if src == "" || rt.Source.String() == src {
+				routes = append(routes, rt)
+			}
+		}
+		writeJSON(w, routes)
+	})
+	mux.HandleFunc("GET /interfaces", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, sim.Interfaces())
+	})
+	mux.HandleFunc("GET /requests", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, sim.RequestCounts())
+	})
+	return mux
+}
+
+// apiRoutes returns the API routes of every table.
+func apiRoutes(sim *vppsim.Sim) []vppsim.Route {
+	seen := map[uint32]bool{}
+	out := []vppsim.Route{}
+	for _, r := range sim.AllRoutes() {
+		if !seen[r.TableID] {
+			seen[r.TableID] = true
+			out = append(out, sim.APIRoutes(r.TableID)...)
+		}
+	}
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
