@@ -480,6 +480,29 @@ func TestSetupUplink(t *testing.T) {
 	}
 }
 
+func TestLookupUplinkWritesNothing(t *testing.T) {
+	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName}})
+	h := start(t, sim, nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	sim.ResetRequests()
+	idx, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil || idx != 2 {
+		t.Fatalf("LookupUplink = %d, %v; want 2", idx, err)
+	}
+	for _, w := range []string{"sw_interface_set_flags", "sw_interface_add_del_address"} {
+		if n := sim.CountRequests(w); n != 0 {
+			t.Errorf("LookupUplink sent %d %s", n, w)
+		}
+	}
+	if ifc := findIf(t, sim, 2); ifc.AdminUp || len(ifc.Addresses) != 0 {
+		t.Errorf("LookupUplink changed the interface: %+v", ifc)
+	}
+	if _, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: "nope0"}); !errors.Is(err, vppapi.ErrNoInterface) {
+		t.Errorf("unknown name: %v", err)
+	}
+}
+
 func findIf(t *testing.T, sim *vppsim.Sim, idx uint32) vppsim.Interface {
 	t.Helper()
 	for _, i := range sim.Interfaces() {

@@ -50,6 +50,23 @@ func (c *Client) SetupUplink(ctx context.Context, u Uplink) (uint32, error) {
 	return idx, nil
 }
 
+// LookupUplink finds the interface like SetupUplink but changes nothing (for dry runs): it returns the
+// sw_if_index whatever the interface's state and addresses.
+func (c *Client) LookupUplink(ctx context.Context, u Uplink) (uint32, error) {
+	if !u.HasIndex && u.Name == "" {
+		return 0, fmt.Errorf("look up uplink: neither a name nor an index given")
+	}
+	sess, err := c.current()
+	if err != nil {
+		return 0, fmt.Errorf("look up %v: %w", u, err)
+	}
+	ifc, err := c.findInterface(ctx, sess, u)
+	if err != nil {
+		return 0, fmt.Errorf("look up %v: %w", u, err)
+	}
+	return uint32(ifc.SwIfIndex), nil
+}
+
 func (c *Client) setupUplink(ctx context.Context, u Uplink) (uint32, error) {
 	if !u.HasIndex && u.Name == "" {
 		return 0, fmt.Errorf("neither a name nor an index given")
