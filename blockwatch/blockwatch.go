@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,8 +41,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
-
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
 // Backoff between failed list or watch attempts.
@@ -233,69 +230,6 @@ func (w *Watcher) unsynced(err error) {
 	w.status.LastError = err.Error()
 }
 
-// list reads the three prefixes at one revision into a fresh view, replaces the current view with it
-// and returns the Full snapshot for watch to emit. On error the current view is left untouched.
-func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
-	started := time.Now()
-	prev := w.view
-	if prev == nil {
-		prev = newCache()
-	}
-	next := newCache()
-	var rev int64
-	var received time.Time
-	for src, prefix := range w.prefixes {
-		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
-		for page := 0; ; page++ {
-			opts := []clientv3.OpOption{
-				clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize),
-				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
-			}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			rctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
-			resp, err := w.cfg.Client.Get(rctx, key, opts...)
-			cancel()
-			if err != nil {
-				if rev == 0 {
-					return nil, fmt.Errorf("list %s: %w", prefix, err)
-				}
-				return nil, fmt.Errorf("list %s at revision %d: %w", prefix, rev, err)
-			}
-			if rev == 0 {
-				rev, received = resp.Header.Revision, time.Now()
-			}
-			for _, kv := range resp.Kvs {
-				w.apply(next, prev, source(src), string(kv.Key), kv.Value, kv.ModRevision, false, nil)
-			}
-			if w.testHookPage != nil {
-				w.testHookPage(source(src), page)
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
-			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-		}
-	}
-	next.rev = rev
-	ch := changes{received: received}
-	next.diff(prev, &ch)
-	w.view = next
-	full := next.snapshot(&ch, true, reason)
-	w.metrics.relist(reason)
-	w.mu.Lock()
-	w.status.Revision = rev
-	if reason != ReasonInitial {
-		w.status.Relists++
-	}
-	w.mu.Unlock()
-	w.log.Info("listed etcd", "reason", reason, "revision", rev, "blocks", len(next.blocks),
-		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
-		"duration", time.Since(started).Round(time.Millisecond))
-	return full, nil
-}
-
 // watch watches the three prefixes from the revision after the Full snapshot full until a watch
 // fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
 // failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
@@ -420,7 +354,8 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	v := w.view
 	for _, ev := range resp.Events {
 		w.metrics.event(src, ev.Type)
-		w.apply(v, v, src, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE, ch)
+		d := w.decode(src, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE)
+		w.install(v, v, &d, ch)
 		v.rev = max(v.rev, ev.Kv.ModRevision)
 	}
 	if resp.IsProgressNotify() {
@@ -443,84 +378,6 @@ func (w *Watcher) probeLoop(wctx context.Context, probe <-chan struct{}) {
 			}
 			cancel()
 		}
-	}
-}
-
-// apply applies one key's value (or delete) at rev to the view c. prev is the view whose last good
-// values survive malformed ones: c itself while watching, the previous view while relisting. Changes
-// are recorded in ch (nil while relisting: the relist diffs whole views instead).
-func (w *Watcher) apply(c, prev *cache, src source, key string, value []byte, rev int64, del bool, ch *changes) {
-	switch src {
-	case srcBlocks:
-		cidr, err := w.dec.blockCIDR(key)
-		if err != nil {
-			w.malformed(src, key, rev, err)
-			return
-		}
-		if r, ok := c.blockRevs[cidr]; ok && rev <= r {
-			return
-		}
-		var b *Block
-		if !del {
-			if b, err = w.dec.block(cidr, value); err != nil {
-				w.malformed(src, key, rev, err)
-				if good, ok := prev.blocks[cidr]; ok {
-					c.setBlock(cidr, good, rev, ch)
-				}
-				return
-			}
-		}
-		if b == nil {
-			c.deleteBlock(cidr, ch)
-			return
-		}
-		if b.Owner.Kind == calico.OwnerLegacyHost {
-			if old := prev.blocks[cidr]; old == nil || old.Owner != b.Owner {
-				w.log.Info("block owned through its legacy hostAffinity field (LegacyHostAffinity is on)",
-					"block", cidr, "node", b.Owner.Node)
-			}
-		}
-		c.setBlock(cidr, b, rev, ch)
-	case srcHosts:
-		id, err := w.dec.peerKey(key)
-		if err != nil {
-			w.malformed(src, key, rev, err)
-			return
-		}
-		if e, ok := c.peerKeys[id]; ok && rev <= e.rev {
-			return
-		}
-		var addr netip.Addr
-		if !del {
-			if addr, err = peerAddr(id, value); err != nil {
-				w.malformed(src, key, rev, err)
-				if good, ok := prev.peerKeys[id]; ok {
-					c.setPeer(id, good.addr, rev, ch)
-				}
-				return
-			}
-		}
-		c.setPeer(id, addr, rev, ch)
-	case srcPools:
-		name, err := w.dec.poolName(key)
-		if err != nil {
-			w.malformed(src, key, rev, err)
-			return
-		}
-		if r, ok := c.poolRevs[name]; ok && rev <= r {
-			return
-		}
-		var p calico.IPPool
-		if !del {
-			if p, err = pool(name, value); err != nil {
-				w.malformed(src, key, rev, err)
-				if good, ok := prev.pools[name]; ok {
-					c.setPool(name, good, rev, ch)
-				}
-				return
-			}
-		}
-		c.setPool(name, p, rev, ch)
 	}
 }
 
