@@ -3,6 +3,8 @@ package blockwatch
 import (
 	"net/netip"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
@@ -12,7 +14,10 @@ type decoded struct {
 	src source
 	key string
 	rev int64
-	del bool
+	// created is the key's create revision (0 for a delete): a key created after the revision of the
+	// cached value is a new incarnation, and the cached value no longer stands for it.
+	created int64
+	del     bool
 	// keyErr: the key itself is malformed (nothing else is set); valErr: the value is.
 	keyErr, valErr error
 
@@ -24,9 +29,10 @@ type decoded struct {
 	pool  calico.IPPool
 }
 
-// decode decodes one key and its value (or its delete) at mod revision rev. It is pure.
-func (w *Watcher) decode(src source, key string, value []byte, rev int64, del bool) decoded {
-	d := decoded{src: src, key: key, rev: rev, del: del}
+// decode decodes one key and its value (or its delete, with del). It is pure.
+func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
+	key, value := string(kv.Key), kv.Value
+	d := decoded{src: src, key: key, rev: kv.ModRevision, created: kv.CreateRevision, del: del}
 	switch src {
 	case srcBlocks:
 		if d.cidr, d.keyErr = w.dec.blockCIDR(key); d.keyErr == nil && !del {
@@ -46,8 +52,10 @@ func (w *Watcher) decode(src source, key string, value []byte, rev int64, del bo
 
 // install applies a decoded key to the view c, unless c already holds a newer value of the key.
 // prev is the view whose last good values survive malformed ones: c itself while watching, the
-// previous view while relisting. Changes are recorded in ch (nil while relisting: the relist diffs
-// whole views instead).
+// previous view while relisting. A last good value survives only if the key has existed without
+// interruption since (its create revision is not newer than the good value's), so that a malformed
+// value never resurrects a key deleted while the watch was down. Changes are recorded in ch (nil
+// while relisting: the relist diffs whole views instead).
 func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 	if d.keyErr != nil {
 		w.malformed(d.src, d.key, d.rev, d.keyErr)
@@ -65,7 +73,7 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		if d.valErr != nil {
 			// Keep the last good value, if there is one; the key stays absent otherwise.
 			var ok bool
-			if b, ok = prev.blocks[d.cidr]; !ok {
+			if b, ok = prev.blocks[d.cidr]; !ok || d.created > prev.blockRevs[d.cidr] {
 				return
 			}
 		}
@@ -87,7 +95,7 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		addr := d.addr
 		if d.valErr != nil {
 			good, ok := prev.peerKeys[d.peer]
-			if !ok {
+			if !ok || d.created > good.rev {
 				return
 			}
 			addr = good.addr
@@ -100,7 +108,7 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		p := d.pool
 		if d.valErr != nil {
 			var ok bool
-			if p, ok = prev.pools[d.name]; !ok {
+			if p, ok = prev.pools[d.name]; !ok || d.created > prev.poolRevs[d.name] {
 				return
 			}
 		}

@@ -17,13 +17,17 @@
 // # Malformed values
 //
 // A key or value that cannot be decoded (bad JSON, a block whose value's cidr differs from its key, a
-// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not an address of
-// the key's family, a bad pool) is logged with its key, counted in
+// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not a unicast
+// address of the key's family, a bad pool) is logged with its key, counted in
 // vpp_route_agent_malformed_values_total, and skipped; it never stops the watch. A key whose new value
 // is malformed KEEPS its last good value, so a bad write never withdraws routes; only a delete (or a
 // block value with deleted:true) removes a key. A key that was never seen with a good value is absent.
-// Block invariants beyond the CIDR (calico.Block.Validate) are not checked: routing needs only the
-// owner and the borrowed addresses.
+// "Last good value" is the last one this Watcher saw of the key's current incarnation: a relist that
+// finds a malformed value keeps the previous view's value only if the key has not been deleted and
+// re-created since (its create revision says so), so a deleted block is never resurrected; a good
+// value written and then overwritten by a malformed one while the watch was down is never seen, and
+// the older good value stays. Block invariants beyond the CIDR (calico.Block.Validate) are not
+// checked: routing needs only the owner and the borrowed addresses.
 //
 // Only routing data is kept in memory (Block, Peer, calico.IPPool), not the raw values.
 package blockwatch
@@ -354,7 +358,7 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	v := w.view
 	for _, ev := range resp.Events {
 		w.metrics.event(src, ev.Type)
-		d := w.decode(src, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision, ev.Type == mvccpb.DELETE)
+		d := w.decode(src, ev.Kv, ev.Type == mvccpb.DELETE)
 		w.install(v, v, &d, ch)
 		v.rev = max(v.rev, ev.Kv.ModRevision)
 	}

@@ -475,7 +475,9 @@ func TestEtcdRestart(t *testing.T) {
 	if s := h.next(); s.Blocks[stay] == nil {
 		t.Fatal("initial snapshot lacks the block")
 	}
+	stopStart := time.Now()
 	srv.Stop()
+	t.Logf("etcd stopped in %s", time.Since(stopStart).Round(time.Millisecond))
 	deadline := time.Now().Add(waitLimit)
 	for h.w.Status().Synced && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -483,11 +485,14 @@ func TestEtcdRestart(t *testing.T) {
 	if st := h.w.Status(); st.Synced {
 		t.Errorf("still synced with etcd stopped: %+v", st)
 	}
+	start := time.Now()
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("etcd restarted in %s", time.Since(start).Round(time.Millisecond))
 	other := fastClient(t, srv.Endpoint())
 	putBlock(t, other, calicotest.Block(later, "node-b", 2))
+	t.Logf("written after the restart at +%s", time.Since(start).Round(time.Millisecond))
 	_, seen := h.waitFor("the block written after the restart", func(s *Snapshot) bool { return s.Blocks[later] != nil })
 	for _, s := range seen {
 		if s.Blocks[stay] == nil {

@@ -148,7 +148,7 @@ func (w *Watcher) decodePage(p page) []decoded {
 		part, res := kvs[i:min(i+chunk, len(kvs))], out[i:min(i+chunk, len(kvs))]
 		wg.Go(func() {
 			for j, kv := range part {
-				res[j] = w.decode(p.src, string(kv.Key), kv.Value, kv.ModRevision, false)
+				res[j] = w.decode(p.src, kv, false)
 			}
 		})
 	}

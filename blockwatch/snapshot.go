@@ -31,7 +31,9 @@ const (
 // the Watcher's next write to them).
 type Snapshot struct {
 	// Revision is the highest etcd revision the snapshot reflects. A Full snapshot is exactly the
-	// state of the three prefixes at Revision.
+	// state of the three prefixes at Revision. In an incremental snapshot each prefix is etcd's state
+	// of that prefix at some revision up to Revision: the prefixes are watched on independent
+	// streams, so events of one prefix may arrive a little after later events of another.
 	Revision int64
 	// Blocks holds every block present at Revision. Blocks with deleted:true are absent, and so are
 	// blocks whose value was never well-formed.
@@ -99,8 +101,12 @@ func coalesce(old, s *Snapshot) *Snapshot {
 	return s
 }
 
-// mergeSorted returns the sorted union of two sorted, duplicate-free slices, in a fresh slice.
+// mergeSorted returns the sorted union of two sorted, duplicate-free slices, in a fresh slice (nil if
+// both are empty).
 func mergeSorted[T any](a, b []T, cmp func(T, T) int) []T {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
 	out := make([]T, 0, len(a)+len(b))
 	for len(a) > 0 && len(b) > 0 {
 		switch c := cmp(a[0], b[0]); {
