@@ -376,6 +376,11 @@ func (w *Watcher) probeLoop(wctx context.Context, probe <-chan struct{}) {
 		case <-wctx.Done():
 			return
 		case <-probe:
+			// The client creates a stream for a progress request whose stream has gone; do not ask
+			// once the watches are being torn down.
+			if wctx.Err() != nil {
+				return
+			}
 			rctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
 			if err := w.cfg.Client.RequestProgress(rctx); err != nil && wctx.Err() == nil {
 				w.log.Debug("etcd watch progress request failed", "err", err)
