@@ -69,7 +69,8 @@ type Status struct {
 	Revision int64
 	// LastError is the last list or watch error ("" if none yet); it is kept after recovery.
 	LastError string
-	// Relists counts completed lists after the initial one.
+	// Relists counts completed lists after the initial one. Revision and Relists advance only after
+	// the snapshot that reflects them has been emitted.
 	Relists uint64
 }
 
@@ -256,13 +257,18 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1),
 			clientv3.WithProgressNotify())
 	}
-	if !deadline.Stop() {
-		w.emit(full)
+	established := deadline.Stop()
+	w.emit(full)
+	w.mu.Lock()
+	w.status.Revision, w.status.Synced = rev, established
+	if full.RelistReason != ReasonInitial {
+		w.status.Relists++
+	}
+	w.mu.Unlock()
+	if !established {
 		return ReasonWatchError, fmt.Errorf("create watches from revision %d: not established within %s",
 			rev+1, w.cfg.RequestTimeout)
 	}
-	w.setSynced(true)
-	w.emit(full)
 
 	probe := make(chan struct{}, 1)
 	wg.Add(1)

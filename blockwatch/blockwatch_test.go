@@ -128,8 +128,7 @@ func TestEvents(t *testing.T) {
 
 	// A pod allocated on the owner changes no route: no snapshot.
 	calicotest.Allocate(b, "k8s-pod-network.x", calicotest.PodAttrs("node-a", "ns", "p", time.Now()))
-	putBlock(t, cli, b)
-	h.noSnapshot(300 * time.Millisecond)
+	h.settled(putBlock(t, cli, b))
 
 	// Borrowed change: node-b takes an address of node-a's block.
 	ord := calicotest.Allocate(b, "k8s-pod-network.y", calicotest.PodAttrs("node-b", "ns", "q", time.Now()))
@@ -195,8 +194,7 @@ func TestEvents(t *testing.T) {
 		t.Fatalf("peer v6: %+v", s.Peers)
 	}
 	// Same value again: no change.
-	put(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6), "2001:db8::3")
-	h.noSnapshot(200 * time.Millisecond)
+	h.settled(put(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6), "2001:db8::3"))
 	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv4))
 	if s = h.next(); s.Peers["node-c"] != (Peer{IPv6: mustAddr("2001:db8::3")}) {
 		t.Fatalf("peer v4 unregistered: %+v", s.Peers)
@@ -278,8 +276,7 @@ func TestMalformedValues(t *testing.T) {
 	put(t, cli, calico.BlockKey(good), `{"cidr":`)
 	cidrMismatch := calicotest.Block(mustPrefix("10.244.9.0/26"), "node-z", 2)
 	v, _ := calico.EncodeBlock(cidrMismatch)
-	put(t, cli, calico.BlockKey(good), string(v)) // value cidr differs from key
-	h.noSnapshot(300 * time.Millisecond)
+	h.settled(put(t, cli, calico.BlockKey(good), string(v))) // value cidr differs from key
 	if n := h.counter("vpp_route_agent_malformed_values_total"); n != 8 {
 		t.Errorf("malformed = %v, want 8", n)
 	}
@@ -536,7 +533,7 @@ func TestCoalescing(t *testing.T) {
 	if !s.Full || s.RelistReason != ReasonRequested || s.Blocks[x] == nil {
 		t.Fatalf("incremental + relist: full %v %q blocks %v", s.Full, s.RelistReason, s.Blocks)
 	}
-	h.noSnapshot(100 * time.Millisecond)
+	h.settled(s.Revision)
 }
 
 func waitRevision(t testing.TB, w *Watcher, rev int64) {

@@ -139,13 +139,15 @@ func (h *harness) waitFor(what string, cond func(*Snapshot) bool) (*Snapshot, []
 	}
 }
 
-// noSnapshot checks that no snapshot arrives within d.
-func (h *harness) noSnapshot(d time.Duration) {
+// settled waits until the Watcher has applied revision rev and checks that no snapshot is waiting:
+// the Watcher emits before it advances Status().Revision.
+func (h *harness) settled(rev int64) {
 	h.t.Helper()
+	waitRevision(h.t, h.w, rev)
 	select {
 	case s := <-h.w.Updates():
 		h.t.Fatalf("unexpected snapshot: rev %d full %v changed %v %v", s.Revision, s.Full, s.ChangedBlocks, s.ChangedPeers)
-	case <-time.After(d):
+	default:
 	}
 }
 

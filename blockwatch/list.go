@@ -73,12 +73,6 @@ func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
 	w.view = next
 	full := next.snapshot(&ch, true, reason)
 	w.metrics.relist(reason)
-	w.mu.Lock()
-	w.status.Revision = next.rev
-	if reason != ReasonInitial {
-		w.status.Relists++
-	}
-	w.mu.Unlock()
 	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "blocks", len(next.blocks),
 		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
 		"duration", time.Since(started).Round(time.Millisecond))
