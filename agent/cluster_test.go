@@ -320,20 +320,11 @@ func (c *cluster) snapshot() *blockwatch.Snapshot {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w, err := blockwatch.New(blockwatch.Config{Client: c.cli, LegacyHostAffinity: true})
+	s, err := blockwatch.List(ctx, blockwatch.Config{Client: c.cli, LegacyHostAffinity: true})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case s := <-w.Updates():
-		return s
-	case <-ctx.Done():
-		c.t.Fatal("no snapshot from etcd")
-		return nil
-	}
+	return s
 }
 
 type testWriter struct{ t *testing.T }

@@ -71,32 +71,19 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	return nil
 }
 
-// listOnce takes one complete snapshot from etcd, failing within the dial timeout when etcd is
-// unreachable.
+// listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
 func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockwatch.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, ef.dialTimeout)
 	defer cancel()
-	w, err := blockwatch.New(blockwatch.Config{
+	snap, err := blockwatch.List(ctx, blockwatch.Config{
 		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
 		RequestTimeout: ef.dialTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w", strings.Join(ef.endpoints, ","), ef.dialTimeout, err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case snap := <-w.Updates():
-		return snap, nil
-	case <-ctx.Done():
-		last := w.Status().LastError
-		if last == "" {
-			last = ctx.Err().Error()
-		}
-		return nil, fmt.Errorf("etcd at %s unreachable within %s: %s", strings.Join(ef.endpoints, ","), ef.dialTimeout, last)
-	}
+	return snap, nil
 }
 
 type routeJSON struct {
