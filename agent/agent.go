@@ -107,7 +107,7 @@ func (c *Config) Validate() error {
 	if c.SyncTimeout == 0 {
 		c.SyncTimeout = DefaultSyncTimeout
 	}
-	if c.ResyncInterval < time.Second || c.PeerLossGrace < 0 || c.SyncTimeout < time.Second {
+	if c.ResyncInterval < 50*time.Millisecond || c.PeerLossGrace < 0 || c.SyncTimeout < time.Second {
 		return fmt.Errorf("resync interval %s, peer-loss grace %s, sync timeout %s: out of range",
 			c.ResyncInterval, c.PeerLossGrace, c.SyncTimeout)
 	}

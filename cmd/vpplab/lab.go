@@ -344,7 +344,7 @@ func (l *lab) releaseBlocks(ctx context.Context, n *labNode) (int, error) {
 func (l *lab) snapshot(ctx context.Context) (*blockwatch.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return blockwatch.List(ctx, blockwatch.Config{Client: l.cli, LegacyHostAffinity: true})
+	return blockwatch.List(ctx, blockwatch.Config{Client: l.cli, LegacyHostAffinity: true, Logger: slog.New(slog.DiscardHandler)})
 }
 
 // fib returns node n's routes inside the lab's pools as "prefix via next-hop", sorted.
