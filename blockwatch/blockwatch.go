@@ -62,8 +62,9 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 
 // Status is the state of a Watcher's connection to etcd.
 type Status struct {
-	// Synced is true while the watches are established and etcd has answered them recently (within two
-	// ProbeIntervals); false while listing, backing off, or when the watch stream went silent.
+	// Synced is true while the watches are established and answering: false while listing or backing
+	// off, and from when a progress request (sent after ProbeInterval of silence) has gone unanswered
+	// for ProbeInterval until the watch stream answers again.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64

@@ -44,7 +44,8 @@ type Config struct {
 	// field is owned by that node. Logged once per block when it is what made a node the owner.
 	LegacyHostAffinity bool
 	// ProbeInterval is how long the watch may stay silent before Run asks etcd for a progress
-	// notification; after two intervals without any response Status reports Synced false. Default 5s.
+	// notification on it; if that request is not answered within another ProbeInterval, Status reports
+	// Synced false (the client keeps reconnecting and resumes the watch by itself). Default 5s.
 	ProbeInterval time.Duration
 	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
 	Logger *slog.Logger

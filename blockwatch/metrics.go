@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.events[src][mvccpb.PUT] = events.WithLabelValues(src.String(), "put")
 		m.events[src][mvccpb.DELETE] = events.WithLabelValues(src.String(), "delete")
 	}
-	for _, r := range []string{ReasonInitial, ReasonCompacted, ReasonWatchError, ReasonRequested} {
+	for _, r := range []string{ReasonInitial, ReasonCompacted, ReasonWatchError, ReasonWatchClosed, ReasonRequested, ReasonRestarted} {
 		relists.WithLabelValues(r)
 	}
 	return m, nil
