@@ -136,11 +136,12 @@ type Agent struct {
 	uplink          uint32
 	uplinkReady     bool
 	vppUp           bool
-	needFull        string // reason of a full resync that is due as soon as it can run
-	missingSince    map[string]time.Time
+	needFull        string                   // reason of a full resync that is due as soon as it can run
+	missingSince    map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
 	legacyLogged    map[netip.Prefix]struct{}
 	retry           *time.Timer
 	grace           *time.Timer
+	graceAt         time.Time // when grace fires; zero when not armed
 
 	heartbeat atomic.Int64 // UnixNano of the loop's last turn
 	debugReq  chan chan Debug
@@ -166,7 +167,7 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		desired:      newDesiredSet(cfg.NodeName),
 		programmed:   map[netip.Prefix]vppapi.Route{},
 		foreign:      map[netip.Prefix]struct{}{},
-		missingSince: map[string]time.Time{},
+		missingSince: map[peerFamily]time.Time{},
 		legacyLogged: map[netip.Prefix]struct{}{},
 		debugReq:     make(chan chan Debug),
 		m:            m.orNop(),
@@ -420,14 +421,14 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 				adds = append(adds, want)
 			}
 		case programmed:
-			if ok && tgt.missingPeer != "" {
+			if ok && tgt.missingPeer.node != "" {
 				since, seen := a.missingSince[tgt.missingPeer]
 				if !seen {
 					since = now
 					a.missingSince[tgt.missingPeer] = now
 				}
 				if until := since.Add(a.cfg.PeerLossGrace); now.Before(until) {
-					a.armGrace(until.Sub(now))
+					a.armGrace(until)
 					continue
 				}
 			}
@@ -476,36 +477,32 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 	return len(adds) + len(dels) - len(res.Failed)
 }
 
-// trackPeers keeps missingSince in step with the snapshot: a node with a registration again is no
-// longer missing. nodes nil means every node.
+// trackPeers keeps missingSince in step with the snapshot: a registration that is back is no longer
+// missing. nodes nil means every node.
 func (a *Agent) trackPeers(snap *blockwatch.Snapshot, nodes []string) {
-	if nodes == nil {
-		for n := range a.missingSince {
-			if _, ok := snap.Peers[n]; ok {
-				delete(a.missingSince, n)
-			}
-		}
-		return
-	}
-	for _, n := range nodes {
-		if _, ok := snap.Peers[n]; ok {
-			delete(a.missingSince, n)
+	for pf := range a.missingSince {
+		if (nodes == nil || slices.Contains(nodes, pf.node)) && pf.registered(snap.Peers) {
+			delete(a.missingSince, pf)
 		}
 	}
 }
 
-// expireGrace re-evaluates the routes of nodes whose grace period is over.
+// expireGrace re-evaluates the routes of registrations whose grace period is over.
 func (a *Agent) expireGrace(ctx context.Context) {
 	now := time.Now()
 	dirty := map[netip.Prefix]struct{}{}
-	for node, since := range a.missingSince {
-		if now.Before(since.Add(a.cfg.PeerLossGrace)) {
+	a.graceAt = time.Time{}
+	for pf, since := range a.missingSince {
+		if until := since.Add(a.cfg.PeerLossGrace); now.Before(until) {
+			a.armGrace(until)
 			continue
 		}
-		a.log.Info("peer registration gone for longer than the grace period; withdrawing its routes", "node", node,
+		a.log.Info("peer registration gone for longer than the grace period; withdrawing its routes", "peer", pf.String(),
 			"missing_since", since)
-		for p := range a.desired.prefixesOf(node) {
-			dirty[p] = struct{}{}
+		for p := range a.desired.prefixesOf(pf.node) {
+			if p.Addr().Is6() == pf.ipv6 {
+				dirty[p] = struct{}{}
+			}
 		}
 	}
 	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
@@ -513,8 +510,13 @@ func (a *Agent) expireGrace(ctx context.Context) {
 	}
 }
 
-func (a *Agent) armGrace(d time.Duration) {
-	a.grace.Reset(d + 10*time.Millisecond)
+// armGrace makes the grace timer fire at until, unless it is already due earlier.
+func (a *Agent) armGrace(until time.Time) {
+	if !a.graceAt.IsZero() && !until.Before(a.graceAt) {
+		return
+	}
+	a.graceAt = until
+	a.grace.Reset(time.Until(until) + 10*time.Millisecond)
 }
 
 func (a *Agent) scheduleRetry() {

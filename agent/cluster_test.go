@@ -130,7 +130,7 @@ func (c *cluster) start(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, Logger: log})
+	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: 500 * time.Millisecond, Logger: log})
 	if err != nil {
 		c.t.Fatal(err)
 	}

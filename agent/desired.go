@@ -80,8 +80,31 @@ func ManagedPools(snap *blockwatch.Snapshot, explicit []netip.Prefix) []netip.Pr
 type target struct {
 	route    DesiredRoute
 	resolved bool
-	// missingPeer names the node whose missing registration left the prefix unresolved ("" otherwise).
-	missingPeer string
+	// missingPeer is set when the prefix is unresolved because its node has no peer IP of the prefix's
+	// family.
+	missingPeer peerFamily
+}
+
+// peerFamily is one node's registration of one address family: the unit of the peer-loss grace.
+type peerFamily struct {
+	node string
+	ipv6 bool
+}
+
+func (p peerFamily) String() string {
+	if p.ipv6 {
+		return p.node + "/ipv6"
+	}
+	return p.node + "/ipv4"
+}
+
+// registered reports whether peers hold a valid address of p's family for p's node.
+func (p peerFamily) registered(peers map[string]blockwatch.Peer) bool {
+	peer, ok := peers[p.node]
+	if p.ipv6 {
+		return ok && peer.IPv6.IsValid()
+	}
+	return ok && peer.IPv4.IsValid()
 }
 
 // blockResult is what one block contributes.
@@ -272,7 +295,7 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 			if u.Prefix == p {
 				t := target{route: DesiredRoute{Prefix: u.Prefix, Owner: u.Owner, Kind: u.Kind, Block: u.Block}}
 				if u.MissingPeer {
-					t.missingPeer = u.Owner
+					t.missingPeer = peerFamily{node: u.Owner, ipv6: u.Prefix.Addr().Is6()}
 				}
 				if best == nil || betterTarget(t, *best) {
 					best = &t

@@ -60,8 +60,8 @@ func (a *Agent) debugView() Debug {
 		d.Foreign = append(d.Foreign, p)
 	}
 	slices.SortFunc(d.Foreign, comparePrefix)
-	for n, t := range a.missingSince {
-		d.Missing[n] = t
+	for pf, t := range a.missingSince {
+		d.Missing[pf.String()] = t
 	}
 	if d.Desired == nil {
 		d.Desired = []DesiredRoute{}
