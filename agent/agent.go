@@ -1,0 +1,588 @@
+// Package agent is the reconciler of vpp-route-agent: it keeps the routes this node owns in the VPP FIB
+// equal to the routes derived from the latest complete view of Calico's blocks and the registered peers.
+//
+// One goroutine (Run) owns all reconcile state. It is level-triggered: a full resync dumps VPP's table,
+// takes as "owned" exactly the routes in the table whose every path goes via the uplink and whose prefix
+// lies in a managed pool, and adds, replaces, then deletes until owned == desired. Full resyncs run at
+// start, after every VPP (re)connect, after every etcd relist and every ResyncInterval; between them each
+// etcd change updates only the route prefixes it touches.
+//
+// Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down), and
+// a route whose owner's registration disappeared is kept for PeerLossGrace before it is withdrawn.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
+)
+
+// Dataplane is what the agent needs of VPP; *vppapi.Client implements it.
+type Dataplane interface {
+	Events() <-chan vppapi.Event
+	SetupUplink(ctx context.Context, u vppapi.Uplink) (uint32, error)
+	LookupUplink(ctx context.Context, u vppapi.Uplink) (uint32, error)
+	EnsureTable(ctx context.Context, tableID uint32) error
+	DumpRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
+	Apply(ctx context.Context, adds, deletes []vppapi.Route) vppapi.Result
+}
+
+// Source is the agent's view of etcd; *blockwatch.Watcher implements it.
+type Source interface {
+	Updates() <-chan *blockwatch.Snapshot
+	Status() blockwatch.Status
+	Relist()
+}
+
+// Registration reports whether this node's peer IPs are registered; *Registrar implements it.
+type Registration interface {
+	Up() bool
+}
+
+var (
+	_ Dataplane    = (*vppapi.Client)(nil)
+	_ Source       = (*blockwatch.Watcher)(nil)
+	_ Registration = (*Registrar)(nil)
+)
+
+// Config is the reconciler's configuration.
+type Config struct {
+	// NodeName is this node; its own blocks get no route.
+	NodeName string
+	// TableID is the VPP FIB table the agent programs (both families).
+	TableID uint32
+	// Pools are the managed pool CIDRs; nil means the enabled Calico IP pools from etcd.
+	Pools []netip.Prefix
+	// Uplink is the interface routes go out of; when it has Addresses the agent configures them.
+	Uplink vppapi.Uplink
+	// ResyncInterval is the period of the full resync that repairs drift.
+	ResyncInterval time.Duration
+	// PeerLossGrace is how long routes to a node whose registration vanished are kept.
+	PeerLossGrace time.Duration
+	// SyncTimeout bounds one full resync (dump and apply).
+	SyncTimeout time.Duration
+	// DryRun computes and logs FIB changes and writes nothing to VPP.
+	DryRun bool
+	// WithdrawOnExit removes every owned route when Run ends.
+	WithdrawOnExit bool
+	Logger         *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultResyncInterval = 90 * time.Second
+	DefaultPeerLossGrace  = 60 * time.Second
+	DefaultSyncTimeout    = 2 * time.Minute
+)
+
+// Validate checks the configuration and fills in defaults.
+func (c *Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("node name is empty")
+	}
+	if c.Uplink.Name == "" && !c.Uplink.HasIndex {
+		return errors.New("no uplink interface: give its name or its sw_if_index")
+	}
+	for _, p := range c.Pools {
+		if !p.IsValid() || p != p.Masked() {
+			return fmt.Errorf("pool %s is not a canonical prefix", p)
+		}
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = DefaultResyncInterval
+	}
+	if c.PeerLossGrace == 0 {
+		c.PeerLossGrace = DefaultPeerLossGrace
+	}
+	if c.SyncTimeout == 0 {
+		c.SyncTimeout = DefaultSyncTimeout
+	}
+	if c.ResyncInterval < 50*time.Millisecond || c.PeerLossGrace < 0 || c.SyncTimeout < time.Second {
+		return fmt.Errorf("resync interval %s, peer-loss grace %s, sync timeout %s: out of range",
+			c.ResyncInterval, c.PeerLossGrace, c.SyncTimeout)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Agent reconciles the VPP FIB with the desired routes.
+type Agent struct {
+	cfg Config
+	dp  Dataplane
+	src Source
+	reg Registration
+	log *slog.Logger
+	m   *Metrics
+
+	// Owned by Run.
+	snap            *blockwatch.Snapshot
+	desired         *desiredSet
+	pools           []netip.Prefix
+	programmed      map[netip.Prefix]vppapi.Route
+	programmedValid bool // programmed was read from VPP since the last (re)connect
+	foreign         map[netip.Prefix]struct{}
+	uplink          uint32
+	uplinkReady     bool
+	vppUp           bool
+	needFull        string                   // reason of a full resync that is due as soon as it can run
+	missingSince    map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
+	legacyLogged    map[netip.Prefix]struct{}
+	retry           *time.Timer
+	grace           *time.Timer
+	graceAt         time.Time // when grace fires; zero when not armed
+
+	heartbeat atomic.Int64 // UnixNano of the loop's last turn
+	debugReq  chan chan Debug
+
+	mu   sync.Mutex // guards view
+	view readiness
+}
+
+type readiness struct {
+	snapshotApplied bool
+	vppConnected    bool
+	resynced        bool
+	etcdSynced      bool
+}
+
+// New returns an agent; reg may be nil when nothing is registered (dry runs, tests).
+func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg: cfg, dp: dp, src: src, reg: reg, log: cfg.Logger,
+		desired:      newDesiredSet(cfg.NodeName),
+		programmed:   map[netip.Prefix]vppapi.Route{},
+		foreign:      map[netip.Prefix]struct{}{},
+		missingSince: map[peerFamily]time.Time{},
+		legacyLogged: map[netip.Prefix]struct{}{},
+		debugReq:     make(chan chan Debug),
+		m:            m.orNop(),
+	}
+	a.heartbeat.Store(time.Now().UnixNano())
+	return a, nil
+}
+
+// Run reconciles until ctx is done. It returns nil on cancellation; it never gives up on VPP or etcd.
+func (a *Agent) Run(ctx context.Context) error {
+	resync := time.NewTicker(a.cfg.ResyncInterval)
+	defer resync.Stop()
+	beat := time.NewTicker(time.Second)
+	defer beat.Stop()
+	a.retry = stoppedTimer()
+	a.grace = stoppedTimer()
+	defer a.retry.Stop()
+	defer a.grace.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if a.cfg.WithdrawOnExit {
+				a.withdrawAll()
+			}
+			return nil
+		case snap := <-a.src.Updates():
+			a.onSnapshot(ctx, snap)
+		case ev := <-a.dp.Events():
+			a.onVPPEvent(ctx, ev)
+		case <-resync.C:
+			a.fullSync(ctx, "periodic")
+		case <-a.retry.C:
+			a.fullSync(ctx, "retry")
+		case <-a.grace.C:
+			a.expireGrace(ctx)
+		case ch := <-a.debugReq:
+			ch <- a.debugView()
+		case <-beat.C:
+		}
+		if a.needFull != "" {
+			a.fullSync(ctx, a.needFull)
+		}
+		a.publish()
+	}
+}
+
+// Relist asks for a fresh list of etcd and a full resync (SIGHUP).
+func (a *Agent) Relist() { a.src.Relist() }
+
+func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
+	a.m.snapshots.Inc()
+	first := a.snap == nil
+	a.snap = snap
+	a.noteLegacy(snap)
+	pools := ManagedPools(snap, a.cfg.Pools)
+	if snap.Full || first || !slices.Equal(pools, a.pools) {
+		a.pools = pools
+		a.desired.reset(snap, pools)
+		a.trackPeers(snap, nil)
+		reason := snap.RelistReason
+		if reason == "" {
+			reason = "initial"
+		}
+		if !first && !snap.Full {
+			reason = "pools"
+		}
+		a.needFull = "relist-" + reason
+		return
+	}
+	dirty := a.desired.update(snap)
+	a.trackPeers(snap, snap.ChangedPeers)
+	if !a.vppUp || !a.uplinkReady {
+		return // the full resync after (re)connect picks it up
+	}
+	ops := a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	if ops > 0 && !snap.ReceivedAt.IsZero() {
+		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
+	}
+}
+
+func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
+	switch ev.Kind {
+	case vppapi.Connected:
+		a.log.Info("VPP connected", "pid", ev.PID, "version", ev.Version, "restarted", ev.Restarted)
+		a.vppUp = true
+		a.uplinkReady = false
+		a.programmedValid = false
+		if ev.Restarted {
+			clear(a.programmed) // a restarted VPP has an empty FIB
+		}
+		a.needFull = "vpp-connect"
+		if ev.Restarted {
+			a.needFull = "vpp-restart"
+		}
+	case vppapi.Disconnected:
+		a.log.Warn("VPP disconnected; routes stay as they are, reconnecting", "err", ev.Err)
+		a.vppUp = false
+		a.uplinkReady = false
+		a.programmedValid = false
+	case vppapi.Incompatible:
+		a.log.Error("VPP is incompatible with this agent", "err", ev.Err, "version", ev.Version)
+		a.vppUp = false
+		a.uplinkReady = false
+	}
+}
+
+// setupUplink configures (or in a dry run only looks up) the uplink and the table.
+func (a *Agent) setupUplink(ctx context.Context) error {
+	var idx uint32
+	var err error
+	if a.cfg.DryRun {
+		idx, err = a.dp.LookupUplink(ctx, a.cfg.Uplink)
+	} else {
+		idx, err = a.dp.SetupUplink(ctx, a.cfg.Uplink)
+		if err == nil {
+			err = a.dp.EnsureTable(ctx, a.cfg.TableID)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("set up uplink: %w", err)
+	}
+	a.uplink, a.uplinkReady = idx, true
+	return nil
+}
+
+// fullSync reads the table from VPP and makes the owned routes equal the desired ones.
+func (a *Agent) fullSync(ctx context.Context, kind string) {
+	if a.snap == nil || !a.vppUp {
+		a.needFull = kind // runs as soon as there is a snapshot and a connection
+		return
+	}
+	a.needFull = ""
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
+	defer cancel()
+	err := a.doFullSync(ctx, kind)
+	a.m.syncDone(kind, start, err)
+	if err != nil {
+		a.log.Warn("full resync failed; retrying", "kind", kind, "err", err)
+		a.scheduleRetry()
+		return
+	}
+	a.setView(func(v *readiness) { v.resynced = true })
+	a.log.Debug("full resync done", "kind", kind, "took", time.Since(start), "programmed", len(a.programmed))
+}
+
+func (a *Agent) doFullSync(ctx context.Context, kind string) error {
+	if !a.uplinkReady {
+		if err := a.setupUplink(ctx); err != nil {
+			return err
+		}
+	}
+	entries, err := a.dp.DumpRoutes(ctx, a.cfg.TableID)
+	if err != nil {
+		return fmt.Errorf("dump table %d: %w", a.cfg.TableID, err)
+	}
+	owned, foreign := a.classify(entries)
+	if a.programmedValid {
+		drift := 0
+		for p, r := range owned {
+			if have, ok := a.programmed[p]; !ok || have != r {
+				drift++
+			}
+		}
+		for p := range a.programmed {
+			if _, ok := owned[p]; !ok {
+				drift++
+			}
+		}
+		if drift > 0 {
+			a.log.Warn("FIB drifted from what the agent programmed; repairing", "routes", drift, "kind", kind)
+			a.m.drift.Add(float64(drift))
+		}
+	}
+	a.programmed, a.foreign = owned, foreign
+	a.programmedValid = true
+	dirty := make(map[netip.Prefix]struct{}, len(owned)+len(a.desired.targets))
+	for p := range owned {
+		dirty[p] = struct{}{}
+	}
+	for p := range a.desired.targets {
+		dirty[p] = struct{}{}
+	}
+	a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	if n := a.conflicts(); n > 0 {
+		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
+	}
+	return nil
+}
+
+// classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
+// the managed pools (which it must never touch).
+func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
+	owned := make(map[netip.Prefix]vppapi.Route)
+	foreign := make(map[netip.Prefix]struct{})
+	for _, e := range entries {
+		if e.TableID != a.cfg.TableID || !inPools(a.pools, e.Prefix) {
+			continue
+		}
+		if r, ok := a.ownedRoute(e); ok {
+			owned[e.Prefix] = r
+		} else {
+			foreign[e.Prefix] = struct{}{}
+		}
+	}
+	return owned, foreign
+}
+
+// ownedRoute reports whether e is one of ours: every path a plain path via the uplink with a next hop.
+// A multipath leftover is normalised to its first path; the next add replaces the whole set.
+func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
+	if len(e.Paths) == 0 {
+		return vppapi.Route{}, false
+	}
+	for _, p := range e.Paths {
+		if p.Type != vppapi.PathNormal || p.SwIfIndex != a.uplink || !p.NextHop.IsValid() {
+			return vppapi.Route{}, false
+		}
+	}
+	r := vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: a.uplink, TableID: e.TableID}
+	if len(e.Paths) > 1 {
+		r.NextHop = netip.Addr{} // forces a replace to the single desired path
+	}
+	return r, true
+}
+
+func inPools(pools []netip.Prefix, p netip.Prefix) bool {
+	for _, pool := range pools {
+		if pool.Bits() <= p.Bits() && pool.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// applyDirty brings the given prefixes to their targets and returns the number of FIB operations done.
+// Deletes wait for a fresh view (allowDelete) and for the peer-loss grace of a vanished owner.
+func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{}, allowDelete bool) int {
+	var adds, dels []vppapi.Route
+	now := time.Now()
+	for p := range dirty {
+		tgt, ok := a.desired.targets[p]
+		have, programmed := a.programmed[p]
+		switch {
+		case ok && tgt.resolved:
+			if _, isForeign := a.foreign[p]; isForeign {
+				continue
+			}
+			want := vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplink, TableID: a.cfg.TableID}
+			if !programmed || have != want {
+				adds = append(adds, want)
+			}
+		case programmed:
+			if ok && tgt.missingPeer.node != "" {
+				since, seen := a.missingSince[tgt.missingPeer]
+				if !seen {
+					since = now
+					a.missingSince[tgt.missingPeer] = now
+				}
+				if until := since.Add(a.cfg.PeerLossGrace); now.Before(until) {
+					a.armGrace(until)
+					continue
+				}
+			}
+			if !allowDelete {
+				continue
+			}
+			dels = append(dels, have)
+		}
+	}
+	if len(adds) == 0 && len(dels) == 0 {
+		return 0
+	}
+	sortRoutes(adds)
+	sortRoutes(dels)
+	if a.cfg.DryRun {
+		for _, r := range adds {
+			a.log.Info("dry run: would add", "prefix", r.Prefix, "via", r.NextHop, "sw_if_index", r.SwIfIndex, "table", r.TableID)
+		}
+		for _, r := range dels {
+			a.log.Info("dry run: would delete", "prefix", r.Prefix, "table", r.TableID)
+		}
+		a.m.ops.WithLabelValues("add", "dry_run").Add(float64(len(adds)))
+		a.m.ops.WithLabelValues("delete", "dry_run").Add(float64(len(dels)))
+		return 0
+	}
+	res := a.dp.Apply(ctx, adds, dels)
+	failed := make(map[netip.Prefix]vppapi.RouteError, len(res.Failed))
+	for _, f := range res.Failed {
+		failed[f.Route.Prefix] = f
+	}
+	for _, r := range adds {
+		if _, bad := failed[r.Prefix]; !bad {
+			a.programmed[r.Prefix] = r
+		}
+	}
+	for _, r := range dels {
+		if _, bad := failed[r.Prefix]; !bad {
+			delete(a.programmed, r.Prefix)
+		}
+	}
+	a.m.countOps(len(adds), len(dels), res.Failed)
+	if len(res.Failed) > 0 {
+		a.log.Warn("some FIB operations failed; will retry", "failed", len(res.Failed), "err", res.Err())
+		a.scheduleRetry()
+	}
+	return len(adds) + len(dels) - len(res.Failed)
+}
+
+// trackPeers keeps missingSince in step with the snapshot: a registration that is back is no longer
+// missing. nodes nil means every node.
+func (a *Agent) trackPeers(snap *blockwatch.Snapshot, nodes []string) {
+	for pf := range a.missingSince {
+		if (nodes == nil || slices.Contains(nodes, pf.node)) && pf.registered(snap.Peers) {
+			delete(a.missingSince, pf)
+		}
+	}
+}
+
+// expireGrace re-evaluates the routes of registrations whose grace period is over.
+func (a *Agent) expireGrace(ctx context.Context) {
+	now := time.Now()
+	dirty := map[netip.Prefix]struct{}{}
+	a.graceAt = time.Time{}
+	for pf, since := range a.missingSince {
+		if until := since.Add(a.cfg.PeerLossGrace); now.Before(until) {
+			a.armGrace(until)
+			continue
+		}
+		a.log.Info("peer registration gone for longer than the grace period; withdrawing its routes", "peer", pf.String(),
+			"missing_since", since)
+		for p := range a.desired.prefixesOf(pf.node) {
+			if p.Addr().Is6() == pf.ipv6 {
+				dirty[p] = struct{}{}
+			}
+		}
+	}
+	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
+		a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	}
+}
+
+// armGrace makes the grace timer fire at until, unless it is already due earlier.
+func (a *Agent) armGrace(until time.Time) {
+	if !a.graceAt.IsZero() && !until.Before(a.graceAt) {
+		return
+	}
+	a.graceAt = until
+	a.grace.Reset(time.Until(until) + 10*time.Millisecond)
+}
+
+func (a *Agent) scheduleRetry() {
+	a.retry.Reset(2 * time.Second)
+}
+
+// conflicts counts resolved desired routes that a foreign route in the table blocks.
+func (a *Agent) conflicts() int {
+	n := 0
+	for p := range a.foreign {
+		if t, ok := a.desired.targets[p]; ok && t.resolved {
+			n++
+		}
+	}
+	return n
+}
+
+// noteLegacy logs once per block that legacy hostAffinity made a node its owner.
+func (a *Agent) noteLegacy(snap *blockwatch.Snapshot) {
+	check := func(cidr netip.Prefix, b *blockwatch.Block) {
+		if b != nil && b.Owner.Kind == calico.OwnerLegacyHost {
+			if _, done := a.legacyLogged[cidr]; !done {
+				a.legacyLogged[cidr] = struct{}{}
+				a.log.Info("block has only the legacy hostAffinity field; routing it to that node", "block", cidr, "node", b.Owner.Node)
+			}
+		}
+	}
+	if snap.Full {
+		for cidr, b := range snap.Blocks {
+			check(cidr, b)
+		}
+		return
+	}
+	for _, cidr := range snap.ChangedBlocks {
+		check(cidr, snap.Blocks[cidr])
+	}
+}
+
+// withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.
+func (a *Agent) withdrawAll() {
+	if !a.vppUp || !a.uplinkReady || a.cfg.DryRun {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	entries, err := a.dp.DumpRoutes(ctx, a.cfg.TableID)
+	if err != nil {
+		a.log.Error("withdraw on exit: dump failed", "err", err)
+		return
+	}
+	owned, _ := a.classify(entries)
+	dels := make([]vppapi.Route, 0, len(owned))
+	for _, r := range owned {
+		dels = append(dels, r)
+	}
+	res := a.dp.Apply(ctx, nil, dels)
+	a.m.countOps(0, len(dels), res.Failed)
+	a.log.Info("withdrew owned routes on exit", "routes", len(dels)-len(res.Failed), "failed", len(res.Failed))
+}
+
+func sortRoutes(rs []vppapi.Route) {
+	slices.SortFunc(rs, func(a, b vppapi.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+}
+
+func stoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}

@@ -1,0 +1,336 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+)
+
+const (
+	uplinkName = "GigabitEthernet0/8/0"
+	hosts      = blockwatch.DefaultHostsPrefix
+)
+
+var (
+	poolV4 = netip.MustParsePrefix("10.244.0.0/16")
+	poolV6 = netip.MustParsePrefix("fd00:10:244::/48")
+)
+
+// cluster is a test cluster: one embedded etcd, and per node a VPP simulator and an agent wired as the
+// daemon wires them (vppapi client, blockwatch watcher, registrar, reconciler), over real sockets.
+type cluster struct {
+	t     *testing.T
+	etcd  *etcdtest.Server
+	cli   *clientv3.Client
+	dir   string
+	nodes map[string]*node
+	opts  clusterOpts
+}
+
+type clusterOpts struct {
+	resync time.Duration
+	grace  time.Duration
+	pools  []netip.Prefix // nil: IPPools from etcd
+}
+
+type node struct {
+	name   string
+	index  int
+	sim    *vppsim.Sim
+	sock   string
+	peerV4 netip.Addr
+	peerV6 netip.Addr
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan error
+	agent  *agent.Agent
+}
+
+func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
+	t.Helper()
+	srv, cli := etcdtest.Start(t)
+	dir, err := os.MkdirTemp("", "ag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if opts.resync == 0 {
+		opts.resync = time.Hour // incremental updates must work without the periodic resync
+	}
+	if opts.grace == 0 {
+		opts.grace = 200 * time.Millisecond
+	}
+	c := &cluster{t: t, etcd: srv, cli: cli, dir: dir, nodes: map[string]*node{}, opts: opts}
+	c.putPool("default-ipv4-ippool", poolV4, 26)
+	c.putPool("default-ipv6-ippool", poolV6, 122)
+	for i, name := range names {
+		n := &node{name: name, index: i + 1,
+			peerV4: netip.AddrFrom4([4]byte{192, 168, 100, byte(i + 1)}),
+			peerV6: netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i+1)),
+			sock:   filepath.Join(dir, name+".sock")}
+		sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sim.Listen(n.sock); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sim.Close() })
+		n.sim = sim
+		c.nodes[name] = n
+		c.start(name)
+	}
+	t.Cleanup(func() {
+		for name := range c.nodes {
+			c.stop(name)
+		}
+	})
+	return c
+}
+
+func (c *cluster) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	c.t.Cleanup(cancel)
+	return ctx
+}
+
+// start runs node name's agent stack until stop.
+func (c *cluster) start(name string) {
+	c.t.Helper()
+	n := c.nodes[name]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cancel != nil {
+		return
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name)
+	cli, err := c.etcd.Client()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	vpp, err := vppapi.New(vppapi.Config{Socket: n.sock, ReplyTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond, Logger: log})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: 500 * time.Millisecond, Logger: log})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	reg, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: name,
+		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	a, err := agent.New(agent.Config{NodeName: name, Pools: c.opts.pools,
+		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, reg, nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return vpp.Run(gctx) })
+	g.Go(func() error { return w.Run(gctx) })
+	g.Go(func() error { return reg.Run(gctx) })
+	g.Go(func() error { return a.Run(gctx) })
+	done := make(chan error, 1)
+	go func() { done <- g.Wait(); cli.Close() }()
+	n.cancel, n.done, n.agent = cancel, done, a
+}
+
+// stop stops node name's agent (a normal exit: routes and registration stay).
+func (c *cluster) stop(name string) {
+	n := c.nodes[name]
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	select {
+	case err := <-n.done:
+		if err != nil {
+			c.t.Errorf("agent %s: %v", name, err)
+		}
+	case <-time.After(10 * time.Second):
+		c.t.Errorf("agent %s did not stop within 10s", name)
+	}
+	n.cancel, n.agent = nil, nil
+}
+
+func (c *cluster) putPool(name string, cidr netip.Prefix, blockSize int) {
+	v, err := calico.EncodeIPPool(calico.IPPool{Name: name, CIDR: cidr, BlockSize: blockSize})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.put(calico.IPPoolKey(name), string(v))
+}
+
+func (c *cluster) put(k, v string) {
+	c.t.Helper()
+	if _, err := c.cli.Put(c.ctx(), k, v); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) del(k string) {
+	c.t.Helper()
+	if _, err := c.cli.Delete(c.ctx(), k); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// putBlock writes a Calico block owned by owner, with the given ordinals allocated to pods on nodes
+// (borrowed when the node differs from the owner).
+func (c *cluster) putBlock(cidr string, owner string, podNodes map[int]string) {
+	c.t.Helper()
+	p := netip.MustParsePrefix(cidr)
+	aff := ""
+	if owner != "" {
+		aff = "host:" + owner
+	}
+	b := calico.NewBlock(p, aff, 1)
+	for _, ord := range slices.Sorted(mapsKeys(podNodes)) {
+		h := fmt.Sprintf("k8s-pod-network.c%d", ord)
+		b.Attributes = append(b.Attributes, calico.AllocationAttribute{HandleID: &h,
+			Secondary: map[string]string{"node": podNodes[ord], "namespace": "default", "pod": fmt.Sprintf("p%d", ord)}})
+		idx := len(b.Attributes) - 1
+		b.Allocations[ord] = &idx
+		b.Unallocated = slices.DeleteFunc(b.Unallocated, func(o int) bool { return o == ord })
+		b.SequenceNumberForAllocation[fmt.Sprint(ord)] = b.SequenceNumber
+		b.SequenceNumber++
+	}
+	if err := b.Validate(); err != nil {
+		c.t.Fatal(err)
+	}
+	v, err := calico.EncodeBlock(b)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.put(calico.BlockKey(p), string(v))
+}
+
+func mapsKeys(m map[int]string) func(func(int) bool) {
+	return func(yield func(int) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// fib returns node name's API routes in table 0 inside the pools, as "prefix via nh" strings, sorted.
+func (c *cluster) fib(name string) []string {
+	var out []string
+	for _, r := range c.nodes[name].sim.APIRoutes(0) {
+		if !poolV4.Contains(r.Prefix.Addr()) && !poolV6.Contains(r.Prefix.Addr()) {
+			continue
+		}
+		var nhs []string
+		for _, p := range r.Paths {
+			nhs = append(nhs, fmt.Sprintf("%s@%d", p.NextHop, p.SwIfIndex))
+		}
+		out = append(out, fmt.Sprintf("%s via %s", r.Prefix, strings.Join(nhs, ",")))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// want formats expected routes of node name: prefix -> node whose peer IP is the next hop.
+func (c *cluster) want(routes map[string]string) []string {
+	var out []string
+	for p, via := range routes {
+		n := c.nodes[via]
+		nh := n.peerV4
+		if netip.MustParsePrefix(p).Addr().Is6() {
+			nh = n.peerV6
+		}
+		out = append(out, fmt.Sprintf("%s via %s@1", p, nh))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// eventually waits until node name's FIB equals want.
+func (c *cluster) eventually(name string, want []string, within time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := c.fib(name)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %s FIB after %s:\n got %q\nwant %q", name, within, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// converged waits until every node's FIB equals what Desired computes from etcd for it.
+func (c *cluster) converged(within time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		snap := c.snapshot()
+		bad := ""
+		for name := range c.nodes {
+			routes, _ := agent.Desired(snap, agent.Options{NodeName: name, Pools: c.opts.pools})
+			want := make([]string, 0, len(routes))
+			for _, r := range routes {
+				want = append(want, fmt.Sprintf("%s via %s@1", r.Prefix, r.NextHop))
+			}
+			slices.Sort(want)
+			got := slices.DeleteFunc(c.fib(name), func(r string) bool { return !strings.HasSuffix(r, "@1") }) // owned only
+			if !slices.Equal(got, want) {
+				bad = fmt.Sprintf("node %s:\n got %q\nwant %q", name, got, want)
+				break
+			}
+		}
+		if bad == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("not converged after %s: %s", within, bad)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// snapshot lists etcd once, as the routes subcommand does.
+func (c *cluster) snapshot() *blockwatch.Snapshot {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := blockwatch.List(ctx, blockwatch.Config{Client: c.cli, LegacyHostAffinity: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,428 @@
+package agent
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// RouteKind says why a route exists.
+type RouteKind string
+
+// Route kinds.
+const (
+	// KindBlock routes a whole block to the node that owns it.
+	KindBlock RouteKind = "block"
+	// KindBorrowed routes one address (/32 or /128) to the node that borrowed it from another's block.
+	KindBorrowed RouteKind = "borrowed"
+)
+
+// DesiredRoute is one route this node must have: Prefix via NextHop, the peer IP of node Owner.
+type DesiredRoute struct {
+	Prefix  netip.Prefix `json:"prefix"`
+	NextHop netip.Addr   `json:"next_hop"`
+	Owner   string       `json:"owner"`
+	Kind    RouteKind    `json:"kind"`
+	// Block is the block the route comes from (equal to Prefix for KindBlock).
+	Block netip.Prefix `json:"block"`
+}
+
+// Unresolved is a route this node should have but cannot program, and why.
+type Unresolved struct {
+	Prefix netip.Prefix `json:"prefix"`
+	Owner  string       `json:"owner"`
+	Kind   RouteKind    `json:"kind"`
+	Block  netip.Prefix `json:"block"`
+	Reason string       `json:"reason"`
+	// MissingPeer is set when the reason is that Owner has no registered peer IP of the family: such a
+	// route is kept in the FIB for the peer-loss grace period.
+	MissingPeer bool `json:"-"`
+}
+
+// Options tell Desired whose view to compute.
+type Options struct {
+	// NodeName is this node: its own blocks get no route, its borrowed addresses neither.
+	NodeName string
+	// Pools are the managed pool CIDRs; nil means the enabled IP pools of the snapshot. Routes outside
+	// every managed pool are never programmed (the agent could not recognise them as its own later).
+	Pools []netip.Prefix
+}
+
+// Desired computes, from a snapshot, the routes this node must have and the ones it cannot resolve, both
+// sorted by prefix. It is pure.
+func Desired(snap *blockwatch.Snapshot, opts Options) ([]DesiredRoute, []Unresolved) {
+	d := newDesiredSet(opts.NodeName)
+	d.reset(snap, ManagedPools(snap, opts.Pools))
+	return d.routes(), d.unresolvedList()
+}
+
+// ManagedPools returns the pool CIDRs the agent manages: explicit ones if given, else the CIDRs of the
+// snapshot's enabled IP pools, sorted.
+func ManagedPools(snap *blockwatch.Snapshot, explicit []netip.Prefix) []netip.Prefix {
+	if explicit != nil {
+		return explicit
+	}
+	var out []netip.Prefix
+	for _, p := range snap.Pools {
+		if !p.Disabled {
+			out = append(out, p.CIDR)
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return out
+}
+
+// target is what one route prefix should look like in the FIB.
+type target struct {
+	route    DesiredRoute
+	resolved bool
+	// missingPeer is set when the prefix is unresolved because its node has no peer IP of the prefix's
+	// family.
+	missingPeer peerFamily
+}
+
+// peerFamily is one node's registration of one address family: the unit of the peer-loss grace.
+type peerFamily struct {
+	node string
+	ipv6 bool
+}
+
+func (p peerFamily) String() string {
+	if p.ipv6 {
+		return p.node + "/ipv6"
+	}
+	return p.node + "/ipv4"
+}
+
+// registered reports whether peers hold a valid address of p's family for p's node.
+func (p peerFamily) registered(peers map[string]blockwatch.Peer) bool {
+	peer, ok := peers[p.node]
+	if p.ipv6 {
+		return ok && peer.IPv6.IsValid()
+	}
+	return ok && peer.IPv4.IsValid()
+}
+
+// blockResult is what one block contributes.
+type blockResult struct {
+	block      *blockwatch.Block
+	routes     []DesiredRoute
+	unresolved []Unresolved
+}
+
+// desiredSet maintains the desired routes incrementally: a changed block or peer recomputes only the
+// routes it touches, and reports the route prefixes whose target changed. It is owned by one goroutine.
+type desiredSet struct {
+	node  string
+	pools []netip.Prefix
+	peers map[string]blockwatch.Peer
+
+	perBlock map[netip.Prefix]*blockResult
+	// sources maps a route prefix to the blocks contributing a candidate for it (almost always one).
+	sources map[netip.Prefix][]netip.Prefix
+	// byNode maps a node to the blocks whose routes depend on its peer IPs (as owner or borrower).
+	byNode  map[string]map[netip.Prefix]struct{}
+	targets map[netip.Prefix]target
+
+	ownerCounts     map[string]int
+	unresolvedCount int
+	resolved        int // targets with resolved == true
+}
+
+func newDesiredSet(node string) *desiredSet {
+	return &desiredSet{node: node}
+}
+
+// reset rebuilds everything from a snapshot.
+func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
+	d.pools = pools
+	d.peers = snap.Peers
+	d.perBlock = make(map[netip.Prefix]*blockResult, len(snap.Blocks))
+	d.sources = make(map[netip.Prefix][]netip.Prefix, len(snap.Blocks))
+	d.byNode = make(map[string]map[netip.Prefix]struct{})
+	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
+	d.ownerCounts = make(map[string]int)
+	d.unresolvedCount = 0
+	d.resolved = 0
+	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
+	for cidr, b := range snap.Blocks {
+		d.setBlock(cidr, b, dirty)
+	}
+	for p := range dirty {
+		d.recompute(p)
+	}
+}
+
+// update applies an incremental snapshot and returns the route prefixes whose target may have changed.
+func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{} {
+	d.peers = snap.Peers
+	dirty := make(map[netip.Prefix]struct{})
+	redo := make(map[netip.Prefix]struct{}, len(snap.ChangedBlocks))
+	for _, cidr := range snap.ChangedBlocks {
+		redo[cidr] = struct{}{}
+	}
+	for _, node := range snap.ChangedPeers {
+		for cidr := range d.byNode[node] {
+			redo[cidr] = struct{}{}
+		}
+	}
+	for cidr := range redo {
+		d.setBlock(cidr, snap.Blocks[cidr], dirty)
+	}
+	for p := range dirty {
+		d.recompute(p)
+	}
+	return dirty
+}
+
+// refreshNode recomputes the routes that depend on node (after its peer-loss grace ran out, say).
+func (d *desiredSet) refreshNode(node string) map[netip.Prefix]struct{} {
+	dirty := make(map[netip.Prefix]struct{})
+	for cidr := range d.byNode[node] {
+		if r := d.perBlock[cidr]; r != nil {
+			d.setBlock(cidr, r.block, dirty)
+		}
+	}
+	for p := range dirty {
+		d.recompute(p)
+	}
+	return dirty
+}
+
+// setBlock replaces block cidr's contribution (b nil = the block is gone), marking touched prefixes dirty.
+func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[netip.Prefix]struct{}) {
+	if old := d.perBlock[cidr]; old != nil {
+		d.forget(cidr, old, dirty)
+	}
+	if b == nil {
+		return
+	}
+	r := d.compute(b)
+	d.perBlock[cidr] = r
+	if b.Owner.IsNode() {
+		d.ownerCounts[b.Owner.Node]++
+		d.link(b.Owner.Node, cidr)
+	}
+	for _, br := range b.Borrowed {
+		d.link(br.Node, cidr)
+	}
+	for _, rt := range r.routes {
+		d.addSource(rt.Prefix, cidr, dirty)
+	}
+	for _, u := range r.unresolved {
+		d.addSource(u.Prefix, cidr, dirty)
+	}
+	d.unresolvedCount += len(r.unresolved)
+}
+
+func (d *desiredSet) forget(cidr netip.Prefix, old *blockResult, dirty map[netip.Prefix]struct{}) {
+	delete(d.perBlock, cidr)
+	if old.block.Owner.IsNode() {
+		if d.ownerCounts[old.block.Owner.Node]--; d.ownerCounts[old.block.Owner.Node] <= 0 {
+			delete(d.ownerCounts, old.block.Owner.Node)
+		}
+		d.unlink(old.block.Owner.Node, cidr)
+	}
+	for _, br := range old.block.Borrowed {
+		d.unlink(br.Node, cidr)
+	}
+	for _, rt := range old.routes {
+		d.removeSource(rt.Prefix, cidr, dirty)
+	}
+	for _, u := range old.unresolved {
+		d.removeSource(u.Prefix, cidr, dirty)
+	}
+	d.unresolvedCount -= len(old.unresolved)
+}
+
+func (d *desiredSet) link(node string, cidr netip.Prefix) {
+	m := d.byNode[node]
+	if m == nil {
+		m = make(map[netip.Prefix]struct{})
+		d.byNode[node] = m
+	}
+	m[cidr] = struct{}{}
+}
+
+func (d *desiredSet) unlink(node string, cidr netip.Prefix) {
+	if m := d.byNode[node]; m != nil {
+		delete(m, cidr)
+		if len(m) == 0 {
+			delete(d.byNode, node)
+		}
+	}
+}
+
+func (d *desiredSet) addSource(p, cidr netip.Prefix, dirty map[netip.Prefix]struct{}) {
+	if !slices.Contains(d.sources[p], cidr) {
+		d.sources[p] = append(d.sources[p], cidr)
+	}
+	dirty[p] = struct{}{}
+}
+
+func (d *desiredSet) removeSource(p, cidr netip.Prefix, dirty map[netip.Prefix]struct{}) {
+	s := slices.DeleteFunc(d.sources[p], func(c netip.Prefix) bool { return c == cidr })
+	if len(s) == 0 {
+		delete(d.sources, p)
+	} else {
+		d.sources[p] = s
+	}
+	dirty[p] = struct{}{}
+}
+
+// recompute picks the target of route prefix p among its candidates, deterministically: a resolved
+// candidate beats an unresolved one, a block route beats a borrowed address, then the lower block CIDR.
+func (d *desiredSet) recompute(p netip.Prefix) {
+	var best *target
+	for _, cidr := range d.sources[p] {
+		r := d.perBlock[cidr]
+		if r == nil {
+			continue
+		}
+		for _, rt := range r.routes {
+			if rt.Prefix == p {
+				t := target{route: rt, resolved: true}
+				if best == nil || betterTarget(t, *best) {
+					best = &t
+				}
+			}
+		}
+		for _, u := range r.unresolved {
+			if u.Prefix == p {
+				t := target{route: DesiredRoute{Prefix: u.Prefix, Owner: u.Owner, Kind: u.Kind, Block: u.Block}}
+				if u.MissingPeer {
+					t.missingPeer = peerFamily{node: u.Owner, ipv6: u.Prefix.Addr().Is6()}
+				}
+				if best == nil || betterTarget(t, *best) {
+					best = &t
+				}
+			}
+		}
+	}
+	if old, ok := d.targets[p]; ok && old.resolved {
+		d.resolved--
+	}
+	if best == nil {
+		delete(d.targets, p)
+		return
+	}
+	d.targets[p] = *best
+	if best.resolved {
+		d.resolved++
+	}
+}
+
+func betterTarget(a, b target) bool {
+	if a.resolved != b.resolved {
+		return a.resolved
+	}
+	if a.route.Kind != b.route.Kind {
+		return a.route.Kind == KindBlock
+	}
+	return comparePrefix(a.route.Block, b.route.Block) < 0
+}
+
+// compute derives one block's routes (felix's rule, calico-datastore.md): the block CIDR via its owning
+// node unless that is this node; each borrowed address via its borrower unless that is this node.
+func (d *desiredSet) compute(b *blockwatch.Block) *blockResult {
+	r := &blockResult{block: b}
+	if !d.managed(b.CIDR) {
+		if b.Owner.IsNode() && b.Owner.Node != d.node {
+			r.unresolved = append(r.unresolved, Unresolved{Prefix: b.CIDR, Owner: b.Owner.Node, Kind: KindBlock, Block: b.CIDR,
+				Reason: "block is outside the managed pools"})
+		}
+		return r
+	}
+	if b.Owner.IsNode() && b.Owner.Node != d.node {
+		d.resolve(r, b.CIDR, b.Owner.Node, KindBlock, b.CIDR)
+	}
+	for _, br := range b.Borrowed {
+		if br.Node == d.node {
+			continue
+		}
+		d.resolve(r, calico.HostPrefix(br.Addr), br.Node, KindBorrowed, b.CIDR)
+	}
+	return r
+}
+
+func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind RouteKind, block netip.Prefix) {
+	peer, ok := d.peers[node]
+	nh := peer.IPv4
+	fam := "IPv4"
+	if p.Addr().Is6() {
+		nh, fam = peer.IPv6, "IPv6"
+	}
+	if !ok || !nh.IsValid() {
+		r.unresolved = append(r.unresolved, Unresolved{Prefix: p, Owner: node, Kind: kind, Block: block,
+			Reason: fmt.Sprintf("node %q has no registered %s peer IP", node, fam), MissingPeer: true})
+		return
+	}
+	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block})
+}
+
+func (d *desiredSet) managed(p netip.Prefix) bool {
+	for _, pool := range d.pools {
+		if pool.Bits() <= p.Bits() && pool.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// prefixesOf returns the route prefixes that depend on node's peer IPs.
+func (d *desiredSet) prefixesOf(node string) map[netip.Prefix]struct{} {
+	out := make(map[netip.Prefix]struct{})
+	for cidr := range d.byNode[node] {
+		r := d.perBlock[cidr]
+		if r == nil {
+			continue
+		}
+		for _, rt := range r.routes {
+			if rt.Owner == node {
+				out[rt.Prefix] = struct{}{}
+			}
+		}
+		for _, u := range r.unresolved {
+			if u.Owner == node {
+				out[u.Prefix] = struct{}{}
+			}
+		}
+	}
+	return out
+}
+
+// resolvedCount returns the number of route prefixes with a resolved target.
+func (d *desiredSet) resolvedCount() int { return d.resolved }
+
+// routes returns the resolved targets sorted by prefix.
+func (d *desiredSet) routes() []DesiredRoute {
+	out := make([]DesiredRoute, 0, len(d.targets))
+	for _, t := range d.targets {
+		if t.resolved {
+			out = append(out, t.route)
+		}
+	}
+	slices.SortFunc(out, func(a, b DesiredRoute) int { return comparePrefix(a.Prefix, b.Prefix) })
+	return out
+}
+
+// unresolvedList returns every unresolved route of every block, sorted by prefix then block.
+func (d *desiredSet) unresolvedList() []Unresolved {
+	out := make([]Unresolved, 0, d.unresolvedCount)
+	for _, r := range d.perBlock {
+		out = append(out, r.unresolved...)
+	}
+	slices.SortFunc(out, func(a, b Unresolved) int {
+		return cmp.Or(comparePrefix(a.Prefix, b.Prefix), comparePrefix(a.Block, b.Block))
+	})
+	return out
+}
+
+// comparePrefix orders prefixes IPv4 first, then by address, then by length.
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}

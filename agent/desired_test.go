@@ -1,0 +1,185 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+var (
+	pfx  = netip.MustParsePrefix
+	addr = netip.MustParseAddr
+)
+
+func hostBlock(cidr, owner string, borrowed ...calico.Borrowed) *blockwatch.Block {
+	return &blockwatch.Block{CIDR: pfx(cidr), Owner: calico.Owner{Kind: calico.OwnerHost, Node: owner}, Borrowed: borrowed}
+}
+
+func snapOf(blocks []*blockwatch.Block, peers map[string]blockwatch.Peer) *blockwatch.Snapshot {
+	s := &blockwatch.Snapshot{Blocks: map[netip.Prefix]*blockwatch.Block{}, Peers: peers, Full: true,
+		Pools: map[string]calico.IPPool{
+			"v4":       {Name: "v4", CIDR: pfx("10.244.0.0/16"), BlockSize: 26},
+			"v6":       {Name: "v6", CIDR: pfx("fd00:10:244::/48"), BlockSize: 122},
+			"disabled": {Name: "disabled", CIDR: pfx("10.99.0.0/16"), BlockSize: 26, Disabled: true},
+		}}
+	for _, b := range blocks {
+		s.Blocks[b.CIDR] = b
+	}
+	return s
+}
+
+func TestDesiredFelixRule(t *testing.T) {
+	peers := map[string]blockwatch.Peer{
+		"a": {IPv4: addr("192.0.2.1"), IPv6: addr("2001:db8::1")},
+		"b": {IPv4: addr("192.0.2.2"), IPv6: addr("2001:db8::2")},
+		"c": {IPv4: addr("192.0.2.3")},
+	}
+	snap := snapOf([]*blockwatch.Block{
+		hostBlock("10.244.1.0/26", "a"), // this node's own block: no route
+		hostBlock("10.244.1.64/26", "b", // remote block with an address borrowed by a, one by c
+			calico.Borrowed{Ordinal: 4, Addr: addr("10.244.1.68"), Node: "a"},
+			calico.Borrowed{Ordinal: 5, Addr: addr("10.244.1.69"), Node: "c"}),
+		hostBlock("10.244.2.0/26", "a", // own block with an address borrowed by b
+			calico.Borrowed{Ordinal: 1, Addr: addr("10.244.2.1"), Node: "b"}),
+		hostBlock("fd00:10:244::40/122", "b"),
+		hostBlock("fd00:10:244::80/122", "c"), // c has no IPv6 peer IP
+		hostBlock("10.244.3.0/26", "gone"),    // owner not registered
+		hostBlock("10.99.0.0/26", "b"),        // in a disabled pool
+		hostBlock("172.31.0.0/26", "b"),       // outside every pool
+		{CIDR: pfx("10.244.4.0/26"), Owner: calico.Owner{Kind: calico.OwnerVirtual, Node: "lb"}},
+		{CIDR: pfx("10.244.5.0/26")}, // no owner
+		{CIDR: pfx("10.244.6.0/26"), Owner: calico.Owner{Kind: calico.OwnerLegacyHost, Node: "b"}},
+	}, peers)
+	routes, unresolved := Desired(snap, Options{NodeName: "a"})
+	want := []DesiredRoute{
+		{Prefix: pfx("10.244.1.64/26"), NextHop: addr("192.0.2.2"), Owner: "b", Kind: KindBlock, Block: pfx("10.244.1.64/26")},
+		{Prefix: pfx("10.244.1.69/32"), NextHop: addr("192.0.2.3"), Owner: "c", Kind: KindBorrowed, Block: pfx("10.244.1.64/26")},
+		{Prefix: pfx("10.244.2.1/32"), NextHop: addr("192.0.2.2"), Owner: "b", Kind: KindBorrowed, Block: pfx("10.244.2.0/26")},
+		{Prefix: pfx("10.244.6.0/26"), NextHop: addr("192.0.2.2"), Owner: "b", Kind: KindBlock, Block: pfx("10.244.6.0/26")},
+		{Prefix: pfx("fd00:10:244::40/122"), NextHop: addr("2001:db8::2"), Owner: "b", Kind: KindBlock, Block: pfx("fd00:10:244::40/122")},
+	}
+	if !reflect.DeepEqual(routes, want) {
+		t.Errorf("routes:\n got %+v\nwant %+v", routes, want)
+	}
+	var got []string
+	for _, u := range unresolved {
+		got = append(got, fmt.Sprintf("%s %s %v: %s", u.Prefix, u.Owner, u.MissingPeer, u.Reason))
+	}
+	wantU := []string{
+		`10.99.0.0/26 b false: block is outside the managed pools`,
+		`10.244.3.0/26 gone true: node "gone" has no registered IPv4 peer IP`,
+		`172.31.0.0/26 b false: block is outside the managed pools`,
+		`fd00:10:244::80/122 c true: node "c" has no registered IPv6 peer IP`,
+	}
+	if !reflect.DeepEqual(got, wantU) {
+		t.Errorf("unresolved:\n got %q\nwant %q", got, wantU)
+	}
+
+	// Explicit pools override the snapshot's.
+	routes, _ = Desired(snap, Options{NodeName: "a", Pools: []netip.Prefix{pfx("172.31.0.0/16")}})
+	if len(routes) != 1 || routes[0].Prefix != pfx("172.31.0.0/26") {
+		t.Errorf("with explicit pools: %+v", routes)
+	}
+}
+
+func TestDesiredConflictIsDeterministic(t *testing.T) {
+	peers := map[string]blockwatch.Peer{"b": {IPv4: addr("192.0.2.2")}, "c": {IPv4: addr("192.0.2.3")}}
+	// A /32 block owned by c and the same address borrowed by b from a bigger block: the block wins.
+	blocks := []*blockwatch.Block{
+		hostBlock("10.244.1.0/24", "x", calico.Borrowed{Ordinal: 5, Addr: addr("10.244.1.5"), Node: "b"}),
+		hostBlock("10.244.1.5/32", "c"),
+	}
+	for i := 0; i < 2; i++ {
+		slices.Reverse(blocks)
+		routes, _ := Desired(snapOf(blocks, peers), Options{NodeName: "a"})
+		var hit []DesiredRoute
+		for _, r := range routes {
+			if r.Prefix == pfx("10.244.1.5/32") {
+				hit = append(hit, r)
+			}
+		}
+		if len(hit) != 1 || hit[0].Owner != "c" || hit[0].Kind != KindBlock {
+			t.Fatalf("conflict resolved to %+v", hit)
+		}
+	}
+}
+
+// TestDesiredIncrementalMatchesRebuild drives the incremental set with random block and peer changes
+// and checks after each step that it equals a set rebuilt from scratch, and that every prefix whose
+// target changed was reported dirty.
+func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	nodes := []string{"a", "b", "c", "d"}
+	cidrs := make([]netip.Prefix, 40)
+	for i := range cidrs {
+		if i%4 == 3 {
+			cidrs[i] = netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x02, 0x44, 15: byte(i * 64)}), 122)
+		} else {
+			cidrs[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 26)
+		}
+	}
+	cur := snapOf(nil, map[string]blockwatch.Peer{})
+	inc := newDesiredSet("a")
+	inc.reset(cur, ManagedPools(cur, nil))
+	for step := 0; step < 2000; step++ {
+		next := &blockwatch.Snapshot{Blocks: maps.Clone(cur.Blocks), Peers: maps.Clone(cur.Peers), Pools: cur.Pools}
+		switch rng.IntN(3) {
+		case 0, 1:
+			cidr := cidrs[rng.IntN(len(cidrs))]
+			if rng.IntN(4) == 0 {
+				delete(next.Blocks, cidr)
+			} else {
+				b := &blockwatch.Block{CIDR: cidr, Owner: calico.Owner{Kind: calico.OwnerHost, Node: nodes[rng.IntN(len(nodes))]}}
+				for k := rng.IntN(3); k > 0; k-- {
+					ord := rng.IntN(64)
+					a, _ := calico.OrdinalAddr(cidr, ord)
+					b.Borrowed = append(b.Borrowed, calico.Borrowed{Ordinal: ord, Addr: a, Node: nodes[rng.IntN(len(nodes))]})
+				}
+				next.Blocks[cidr] = b
+			}
+			next.ChangedBlocks = []netip.Prefix{cidr}
+		case 2:
+			n := nodes[rng.IntN(len(nodes))]
+			if rng.IntN(3) == 0 {
+				delete(next.Peers, n)
+			} else {
+				p := blockwatch.Peer{IPv4: netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(250))})}
+				if rng.IntN(2) == 0 {
+					p.IPv6 = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(rng.IntN(250))})
+				}
+				next.Peers[n] = p
+			}
+			next.ChangedPeers = []string{n}
+		}
+		before := maps.Clone(inc.targets)
+		dirty := inc.update(next)
+		full := newDesiredSet("a")
+		full.reset(next, ManagedPools(next, nil))
+		if !maps.Equal(inc.targets, full.targets) {
+			t.Fatalf("step %d: incremental targets differ from a rebuild:\n inc %v\nfull %v", step, inc.targets, full.targets)
+		}
+		if !reflect.DeepEqual(inc.ownerCounts, full.ownerCounts) || inc.unresolvedCount != full.unresolvedCount {
+			t.Fatalf("step %d: counts differ: %v/%d vs %v/%d", step, inc.ownerCounts, inc.unresolvedCount, full.ownerCounts, full.unresolvedCount)
+		}
+		for p, tg := range full.targets {
+			if old, ok := before[p]; (!ok || old != tg) && !has(dirty, p) {
+				t.Fatalf("step %d: %s changed but was not reported dirty", step, p)
+			}
+		}
+		for p := range before {
+			if _, ok := full.targets[p]; !ok && !has(dirty, p) {
+				t.Fatalf("step %d: %s vanished but was not reported dirty", step, p)
+			}
+		}
+		cur = next
+	}
+}
+
+func has(m map[netip.Prefix]struct{}, p netip.Prefix) bool { _, ok := m[p]; return ok }

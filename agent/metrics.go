@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
+)
+
+// Metrics are the reconciler's and the registrar's Prometheus metrics.
+type Metrics struct {
+	desired, programmed, unresolved, peers prometheus.Gauge
+	ops                                    *prometheus.CounterVec
+	syncs                                  *prometheus.CounterVec
+	syncDuration                           *prometheus.HistogramVec
+	lastSync                               prometheus.Gauge
+	drift                                  prometheus.Counter
+	registrationUp                         prometheus.Gauge
+	blocks                                 *prometheus.GaugeVec
+	blockOwners                            map[string]struct{}
+	eventToFIB                             prometheus.Histogram
+	snapshots                              prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: unregistered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		desired: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_desired",
+			Help: "Routes this node must have in the FIB (resolved)."}),
+		programmed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed",
+			Help: "Routes owned by the agent in the FIB, as of its last dump and writes."}),
+		unresolved: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_unresolved",
+			Help: "Routes the agent cannot program (owner without peer IP, block outside the managed pools)."}),
+		peers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_peers",
+			Help: "Nodes with a registered peer IP."}),
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_route_operations_total",
+			Help: "FIB route operations by op (add, delete) and result (ok, error, dry_run)."}, []string{"op", "result"}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_syncs_total",
+			Help: "Full resyncs by kind (what triggered them) and result."}, []string{"kind", "result"}),
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vpp_route_agent_sync_duration_seconds",
+			Help: "Duration of full resyncs (dump, diff, apply).", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}, []string{"kind"}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_last_sync_timestamp_seconds",
+			Help: "Unix time of the last successful full resync."}),
+		drift: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_drift_corrections_total",
+			Help: "Owned routes found different from what the agent had programmed, and repaired."}),
+		registrationUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_up",
+			Help: "1 when this node's peer IP registration is present in etcd."}),
+		blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks",
+			Help: "Blocks by owning node."}, []string{"owner"}),
+		blockOwners: map[string]struct{}{},
+		eventToFIB: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vpp_route_agent_event_to_fib_seconds",
+			Help:    "Time from receiving an etcd event to VPP acknowledging the FIB write.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_snapshots_total",
+			Help: "etcd snapshots applied by the reconciler."}),
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_build_info",
+		Help:        "Build information; always 1.",
+		ConstLabels: prometheus.Labels{"version": buildinfo.Version, "revision": buildinfo.Revision(), "goversion": buildinfo.GoVersion()}})
+	build.Set(1)
+	if reg != nil {
+		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
+			m.drift, m.registrationUp, m.blocks, m.eventToFIB, m.snapshots, build)
+	}
+	return m
+}
+
+func (m *Metrics) orNop() *Metrics {
+	if m == nil {
+		return NewMetrics(nil)
+	}
+	return m
+}
+
+func (m *Metrics) syncDone(kind string, start time.Time, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	} else {
+		m.lastSync.Set(float64(time.Now().UnixNano()) / 1e9)
+	}
+	m.syncs.WithLabelValues(kind, result).Inc()
+	m.syncDuration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+}
+
+func (m *Metrics) countOps(adds, dels int, failed []vppapi.RouteError) {
+	fa, fd := 0, 0
+	for _, f := range failed {
+		if f.Op == vppapi.OpAdd {
+			fa++
+		} else {
+			fd++
+		}
+	}
+	m.ops.WithLabelValues("add", "ok").Add(float64(adds - fa))
+	m.ops.WithLabelValues("add", "error").Add(float64(fa))
+	m.ops.WithLabelValues("delete", "ok").Add(float64(dels - fd))
+	m.ops.WithLabelValues("delete", "error").Add(float64(fd))
+}
+
+// setBlocks sets the per-owner block gauge, removing owners that own nothing any more.
+func (m *Metrics) setBlocks(counts map[string]int) {
+	for owner := range m.blockOwners {
+		if _, ok := counts[owner]; !ok {
+			m.blocks.DeleteLabelValues(owner)
+			delete(m.blockOwners, owner)
+		}
+	}
+	for owner, n := range counts {
+		m.blocks.WithLabelValues(owner).Set(float64(n))
+		m.blockOwners[owner] = struct{}{}
+	}
+}

@@ -1,0 +1,117 @@
+package blockwatch
+
+import (
+	"net/netip"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// decoded is one key's new state, decoded without touching the view (so that a list can decode a
+// page on several cores): which key it is, and its routing data or why it is malformed.
+type decoded struct {
+	src source
+	key string
+	rev int64
+	// created is the key's create revision (0 for a delete): a key created after the revision of the
+	// cached value is a new incarnation, and the cached value no longer stands for it.
+	created int64
+	del     bool
+	// keyErr: the key itself is malformed (nothing else is set); valErr: the value is.
+	keyErr, valErr error
+
+	cidr  netip.Prefix // srcBlocks
+	block *Block       // nil: deleted or deleted:true
+	peer  peerID       // srcHosts
+	addr  netip.Addr   // invalid: deleted
+	name  string       // srcPools
+	pool  calico.IPPool
+}
+
+// decode decodes one key and its value (or its delete, with del). It is pure.
+func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
+	key, value := string(kv.Key), kv.Value
+	d := decoded{src: src, key: key, rev: kv.ModRevision, created: kv.CreateRevision, del: del}
+	switch src {
+	case srcBlocks:
+		if d.cidr, d.keyErr = w.dec.blockCIDR(key); d.keyErr == nil && !del {
+			d.block, d.valErr = w.dec.block(d.cidr, value)
+		}
+	case srcHosts:
+		if d.peer, d.keyErr = w.dec.peerKey(key); d.keyErr == nil && !del {
+			d.addr, d.valErr = peerAddr(d.peer, value)
+		}
+	case srcPools:
+		if d.name, d.keyErr = w.dec.poolName(key); d.keyErr == nil && !del {
+			d.pool, d.valErr = pool(d.name, value)
+		}
+	}
+	return d
+}
+
+// install applies a decoded key to the view c, unless c already holds a newer value of the key.
+// prev is the view whose last good values survive malformed ones: c itself while watching, the
+// previous view while relisting. A last good value survives only if the key has existed without
+// interruption since (its create revision is not newer than the good value's), so that a malformed
+// value never resurrects a key deleted while the watch was down. Changes are recorded in ch (nil
+// while relisting: the relist diffs whole views instead).
+func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
+	if d.keyErr != nil {
+		w.malformed(d.src, d.key, d.rev, d.keyErr)
+		return
+	}
+	if d.valErr != nil {
+		w.malformed(d.src, d.key, d.rev, d.valErr)
+	}
+	switch d.src {
+	case srcBlocks:
+		if r, ok := c.blockRevs[d.cidr]; ok && d.rev <= r {
+			return
+		}
+		b := d.block
+		if d.valErr != nil {
+			// Keep the last good value, if there is one; the key stays absent otherwise.
+			var ok bool
+			if b, ok = prev.blocks[d.cidr]; !ok || d.created > prev.blockRevs[d.cidr] {
+				return
+			}
+		}
+		if b == nil {
+			c.deleteBlock(d.cidr, ch)
+			return
+		}
+		if b.Owner.Kind == calico.OwnerLegacyHost {
+			if old := prev.blocks[d.cidr]; old == nil || old.Owner != b.Owner {
+				w.log.Info("block owned through its legacy hostAffinity field (LegacyHostAffinity is on)",
+					"block", d.cidr, "node", b.Owner.Node)
+			}
+		}
+		c.setBlock(d.cidr, b, d.rev, ch)
+	case srcHosts:
+		if e, ok := c.peerKeys[d.peer]; ok && d.rev <= e.rev {
+			return
+		}
+		addr := d.addr
+		if d.valErr != nil {
+			good, ok := prev.peerKeys[d.peer]
+			if !ok || d.created > good.rev {
+				return
+			}
+			addr = good.addr
+		}
+		c.setPeer(d.peer, addr, d.rev, ch)
+	case srcPools:
+		if r, ok := c.poolRevs[d.name]; ok && d.rev <= r {
+			return
+		}
+		p := d.pool
+		if d.valErr != nil {
+			var ok bool
+			if p, ok = prev.pools[d.name]; !ok || d.created > prev.poolRevs[d.name] {
+				return
+			}
+		}
+		c.setPool(d.name, p, d.rev, ch)
+	}
+}

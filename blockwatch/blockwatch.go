@@ -1,0 +1,423 @@
+// Package blockwatch keeps a consistent view of Calico's IPAM blocks, the peer IPs route agents
+// register, and Calico's IP pools, read from etcd, and hands it out as immutable snapshots.
+//
+// # Consistency
+//
+// Run lists the three prefixes at one etcd revision R (the first request fixes R, every later page
+// and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
+// emits a Full snapshot. It then watches each prefix from R+1 (WithRequireLeader, WithProgressNotify)
+// and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, and a
+// Relist call, make it list again at a new revision, diff the result against the view it had, and emit
+// a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
+// a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
+// merely not read yet. Each prefix's watch applies events in revision order and only when newer than
+// the revision already applied to the key; the three watches are independent streams, so a snapshot
+// taken between their responses may reflect one prefix at a slightly later revision than another.
+//
+// # Malformed values
+//
+// A key or value that cannot be decoded (bad JSON, a block whose value's cidr differs from its key, a
+// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not a unicast
+// address of the key's family, a bad pool) is logged with its key, counted in
+// vpp_route_agent_malformed_values_total, and skipped; it never stops the watch. A key whose new value
+// is malformed KEEPS its last good value, so a bad write never withdraws routes; only a delete (or a
+// block value with deleted:true) removes a key. A key that was never seen with a good value is absent.
+// "Last good value" is the last one this Watcher saw of the key's current incarnation: a relist that
+// finds a malformed value keeps the previous view's value only if the key has not been deleted and
+// re-created since (its create revision says so), so a deleted block is never resurrected; a good
+// value written and then overwritten by a malformed one while the watch was down is never seen, and
+// the older good value stays. Block invariants beyond the CIDR (calico.Block.Validate) are not
+// checked: routing needs only the owner and the borrowed addresses.
+//
+// Only routing data is kept in memory (Block, Peer, calico.IPPool), not the raw values.
+package blockwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+)
+
+// Backoff between failed list or watch attempts.
+const (
+	backoffBase = 100 * time.Millisecond
+	backoffMax  = 5 * time.Second
+	// healthyWatch is how long a watch must have run for the backoff to start again from backoffBase.
+	healthyWatch = 2 * backoffMax
+	// maxBatch bounds how many ready watch responses are folded into one snapshot.
+	maxBatch = 256
+)
+
+// ErrRunning is returned by Run when another Run of the same Watcher is active.
+var ErrRunning = errors.New("blockwatch: Run is already running")
+
+// Status is the state of a Watcher's connection to etcd.
+type Status struct {
+	// Synced is true while the watches are established and answering: false while listing or backing
+	// off, and from when a progress request (sent after ProbeInterval of silence) has gone unanswered
+	// for ProbeInterval until the watch stream answers again.
+	Synced bool
+	// Revision is the highest etcd revision applied to the view.
+	Revision int64
+	// LastError is the last list or watch error ("" if none yet); it is kept after recovery.
+	LastError string
+	// Relists counts completed lists after the initial one. Revision and Relists advance only after
+	// the snapshot that reflects them has been emitted.
+	Relists uint64
+}
+
+// Watcher lists and watches the block, hosts and pool prefixes and emits snapshots on Updates.
+type Watcher struct {
+	cfg      Config
+	dec      decoder
+	log      *slog.Logger
+	metrics  *metrics
+	prefixes [numSources]string
+	streamID string // isolates the Watcher's gRPC watch stream from other watches on the client
+
+	updates chan *Snapshot
+	relist  chan struct{}
+	running atomic.Bool
+
+	// view is owned by the goroutine running Run.
+	view *cache
+
+	mu     sync.Mutex // guards status
+	status Status
+
+	// testHookPage, when set, runs after every list page (tests only).
+	testHookPage func(src source, page int)
+}
+
+// New returns a Watcher for cfg; it does no I/O. Run starts it.
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("blockwatch config: Client is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	w := &Watcher{
+		cfg:      cfg,
+		dec:      newDecoder(cfg),
+		log:      cfg.Logger.With("component", "blockwatch"),
+		metrics:  m,
+		prefixes: [numSources]string{srcBlocks: cfg.BlockPrefix, srcHosts: cfg.HostsPrefix, srcPools: cfg.PoolPrefix},
+		updates:  make(chan *Snapshot, 1),
+		relist:   make(chan struct{}, 1),
+	}
+	w.streamID = fmt.Sprintf("%p", w)
+	return w, nil
+}
+
+// Updates delivers snapshots. It has capacity 1 and coalesces: if the consumer has not taken the
+// previous snapshot, the new one replaces it and carries the union of both change sets (Full ORed,
+// the earliest ReceivedAt), so a consumer that only reads the latest still sees every changed key.
+// The Watcher never blocks on the consumer.
+func (w *Watcher) Updates() <-chan *Snapshot { return w.updates }
+
+// Relist asks Run to relist everything and emit a Full snapshot (reason "requested"). It never
+// blocks; requests made before Run has taken the previous one are merged.
+func (w *Watcher) Relist() {
+	select {
+	case w.relist <- struct{}{}:
+	default:
+	}
+}
+
+// Status reports whether the watch is established and in sync, the revision, and the last error.
+func (w *Watcher) Status() Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status
+}
+
+// Run lists and watches until ctx is done, then returns nil. It never returns on etcd errors: it
+// backs off (capped at 5s, jittered, honouring ctx) and relists. Every goroutine it starts has
+// stopped when it returns. Only one Run may be active at a time (ErrRunning); a later Run continues
+// from the view the previous one left.
+func (w *Watcher) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer w.running.Store(false)
+	defer w.setSynced(false)
+
+	reason := ReasonInitial
+	if w.view != nil {
+		reason = ReasonRestarted
+	}
+	bo := backoff{base: backoffBase, max: backoffMax}
+	for {
+		// A Relist request made before the list starts is served by this list.
+		select {
+		case <-w.relist:
+		default:
+		}
+		full, err := w.list(ctx, reason)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			w.failed(err)
+			if !w.sleep(ctx, bo.next()) {
+				return nil
+			}
+			continue
+		}
+		started := time.Now()
+		reason, err = w.watch(ctx, full)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.setSynced(false)
+		if time.Since(started) >= healthyWatch {
+			bo.reset()
+		}
+		if err != nil {
+			w.failed(err)
+		}
+		if reason != ReasonRequested && reason != ReasonCompacted {
+			if !w.sleep(ctx, bo.next()) {
+				return nil
+			}
+		}
+	}
+}
+
+// sleep waits d, and reports false if ctx ended first. A Relist request ends the wait early (and is
+// left for the list to take).
+func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-w.relist:
+	}
+	return true
+}
+
+func (w *Watcher) failed(err error) {
+	w.log.Warn("etcd list or watch failed; relisting", "err", err)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.status.Synced = false
+	w.status.LastError = err.Error()
+}
+
+func (w *Watcher) setSynced(synced bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.status.Synced = synced
+}
+
+// unsynced reports a watch stream that has gone quiet: the client is probably reconnecting.
+func (w *Watcher) unsynced(err error) {
+	w.log.Warn("etcd watch not in sync", "err", err)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.status.Synced = false
+	w.status.LastError = err.Error()
+}
+
+// watch watches the three prefixes from the revision after the Full snapshot full until a watch
+// fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
+// failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
+// every batch of responses that changes routing data. It returns the relist reason and the error
+// that ended it (nil for a requested relist).
+func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
+	rev := full.Revision
+	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
+	// key of our own keeps progress requests (which the server broadcasts per stream) to our watches.
+	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
+		clientv3.WithRequireLeader(ctx), "blockwatch-stream", w.streamID))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// Watch blocks until the server has created the watch: bound that like any other request.
+	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
+	var chans [numSources]clientv3.WatchChan
+	for src, prefix := range w.prefixes {
+		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+			clientv3.WithProgressNotify())
+	}
+	established := deadline.Stop()
+	w.emit(full)
+	w.mu.Lock()
+	w.status.Revision, w.status.Synced = rev, established
+	if full.RelistReason != ReasonInitial {
+		w.status.Relists++
+	}
+	w.mu.Unlock()
+	if !established {
+		return ReasonWatchError, fmt.Errorf("create watches from revision %d: not established within %s",
+			rev+1, w.cfg.RequestTimeout)
+	}
+
+	probe := make(chan struct{}, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.probeLoop(wctx, probe)
+	}()
+	ticker := time.NewTicker(w.cfg.ProbeInterval)
+	defer ticker.Stop()
+	lastHeard := time.Now()
+	var probeSent time.Time // when the unanswered progress request was sent; zero if none
+
+	for {
+		var ch changes
+		var resp clientv3.WatchResponse
+		var ok bool
+		var src source
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-w.relist:
+			return ReasonRequested, nil
+		case now := <-ticker.C:
+			switch {
+			case probeSent.IsZero() && now.Sub(lastHeard) >= w.cfg.ProbeInterval:
+				select {
+				case probe <- struct{}{}:
+				default:
+				}
+				probeSent = now
+			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval && w.Status().Synced:
+				w.unsynced(fmt.Errorf("etcd watch: no response to a progress request for %s (silent for %s)",
+					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond)))
+			}
+			continue
+		case resp, ok = <-chans[srcBlocks]:
+			src = srcBlocks
+		case resp, ok = <-chans[srcHosts]:
+			src = srcHosts
+		case resp, ok = <-chans[srcPools]:
+			src = srcPools
+		}
+		reason, err := w.handle(src, resp, ok, &ch)
+		// Fold the responses that are already waiting into the same snapshot.
+	batch:
+		for n := 0; err == nil && n < maxBatch; n++ {
+			select {
+			case resp, ok = <-chans[srcBlocks]:
+				src = srcBlocks
+			case resp, ok = <-chans[srcHosts]:
+				src = srcHosts
+			case resp, ok = <-chans[srcPools]:
+				src = srcPools
+			default:
+				break batch
+			}
+			reason, err = w.handle(src, resp, ok, &ch)
+		}
+		// Changes applied before an error are emitted first: the relist diffs against the view that
+		// already holds them.
+		if !ch.empty() {
+			w.emit(w.view.snapshot(&ch, false, ""))
+		}
+		if err != nil {
+			return reason, err
+		}
+		lastHeard, probeSent = time.Now(), time.Time{}
+		w.mu.Lock()
+		w.status.Revision = w.view.rev
+		w.status.Synced = true
+		w.mu.Unlock()
+	}
+}
+
+// handle applies one watch response to the view, or returns the relist reason and error it carries.
+func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *changes) (string, error) {
+	prefix := w.prefixes[src]
+	if !ok {
+		return ReasonWatchClosed, fmt.Errorf("watch %s: channel closed", prefix)
+	}
+	if err := resp.Err(); err != nil {
+		if resp.CompactRevision != 0 || errors.Is(err, rpctypes.ErrCompacted) {
+			return ReasonCompacted, fmt.Errorf("watch %s (compacted at revision %d): %w", prefix, resp.CompactRevision, err)
+		}
+		return ReasonWatchError, fmt.Errorf("watch %s: %w", prefix, err)
+	}
+	if resp.Canceled {
+		return ReasonWatchError, fmt.Errorf("watch %s: canceled by the server", prefix)
+	}
+	if ch.received.IsZero() {
+		ch.received = time.Now()
+	}
+	v := w.view
+	for _, ev := range resp.Events {
+		w.metrics.event(src, ev.Type)
+		d := w.decode(src, ev.Kv, ev.Type == mvccpb.DELETE)
+		w.install(v, v, &d, ch)
+		v.rev = max(v.rev, ev.Kv.ModRevision)
+	}
+	if resp.IsProgressNotify() {
+		v.rev = max(v.rev, resp.Header.Revision)
+	}
+	return "", nil
+}
+
+// probeLoop asks etcd for a progress notification on the watch stream whenever the watch loop finds
+// it silent, so that a dead stream shows in Status while the client reconnects behind the scenes.
+func (w *Watcher) probeLoop(wctx context.Context, probe <-chan struct{}) {
+	for {
+		select {
+		case <-wctx.Done():
+			return
+		case <-probe:
+			// The client creates a stream for a progress request whose stream has gone; do not ask
+			// once the watches are being torn down.
+			if wctx.Err() != nil {
+				return
+			}
+			rctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
+			if err := w.cfg.Client.RequestProgress(rctx); err != nil && wctx.Err() == nil {
+				w.log.Debug("etcd watch progress request failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+func (w *Watcher) malformed(src source, key string, rev int64, err error) {
+	w.metrics.malformedValue()
+	w.log.Warn("skipping malformed etcd value", "source", src.String(), "key", key, "mod_revision", rev, "err", err)
+}
+
+// emit hands s to the consumer without blocking, folding it into the snapshot the consumer has not
+// taken yet, if any. Run is the only sender, so once the channel is drained the send cannot fail.
+func (w *Watcher) emit(s *Snapshot) {
+	select {
+	case w.updates <- s:
+		return
+	default:
+	}
+	select {
+	case old := <-w.updates:
+		s = coalesce(old, s)
+	default:
+	}
+	select {
+	case w.updates <- s:
+	default:
+		w.log.Error("blockwatch: snapshot dropped: Updates has another sender")
+	}
+}

@@ -1,0 +1,208 @@
+package blockwatch
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// source names the prefix a key came from; its name is the metrics label.
+type source uint8
+
+const (
+	srcBlocks source = iota
+	srcHosts
+	srcPools
+	numSources
+)
+
+func (s source) String() string { return [...]string{"blocks", "hosts", "pools"}[s] }
+
+// peerEntry is the last good address of one peer key and the revision of the last value applied to it.
+type peerEntry struct {
+	rev  int64
+	addr netip.Addr
+}
+
+// cache is the routing view at one revision, owned by the goroutine running Run. blocks, peers and
+// pools are copy-on-write: once handed to a snapshot (shared) they are cloned before the next change.
+// The *Revs maps hold, per key that has a good value, the mod revision of the last value applied to
+// it (good or malformed), so that a stale event never overwrites a newer one.
+type cache struct {
+	rev int64
+
+	blocks       map[netip.Prefix]*Block
+	blockRevs    map[netip.Prefix]int64
+	blocksShared bool
+
+	peerKeys    map[peerID]peerEntry
+	peers       map[string]Peer
+	peersShared bool
+
+	pools       map[string]calico.IPPool
+	poolRevs    map[string]int64
+	poolsShared bool
+}
+
+func newCache() *cache {
+	return &cache{
+		blocks: map[netip.Prefix]*Block{}, blockRevs: map[netip.Prefix]int64{},
+		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
+		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{},
+	}
+}
+
+// changes accumulates what changed between two snapshots.
+type changes struct {
+	blocks   map[netip.Prefix]struct{}
+	peers    map[string]struct{}
+	pools    bool
+	received time.Time // when the first response contributing to these changes arrived
+}
+
+func (ch *changes) empty() bool { return len(ch.blocks) == 0 && len(ch.peers) == 0 && !ch.pools }
+
+// block, peer and pool record a change; they do nothing on a nil *changes.
+func (ch *changes) block(p netip.Prefix) {
+	if ch == nil {
+		return
+	}
+	if ch.blocks == nil {
+		ch.blocks = map[netip.Prefix]struct{}{}
+	}
+	ch.blocks[p] = struct{}{}
+}
+
+func (ch *changes) peer(node string) {
+	if ch == nil {
+		return
+	}
+	if ch.peers == nil {
+		ch.peers = map[string]struct{}{}
+	}
+	ch.peers[node] = struct{}{}
+}
+
+// setBlock records a good value for cidr at rev. A value with the same routing data keeps the old
+// pointer and records no change.
+func (c *cache) setBlock(cidr netip.Prefix, b *Block, rev int64, ch *changes) {
+	c.blockRevs[cidr] = rev
+	if c.blocks[cidr].Equal(b) {
+		return
+	}
+	if c.blocksShared {
+		c.blocks, c.blocksShared = maps.Clone(c.blocks), false
+	}
+	c.blocks[cidr] = b
+	ch.block(cidr)
+}
+
+func (c *cache) deleteBlock(cidr netip.Prefix, ch *changes) {
+	delete(c.blockRevs, cidr)
+	if _, ok := c.blocks[cidr]; !ok {
+		return
+	}
+	if c.blocksShared {
+		c.blocks, c.blocksShared = maps.Clone(c.blocks), false
+	}
+	delete(c.blocks, cidr)
+	ch.block(cidr)
+}
+
+// setPeer records addr for id at rev; an invalid addr deletes the key.
+func (c *cache) setPeer(id peerID, addr netip.Addr, rev int64, ch *changes) {
+	if addr.IsValid() {
+		c.peerKeys[id] = peerEntry{rev: rev, addr: addr}
+	} else {
+		delete(c.peerKeys, id)
+	}
+	p := Peer{IPv4: c.peerKeys[peerID{node: id.node}].addr, IPv6: c.peerKeys[peerID{node: id.node, v6: true}].addr}
+	old, had := c.peers[id.node]
+	if had && old == p || !had && p == (Peer{}) {
+		return
+	}
+	if c.peersShared {
+		c.peers, c.peersShared = maps.Clone(c.peers), false
+	}
+	if p == (Peer{}) {
+		delete(c.peers, id.node)
+	} else {
+		c.peers[id.node] = p
+	}
+	ch.peer(id.node)
+}
+
+// setPool records a pool at rev; a zero pool (no Name) deletes name.
+func (c *cache) setPool(name string, p calico.IPPool, rev int64, ch *changes) {
+	if p.Name == "" {
+		delete(c.poolRevs, name)
+	} else {
+		c.poolRevs[name] = rev
+	}
+	old, had := c.pools[name]
+	if had && p.Name != "" && poolEqual(old, p) || !had && p.Name == "" {
+		return
+	}
+	if c.poolsShared {
+		c.pools, c.poolsShared = maps.Clone(c.pools), false
+	}
+	if p.Name == "" {
+		delete(c.pools, name)
+	} else {
+		c.pools[name] = p
+	}
+	ch.pool()
+}
+
+func (ch *changes) pool() {
+	if ch != nil {
+		ch.pools = true
+	}
+}
+
+// diff records in ch everything that differs between the views old and c.
+func (c *cache) diff(old *cache, ch *changes) {
+	for k, b := range c.blocks {
+		if !old.blocks[k].Equal(b) {
+			ch.block(k)
+		}
+	}
+	for k := range old.blocks {
+		if _, ok := c.blocks[k]; !ok {
+			ch.block(k)
+		}
+	}
+	for n, p := range c.peers {
+		if o, ok := old.peers[n]; !ok || o != p {
+			ch.peer(n)
+		}
+	}
+	for n := range old.peers {
+		if _, ok := c.peers[n]; !ok {
+			ch.peer(n)
+		}
+	}
+	if !maps.EqualFunc(c.pools, old.pools, poolEqual) {
+		ch.pools = true
+	}
+}
+
+// snapshot hands the current view out; from now on the maps are shared and copied before any change.
+func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
+	s := &Snapshot{
+		Revision: c.rev, Blocks: c.blocks, Peers: c.peers, Pools: c.pools,
+		Full: full, RelistReason: reason, PoolsChanged: ch.pools, ReceivedAt: ch.received,
+	}
+	if len(ch.blocks) > 0 {
+		s.ChangedBlocks = slices.SortedFunc(maps.Keys(ch.blocks), netip.Prefix.Compare)
+	}
+	if len(ch.peers) > 0 {
+		s.ChangedPeers = slices.SortedFunc(maps.Keys(ch.peers), strings.Compare)
+	}
+	c.blocksShared, c.peersShared, c.poolsShared = true, true, true
+	return s
+}

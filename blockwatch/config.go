@@ -1,0 +1,123 @@
+package blockwatch
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// DefaultHostsPrefix is where agents register their uplink peer IPs: <prefix><node>/peerip/ipv4/1 and
+// .../ipv6/1, value a bare IP address.
+const DefaultHostsPrefix = "/vpp-calico/hosts/"
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultPageSize       = 1000
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultProbeInterval  = 5 * time.Second
+)
+
+// Config configures a Watcher. Zero fields take the defaults documented on each field.
+type Config struct {
+	Client *clientv3.Client
+	// BlockPrefix is where Calico's IPAM blocks live; default calico.BlockPrefix
+	// ("/calico/ipam/v2/assignment/"), both families. A prefix that does not start with
+	// calico.BlockPrefix is taken as a relocated copy of it: keys below it are
+	// <BlockPrefix>ipv4/block/<cidr> and <BlockPrefix>ipv6/block/<cidr>.
+	BlockPrefix string
+	// HostsPrefix is where agents register their peer IPs; default DefaultHostsPrefix.
+	HostsPrefix string
+	// PoolPrefix is where Calico's v3 IPPool resources live; default calico.IPPoolPrefix.
+	PoolPrefix string
+	// PageSize is the number of keys per list request; default 1000.
+	PageSize int64
+	// RequestTimeout bounds every etcd request (and the creation of the watches); default 10s.
+	RequestTimeout time.Duration
+	// LegacyHostAffinity is passed to calico.OwnerOf: a block with only the pre-2016 hostAffinity
+	// field is owned by that node. Logged once per block when it is what made a node the owner.
+	LegacyHostAffinity bool
+	// ProbeInterval is how long the watch may stay silent before Run asks etcd for a progress
+	// notification on it; if that request is not answered within another ProbeInterval, Status reports
+	// Synced false (the client keeps reconnecting and resumes the watch by itself). Default 5s.
+	ProbeInterval time.Duration
+	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the package's metrics (see metrics.go); nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.BlockPrefix == "" {
+		c.BlockPrefix = calico.BlockPrefix
+	}
+	if c.HostsPrefix == "" {
+		c.HostsPrefix = DefaultHostsPrefix
+	}
+	if c.PoolPrefix == "" {
+		c.PoolPrefix = calico.IPPoolPrefix
+	}
+	if c.PageSize == 0 {
+		c.PageSize = DefaultPageSize
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = DefaultProbeInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate checks the configuration, with defaults applied to zero fields. It does not require Client
+// (so that it can run before any connection is opened); New does.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	prefixes := []struct{ name, value string }{
+		{"BlockPrefix", c.BlockPrefix}, {"HostsPrefix", c.HostsPrefix}, {"PoolPrefix", c.PoolPrefix},
+	}
+	for i, p := range prefixes {
+		if !strings.HasPrefix(p.value, "/") || !strings.HasSuffix(p.value, "/") {
+			errs = append(errs, fmt.Errorf("%s %q must start and end with \"/\"", p.name, p.value))
+		}
+		for _, q := range prefixes[i+1:] {
+			if strings.HasPrefix(p.value, q.value) || strings.HasPrefix(q.value, p.value) {
+				errs = append(errs, fmt.Errorf("%s %q and %s %q overlap", p.name, p.value, q.name, q.value))
+			}
+		}
+	}
+	if strings.HasPrefix(calico.BlockPrefix, c.BlockPrefix) && c.BlockPrefix != calico.BlockPrefix {
+		errs = append(errs, fmt.Errorf("BlockPrefix %q holds more than Calico's blocks (%q)", c.BlockPrefix, calico.BlockPrefix))
+	}
+	if strings.HasPrefix(c.BlockPrefix, calico.BlockPrefix) {
+		// A sub-prefix of Calico's own (".../assignment/ipv4/") is fine; anything else under it is not.
+		if rest := c.BlockPrefix[len(calico.BlockPrefix):]; rest != "" && rest != "ipv4/" && rest != "ipv6/" &&
+			rest != "ipv4/block/" && rest != "ipv6/block/" {
+			errs = append(errs, fmt.Errorf("BlockPrefix %q is not a family prefix of %q", c.BlockPrefix, calico.BlockPrefix))
+		}
+	}
+	if c.PageSize < 1 {
+		errs = append(errs, fmt.Errorf("PageSize %d must be positive", c.PageSize))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("RequestTimeout %s must be positive", c.RequestTimeout))
+	}
+	if c.ProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("ProbeInterval %s must be positive", c.ProbeInterval))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("blockwatch config: %w", err)
+	}
+	return nil
+}

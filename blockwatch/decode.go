@@ -1,0 +1,157 @@
+package blockwatch
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// Peer address families as they appear in peer keys (Calico's words, see calico.Family).
+const (
+	FamilyIPv4 = "ipv4"
+	FamilyIPv6 = "ipv6"
+)
+
+// PeerKey returns the key under which node registers its uplink peer IP of family (FamilyIPv4 or
+// FamilyIPv6): <hostsPrefix><node>/peerip/<family>/1. The value is the bare address.
+func PeerKey(hostsPrefix, node, family string) string {
+	return hostsPrefix + node + "/peerip/" + family + "/1"
+}
+
+// decoder turns etcd keys and values under the three prefixes into routing data. It is pure.
+type decoder struct {
+	blockPrefix, hostsPrefix, poolPrefix string
+	// blockRoot replaces blockPrefix before calico.ParseKey when blockPrefix is a relocated copy of
+	// calico.BlockPrefix; "" when keys are parsed as they are.
+	blockRoot string
+	legacy    bool
+}
+
+func newDecoder(c Config) decoder {
+	d := decoder{blockPrefix: c.BlockPrefix, hostsPrefix: c.HostsPrefix, poolPrefix: c.PoolPrefix, legacy: c.LegacyHostAffinity}
+	if !strings.HasPrefix(c.BlockPrefix, calico.BlockPrefix) {
+		d.blockRoot = calico.BlockPrefix
+	}
+	return d
+}
+
+// blockCIDR returns the CIDR a block key names.
+func (d decoder) blockCIDR(key string) (netip.Prefix, error) {
+	rest, ok := strings.CutPrefix(key, d.blockPrefix)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("key %q is not under %q", key, d.blockPrefix)
+	}
+	ck := key
+	if d.blockRoot != "" {
+		ck = d.blockRoot + rest
+	}
+	k, err := calico.ParseKey(ck)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("block key: %w", err)
+	}
+	if k.Kind != calico.KindBlock {
+		return netip.Prefix{}, fmt.Errorf("block key %q names a %s", key, k.Kind)
+	}
+	return k.CIDR, nil
+}
+
+// block decodes the value of the block key for cidr into its routing data; nil (and no error) for a
+// soft-deleted block.
+func (d decoder) block(cidr netip.Prefix, value []byte) (*Block, error) {
+	b, err := calico.DecodeBlock(value)
+	if err != nil {
+		return nil, err
+	}
+	if b.CIDR != cidr {
+		return nil, fmt.Errorf("value cidr %s differs from key cidr %s", b.CIDR, cidr)
+	}
+	if b.Deleted {
+		return nil, nil
+	}
+	owner := calico.OwnerOf(b, d.legacy)
+	// Owner.Node may be a substring of the decoded affinity; clone it so that the block keeps only the
+	// name, not the whole decoded value's strings.
+	owner.Node = strings.Clone(owner.Node)
+	return &Block{CIDR: cidr, Owner: owner, Borrowed: slices.Clip(calico.BorrowedAddrs(b, owner))}, nil
+}
+
+// peerID names one registered peer address: a node and a family.
+type peerID struct {
+	node string
+	v6   bool
+}
+
+// peerKey parses a key under the hosts prefix.
+func (d decoder) peerKey(key string) (peerID, error) {
+	rest, ok := strings.CutPrefix(key, d.hostsPrefix)
+	if !ok {
+		return peerID{}, fmt.Errorf("key %q is not under %q", key, d.hostsPrefix)
+	}
+	node, tail, _ := strings.Cut(rest, "/")
+	if node == "" || node == "." || node == ".." || strings.ContainsRune(node, 0) {
+		return peerID{}, fmt.Errorf("peer key %q: bad node name %q", key, node)
+	}
+	switch tail {
+	case "peerip/" + FamilyIPv4 + "/1":
+		return peerID{node: node}, nil
+	case "peerip/" + FamilyIPv6 + "/1":
+		return peerID{node: node, v6: true}, nil
+	}
+	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/1", key, d.hostsPrefix)
+}
+
+// peerAddr parses a peer value: a bare address of the key's family (surrounding white space allowed).
+func peerAddr(id peerID, value []byte) (netip.Addr, error) {
+	a, err := netip.ParseAddr(strings.TrimSpace(string(value)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("peer address: %w", err)
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("peer address %s: zones are not allowed", a)
+	}
+	a = a.Unmap()
+	if a.Is6() != id.v6 {
+		return netip.Addr{}, fmt.Errorf("peer address %s does not match the key's family", a)
+	}
+	if a.IsUnspecified() || a.IsMulticast() {
+		return netip.Addr{}, fmt.Errorf("peer address %s is not a unicast address", a)
+	}
+	return a, nil
+}
+
+// poolName parses a key under the pool prefix.
+func (d decoder) poolName(key string) (string, error) {
+	name, ok := strings.CutPrefix(key, d.poolPrefix)
+	if !ok {
+		return "", fmt.Errorf("key %q is not under %q", key, d.poolPrefix)
+	}
+	if k, err := calico.ParseKey(calico.IPPoolKey(name)); err != nil || k.Kind != calico.KindIPPool {
+		return "", fmt.Errorf("pool key %q: bad pool name %q", key, name)
+	}
+	return name, nil
+}
+
+// pool decodes a pool value; its metadata.name, when set, must match the key.
+func pool(name string, value []byte) (calico.IPPool, error) {
+	p, err := calico.DecodeIPPool(value)
+	if err != nil {
+		return calico.IPPool{}, err
+	}
+	if p.Name == "" {
+		p.Name = name
+	}
+	if p.Name != name {
+		return calico.IPPool{}, fmt.Errorf("metadata.name %q differs from the key's name %q", p.Name, name)
+	}
+	return p, nil
+}
+
+// poolEqual compares the fields of two pools.
+func poolEqual(a, b calico.IPPool) bool {
+	return a.Name == b.Name && a.CIDR == b.CIDR && a.BlockSize == b.BlockSize && a.Disabled == b.Disabled &&
+		a.NodeSelector == b.NodeSelector && slices.Equal(a.AllowedUses, b.AllowedUses) &&
+		a.AssignmentMode == b.AssignmentMode
+}

@@ -1,0 +1,151 @@
+package blockwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// page is one list response of one prefix, or the end of the listing (last), or the error that ended it.
+type page struct {
+	src      source
+	resp     *clientv3.GetResponse
+	received time.Time
+	last     bool
+	err      error
+}
+
+// minParallelDecode is the page length from which a page is decoded on several cores.
+const minParallelDecode = 64
+
+// list reads the three prefixes at one revision into a fresh view, replaces the current view with it
+// and returns the Full snapshot for watch to emit. On error the current view is left untouched.
+//
+// A goroutine fetches the pages (so that etcd serves the next page while this one is decoded); each
+// page is decoded on all cores, then installed in key order.
+func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
+	started := time.Now()
+	lctx, cancel := context.WithCancel(ctx)
+	pages := make(chan page, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(pages)
+		w.fetch(lctx, pages)
+	})
+	defer wg.Wait()
+	defer cancel()
+
+	prev := w.view
+	if prev == nil {
+		prev = newCache()
+	}
+	next := newCache()
+	var received time.Time
+	complete := false
+	for p := range pages {
+		if p.err != nil {
+			return nil, p.err
+		}
+		if p.last {
+			complete = true
+			break
+		}
+		if next.rev == 0 {
+			next.rev, received = p.resp.Header.Revision, p.received
+		}
+		for _, d := range w.decodePage(p) {
+			w.install(next, prev, &d, nil)
+		}
+	}
+	if !complete {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		return nil, errors.New("list: incomplete")
+	}
+	ch := changes{received: received}
+	next.diff(prev, &ch)
+	w.view = next
+	full := next.snapshot(&ch, true, reason)
+	w.metrics.relist(reason)
+	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "blocks", len(next.blocks),
+		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
+		"duration", time.Since(started).Round(time.Millisecond))
+	return full, nil
+}
+
+// fetch sends the pages of the three prefixes to out, all read at the revision of the first one,
+// then a last page; or the error that stopped it. It returns early when ctx ends.
+func (w *Watcher) fetch(ctx context.Context, out chan<- page) {
+	send := func(p page) bool {
+		select {
+		case out <- p:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	var rev int64
+	for src, prefix := range w.prefixes {
+		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+		for n := 0; ; n++ {
+			opts := []clientv3.OpOption{
+				clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize),
+				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+			}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			rctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
+			resp, err := w.cfg.Client.Get(rctx, key, opts...)
+			cancel()
+			if err != nil {
+				if rev == 0 {
+					err = fmt.Errorf("list %s: %w", prefix, err)
+				} else {
+					err = fmt.Errorf("list %s at revision %d: %w", prefix, rev, err)
+				}
+				send(page{err: err})
+				return
+			}
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			if !send(page{src: source(src), resp: resp, received: time.Now()}) {
+				return
+			}
+			if w.testHookPage != nil {
+				w.testHookPage(source(src), n)
+			}
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}
+	send(page{last: true})
+}
+
+// decodePage decodes a page's keys and values, in order, on up to GOMAXPROCS goroutines.
+func (w *Watcher) decodePage(p page) []decoded {
+	kvs := p.resp.Kvs
+	out := make([]decoded, len(kvs))
+	workers := min(runtime.GOMAXPROCS(0), len(kvs)/minParallelDecode+1)
+	chunk := (len(kvs) + workers - 1) / workers
+	var wg sync.WaitGroup
+	for i := 0; i < len(kvs); i += chunk {
+		part, res := kvs[i:min(i+chunk, len(kvs))], out[i:min(i+chunk, len(kvs))]
+		wg.Go(func() {
+			for j, kv := range part {
+				res[j] = w.decode(p.src, kv, false)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package blockwatch
+
+const raceEnabled = true

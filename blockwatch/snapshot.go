@@ -1,0 +1,123 @@
+package blockwatch
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// Relist reasons carried by Full snapshots (Snapshot.RelistReason) and the relists metric.
+const (
+	// ReasonInitial: the first list of a Watcher.
+	ReasonInitial = "initial"
+	// ReasonCompacted: etcd compacted the revision a watch needed (ErrCompacted).
+	ReasonCompacted = "compacted"
+	// ReasonWatchError: a watch was canceled with an error (no leader, a server-side cancel, ...)
+	// or could not be created in time.
+	ReasonWatchError = "watch-error"
+	// ReasonWatchClosed: a watch channel closed without saying why.
+	ReasonWatchClosed = "watch-closed"
+	// ReasonRequested: Relist was called.
+	ReasonRequested = "requested"
+	// ReasonRestarted: Run was called again on a Watcher whose previous Run had returned.
+	ReasonRestarted = "restarted"
+)
+
+// Snapshot is the routing view of etcd at Revision. It is immutable once emitted: consumers must not
+// modify it, and the Watcher never mutates a map or slice after handing it out (maps are copied on
+// the Watcher's next write to them).
+type Snapshot struct {
+	// Revision is the highest etcd revision the snapshot reflects. A Full snapshot is exactly the
+	// state of the three prefixes at Revision. In an incremental snapshot each prefix is etcd's state
+	// of that prefix at some revision up to Revision: the prefixes are watched on independent
+	// streams, so events of one prefix may arrive a little after later events of another.
+	Revision int64
+	// Blocks holds every block present at Revision. Blocks with deleted:true are absent, and so are
+	// blocks whose value was never well-formed.
+	Blocks map[netip.Prefix]*Block
+	// Peers maps a node to its registered peer IPs.
+	Peers map[string]Peer
+	// Pools maps a pool name to the pool.
+	Pools map[string]calico.IPPool
+	// Full is true when the snapshot was produced by a (re)list: the consumer should do a full resync.
+	Full bool
+	// RelistReason says why a Full snapshot was listed (Reason* constants); "" when not Full.
+	RelistReason string
+	// ChangedBlocks lists, sorted, the blocks created, updated or deleted since the previous snapshot
+	// (for a Full snapshot: the difference between the previous view and the relisted one). Only
+	// changes of routing data count: most IPAM writes (a pod address allocated in its node's own
+	// block) change no route and produce no snapshot.
+	ChangedBlocks []netip.Prefix
+	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot.
+	ChangedPeers []string
+	// PoolsChanged says whether any pool changed since the previous snapshot.
+	PoolsChanged bool
+	// ReceivedAt is when the etcd response that produced this snapshot was received (the earliest
+	// one, after coalescing).
+	ReceivedAt time.Time
+}
+
+// Block is the routing data of one Calico IPAM block, and nothing else.
+type Block struct {
+	CIDR netip.Prefix
+	// Owner is calico.OwnerOf the block: a node (route the CIDR to it), a virtual owner or nobody.
+	Owner calico.Owner
+	// Borrowed are the allocated addresses of other nodes (route each as a host route to its node).
+	Borrowed []calico.Borrowed
+}
+
+// Equal reports whether a and b hold the same routing data; two nil blocks are equal.
+func (a *Block) Equal(b *Block) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.CIDR == b.CIDR && a.Owner == b.Owner && slices.Equal(a.Borrowed, b.Borrowed)
+}
+
+// Peer is the uplink addresses a node registered; a zero Addr means the family is not registered.
+type Peer struct {
+	IPv4, IPv6 netip.Addr
+}
+
+// coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and
+// so may still be changed: s keeps its (newer) state and takes the union of both change sets, the
+// earliest ReceivedAt, and Full from either.
+func coalesce(old, s *Snapshot) *Snapshot {
+	if old.Full {
+		if !s.Full {
+			s.RelistReason = old.RelistReason
+		}
+		s.Full = true
+	}
+	s.ChangedBlocks = mergeSorted(old.ChangedBlocks, s.ChangedBlocks, netip.Prefix.Compare)
+	s.ChangedPeers = mergeSorted(old.ChangedPeers, s.ChangedPeers, strings.Compare)
+	s.PoolsChanged = s.PoolsChanged || old.PoolsChanged
+	if !old.ReceivedAt.IsZero() && (s.ReceivedAt.IsZero() || old.ReceivedAt.Before(s.ReceivedAt)) {
+		s.ReceivedAt = old.ReceivedAt
+	}
+	return s
+}
+
+// mergeSorted returns the sorted union of two sorted, duplicate-free slices, in a fresh slice (nil if
+// both are empty).
+func mergeSorted[T any](a, b []T, cmp func(T, T) int) []T {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := make([]T, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		switch c := cmp(a[0], b[0]); {
+		case c < 0:
+			out, a = append(out, a[0]), a[1:]
+		case c > 0:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			out, a, b = append(out, a[0]), a[1:], b[1:]
+		}
+	}
+	out = append(out, a...)
+	return append(out, b...)
+}

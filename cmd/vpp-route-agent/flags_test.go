@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// A valid base command line; each case changes one thing.
+var base = []string{"--nodename", "n1", "--uplink-interface", "GigabitEthernet0/8/0", "--uplink-address", "192.0.2.1/24"}
+
+func TestDaemonFlagsRejectBadInputNamingTheField(t *testing.T) {
+	tests := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--nodename", "n1", "--uplink-address", "192.0.2.1/24"}, nil, "--uplink-interface or --uplink-sw-if-index is required"},
+		{append(base, "--uplink-sw-if-index", "3"), nil, "--uplink-interface and --uplink-sw-if-index are exclusive"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "x"}, nil, "--uplink-address or --peer-ip is required"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "x", "--uplink-address", "192.0.2.300/24"}, nil, "--uplink-address"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "x", "--uplink-address", "192.0.2.1/24,192.0.2.2/24"}, nil, "one per family"},
+		{append(base, "--peer-ip", "192.0.2.9"), nil, "--peer-ip and --uplink-address are exclusive"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "x", "--peer-ip", "nonsense"}, nil, "--peer-ip"},
+		{append(base, "--etcd-endpoints", "127.0.0.1:2379"), nil, "--etcd-endpoints"},
+		{append(base, "--etcd-cert-file", "/nonexistent/cert.pem", "--etcd-key-file", "/nonexistent/key.pem"), nil, "--etcd-cert-file"},
+		{append(base, "--etcd-cert-file", "/etc/hostname"), nil, "--etcd-cert-file and --etcd-key-file go together"},
+		{append(base, "--pool-cidr", "10.244.0.1/16"), nil, "--pool-cidr: 10.244.0.1/16 has host bits set"},
+		{append(base, "--pool-cidr", "bogus"), nil, "--pool-cidr"},
+		{append(base, "--block-prefix", "/calico/ipam/v2/assignment"), nil, "--block-prefix"},
+		{append(base, "--registration-ttl", "1s"), nil, "--registration-ttl"},
+		{append(base, "--resync-interval", "10ms"), nil, "--resync-interval"},
+		{append(base, "--peer-loss-grace", "-1s"), nil, "--peer-loss-grace"},
+		{append(base, "--log-level", "chatty"), nil, "--log-level"},
+		{append(base, "--log-format", "xml"), nil, "--log-format"},
+		{append(base, "--metrics-address", "9482"), nil, "--metrics-address"},
+		{append(base, "--table-id", "-1"), nil, "table-id"},
+		{append(base, "--no-such-flag"), nil, "unknown flag: --no-such-flag"},
+		{append(base, "extra"), nil, "unexpected arguments: extra"},
+		{base, map[string]string{"VPP_ROUTE_AGENT_TABLE_ID": "x"}, "environment VPP_ROUTE_AGENT_TABLE_ID (for --table-id)"},
+		{base, map[string]string{"ETCD_ENDPOINTS": "localhost:2379"}, "--etcd-endpoints"},
+	}
+	for _, tc := range tests {
+		var stderr bytes.Buffer
+		// run, not parseDaemonFlags: a failure must come before any connection is attempted, and the
+		// default etcd endpoint and VPP socket do not exist here, so a connection would hang or fail later.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := run(ctx, tc.args, &bytes.Buffer{}, &stderr, env(tc.env))
+		cancel()
+		if err == nil || !isUsage(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q env %v: err = %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestDaemonFlagsFromEnvironment(t *testing.T) {
+	cfg, err := parseDaemonFlags([]string{"--uplink-interface", "eth-flag"}, &bytes.Buffer{}, &bytes.Buffer{}, env(map[string]string{
+		"NODENAME":                             "node-env",
+		"ETCD_ENDPOINTS":                       "http://10.0.0.1:2379,http://10.0.0.2:2379",
+		"VPP_ROUTE_AGENT_UPLINK_INTERFACE":     "eth-env", // the flag wins
+		"VPP_ROUTE_AGENT_UPLINK_ADDRESS":       "192.0.2.7/24,2001:db8::7/64",
+		"VPP_ROUTE_AGENT_TABLE_ID":             "7",
+		"VPP_ROUTE_AGENT_POOL_CIDR":            "10.244.0.0/16,fd00:10:244::/48",
+		"VPP_ROUTE_AGENT_PEER_LOSS_GRACE":      "0s",
+		"VPP_ROUTE_AGENT_WITHDRAW_ON_EXIT":     "true",
+		"VPP_ROUTE_AGENT_METRICS_ADDRESS":      "127.0.0.1:0",
+		"VPP_ROUTE_AGENT_REGISTRATION_TTL":     "45s",
+		"VPP_ROUTE_AGENT_LEGACY_HOST_AFFINITY": "false",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.node != "node-env" || cfg.uplink.Name != "eth-flag" || cfg.agent.TableID != 7 || !cfg.agent.WithdrawOnExit ||
+		cfg.registrationTTL != 45*time.Second || cfg.etcd.legacyHostAffinity || len(cfg.etcd.endpoints) != 2 {
+		t.Errorf("config from env: %+v", cfg)
+	}
+	wantPeers := []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::7")}
+	if len(cfg.peerIPs) != 2 || cfg.peerIPs[0] != wantPeers[0] || cfg.peerIPs[1] != wantPeers[1] {
+		t.Errorf("peer IPs %v", cfg.peerIPs)
+	}
+	if len(cfg.agent.Pools) != 2 || len(cfg.uplink.Addresses) != 2 {
+		t.Errorf("pools %v, uplink addresses %v", cfg.agent.Pools, cfg.uplink.Addresses)
+	}
+	if cfg.agent.PeerLossGrace > time.Millisecond {
+		t.Errorf("--peer-loss-grace 0 became %s", cfg.agent.PeerLossGrace)
+	}
+}
+
+func TestNodeNameOrder(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "nodename")
+	if n, _ := resolveNodeName(" flag-node ", file); n != "flag-node" {
+		t.Errorf("flag: %q", n)
+	}
+	os.WriteFile(file, []byte("file-node\n"), 0o644)
+	if n, _ := resolveNodeName("", file); n != "file-node" {
+		t.Errorf("file: %q", n)
+	}
+	h, _ := os.Hostname()
+	if n, _ := resolveNodeName("", filepath.Join(dir, "missing")); n != strings.ToLower(h) {
+		t.Errorf("hostname: %q, want %q", n, strings.ToLower(h))
+	}
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, &out, &errOut, env(nil)); err != nil || !strings.HasPrefix(out.String(), "vpp-route-agent ") {
+		t.Errorf("--version: %v, %q", err, out.String())
+	}
+	out.Reset()
+	err := run(context.Background(), []string{"--help"}, &out, &errOut, env(nil))
+	if err == nil || !strings.Contains(errOut.String(), "--withdraw-on-exit") || !strings.Contains(errOut.String(), "(env ETCD_ENDPOINTS)") {
+		t.Errorf("--help: %v\n%s", err, errOut.String())
+	}
+}

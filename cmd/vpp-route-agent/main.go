@@ -1,0 +1,394 @@
+// Command vpp-route-agent keeps the VPP FIB of this node equal to the routes to the Calico IPAM blocks
+// of the other nodes. See README.md for the flags, metrics and operations.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
+	"golang.org/x/sync/errgroup"
+)
+
+// nodenameFile is where calico/node records the node name.
+const nodenameFile = "/var/lib/calico/nodename"
+
+// shutdownLimit bounds how long a stop may take after SIGTERM.
+const shutdownLimit = 5 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, pflag.ErrHelp):
+	case isUsage(err):
+		fmt.Fprintln(os.Stderr, "vpp-route-agent:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "vpp-route-agent:", err)
+		os.Exit(1)
+	}
+}
+
+// run dispatches to the daemon or a subcommand.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
+	if len(args) > 0 && args[0] == "routes" {
+		return routesCmd(ctx, args[1:], stdout, stderr, getenv)
+	}
+	cfg, err := parseDaemonFlags(args, stdout, stderr, getenv)
+	if err != nil || cfg == nil {
+		return err
+	}
+	return daemon(ctx, cfg)
+}
+
+// daemonConfig is everything the daemon needs, validated.
+type daemonConfig struct {
+	etcd             etcdFlags
+	node             string
+	vppSocket        string
+	vppTimeout       time.Duration
+	uplink           vppapi.Uplink
+	peerIPs          []netip.Addr
+	agent            agent.Config
+	registrationTTL  time.Duration
+	deregisterOnExit bool
+	metricsAddress   string
+	log              *slog.Logger
+}
+
+// parseDaemonFlags parses and validates every flag before anything connects. It returns nil, nil when
+// it printed --help or --version.
+func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) (*daemonConfig, error) {
+	fs := pflag.NewFlagSet("vpp-route-agent", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var ef etcdFlags
+	ef.register(fs)
+	var (
+		vppSocket      = fs.String("vpp-api-socket", "/run/vpp/api.sock", "VPP binary API socket")
+		vppTimeout     = fs.Duration("vpp-reply-timeout", 2*time.Second, "deadline of each VPP API request")
+		uplinkName     = fs.String("uplink-interface", "", "VPP uplink interface name, e.g. GigabitEthernet0/8/0")
+		uplinkIndex    = fs.Int64("uplink-sw-if-index", -1, "VPP uplink sw_if_index (instead of --uplink-interface)")
+		uplinkAddrs    = fs.StringSlice("uplink-address", nil, "address to configure on the uplink, CIDR (repeatable, one per family); also the registered peer IP")
+		peerIPs        = fs.StringSlice("peer-ip", nil, "peer IP to register without configuring it on the uplink (repeatable, one per family)")
+		tableID        = fs.Uint32("table-id", 0, "VPP FIB table the routes go into (both families)")
+		regTTL         = fs.Duration("registration-ttl", 30*time.Second, "TTL of the etcd lease of this node's peer IP registration")
+		grace          = fs.Duration("peer-loss-grace", agent.DefaultPeerLossGrace, "how long routes to a node whose registration vanished are kept")
+		resync         = fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full resync that repairs drift")
+		metricsAddr    = fs.String("metrics-address", ":9482", "listen address of /metrics, /healthz, /readyz, /debug/routes; empty disables")
+		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
+		logFormat      = fs.String("log-format", "text", "text or json")
+		dryRun         = fs.Bool("dry-run", false, "compute and log the FIB changes, write nothing to VPP and register nothing")
+		withdrawOnExit = fs.Bool("withdraw-on-exit", false, "remove every route the agent owns when it stops")
+		deregister     = fs.Bool("deregister-on-exit", false, "revoke this node's registration when it stops (decommissioning)")
+		version        = fs.Bool("version", false, "print the version and exit")
+	)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n\n"+
+			"Keeps the VPP FIB equal to the routes to the Calico IPAM blocks of the other nodes.\n"+
+			"Every flag falls back to the environment variable named after it.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	annotateEnv(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, usageError{err}
+	}
+	if *version {
+		fmt.Fprintf(stdout, "vpp-route-agent %s (revision %s, %s)\n", buildinfo.Version, buildinfo.Revision(), buildinfo.GoVersion())
+		return nil, nil
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return nil, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
+	}
+	bad := func(err error) (*daemonConfig, error) { return nil, usageError{err} }
+	if err := ef.validate(); err != nil {
+		return bad(err)
+	}
+	log, err := newLogger(*logLevel, *logFormat)
+	if err != nil {
+		return bad(err)
+	}
+	node, err := resolveNodeName(ef.nodename, nodenameFile)
+	if err != nil {
+		return bad(err)
+	}
+	cfg := &daemonConfig{etcd: ef, node: node, vppSocket: *vppSocket, vppTimeout: *vppTimeout,
+		registrationTTL: *regTTL, deregisterOnExit: *deregister, metricsAddress: *metricsAddr, log: log}
+	if *vppSocket == "" {
+		return bad(errors.New("--vpp-api-socket is empty"))
+	}
+	if *vppTimeout <= 0 {
+		return bad(errors.New("--vpp-reply-timeout must be positive"))
+	}
+	switch {
+	case *uplinkName != "" && fs.Changed("uplink-sw-if-index"):
+		return bad(errors.New("--uplink-interface and --uplink-sw-if-index are exclusive"))
+	case *uplinkName != "":
+		cfg.uplink.Name = *uplinkName
+	case *uplinkIndex >= 0 && *uplinkIndex < 1<<32-1:
+		cfg.uplink.SwIfIndex, cfg.uplink.HasIndex = uint32(*uplinkIndex), true
+	case fs.Changed("uplink-sw-if-index"):
+		return bad(fmt.Errorf("--uplink-sw-if-index: %d is not a valid sw_if_index", *uplinkIndex))
+	default:
+		return bad(errors.New("--uplink-interface or --uplink-sw-if-index is required"))
+	}
+	families := map[bool]string{}
+	for _, s := range *uplinkAddrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return bad(fmt.Errorf("--uplink-address: %w", err))
+		}
+		if prev, dup := families[p.Addr().Is4()]; dup {
+			return bad(fmt.Errorf("--uplink-address: %s and %s are of one family; give at most one per family", prev, s))
+		}
+		families[p.Addr().Is4()] = s
+		cfg.uplink.Addresses = append(cfg.uplink.Addresses, p)
+		cfg.peerIPs = append(cfg.peerIPs, p.Addr())
+	}
+	if len(*peerIPs) > 0 && len(*uplinkAddrs) > 0 {
+		return bad(errors.New("--peer-ip and --uplink-address are exclusive: the uplink address is the peer IP"))
+	}
+	for _, s := range *peerIPs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return bad(fmt.Errorf("--peer-ip: %w", err))
+		}
+		if prev, dup := families[a.Is4()]; dup {
+			return bad(fmt.Errorf("--peer-ip: %s and %s are of one family; give at most one per family", prev, s))
+		}
+		families[a.Is4()] = s
+		cfg.peerIPs = append(cfg.peerIPs, a.Unmap())
+	}
+	if len(cfg.peerIPs) == 0 && !*dryRun {
+		return bad(errors.New("--uplink-address or --peer-ip is required: the IP other nodes route this node's blocks to"))
+	}
+	if *regTTL < 5*time.Second || *regTTL > 10*time.Minute {
+		return bad(fmt.Errorf("--registration-ttl: %s is outside 5s-10m", *regTTL))
+	}
+	if *grace < 0 {
+		return bad(fmt.Errorf("--peer-loss-grace: %s is negative", *grace))
+	}
+	if *resync < time.Second {
+		return bad(fmt.Errorf("--resync-interval: %s is below 1s", *resync))
+	}
+	if *metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(*metricsAddr); err != nil {
+			return bad(fmt.Errorf("--metrics-address: %w", err))
+		}
+	}
+	pools, _ := ef.pools()
+	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink,
+		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
+	if *grace == 0 {
+		cfg.agent.PeerLossGrace = time.Nanosecond // 0 means "no grace", not "default"
+	}
+	if err := cfg.agent.Validate(); err != nil {
+		return bad(err)
+	}
+	return cfg, nil
+}
+
+// daemon runs the agent until ctx is done, then stops within shutdownLimit.
+func daemon(ctx context.Context, cfg *daemonConfig) error {
+	log := cfg.log
+	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", cfg.etcd.endpoints,
+		"vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	cli, err := cfg.etcd.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	vpp, err := vppapi.New(vppapi.Config{Socket: cfg.vppSocket, ReplyTimeout: cfg.vppTimeout, Logger: log.With("component", "vpp"), Registerer: reg})
+	if err != nil {
+		return err
+	}
+	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
+		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.dialTimeout,
+		Logger: log.With("component", "etcd"), Registerer: reg})
+	if err != nil {
+		return err
+	}
+	m := agent.NewMetrics(reg)
+	var registrar *agent.Registrar
+	var registration agent.Registration
+	if !cfg.agent.DryRun {
+		registrar, err = agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: cfg.etcd.hostsPrefix, NodeName: cfg.node,
+			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.dialTimeout,
+			Logger: log.With("component", "registration"), Metrics: m})
+		if err != nil {
+			return err
+		}
+		registration = registrar
+	}
+	a, err := agent.New(cfg.agent, vpp, watcher, registration, m)
+	if err != nil {
+		return err
+	}
+
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	g, gctx := errgroup.WithContext(runCtx)
+	g.Go(func() error { return vpp.Run(gctx) })
+	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return a.Run(gctx) })
+	if registrar != nil {
+		g.Go(func() error { return registrar.Run(gctx) })
+	}
+	if cfg.metricsAddress != "" {
+		ln, err := net.Listen("tcp", cfg.metricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-address %s: %w", cfg.metricsAddress, err)
+		}
+		log.Info("serving metrics and health", "address", ln.Addr().String())
+		srv := &http.Server{Handler: httpHandler(a, reg), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics server: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	g.Go(func() error { return signalLoop(gctx, a, log) })
+	g.Go(func() error { notifyLoop(gctx, a, log); return nil })
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done: // a component failed on its own
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("stopping", "withdraw_on_exit", cfg.agent.WithdrawOnExit, "deregister_on_exit", cfg.deregisterOnExit)
+	sdnotify.Notify("STOPPING=1")
+	cancelRun()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(shutdownLimit + 10*time.Second*boolInt(cfg.agent.WithdrawOnExit)):
+		return fmt.Errorf("shutdown did not finish within %s", shutdownLimit)
+	}
+}
+
+func boolInt(b bool) time.Duration {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// signalLoop turns SIGHUP into a relist and full resync.
+func signalLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			log.Info("SIGHUP: relisting etcd and resyncing the FIB")
+			a.Relist()
+		}
+	}
+}
+
+// notifyLoop tells systemd READY=1 once the agent is first ready, and pets the watchdog while the
+// reconcile loop turns.
+func notifyLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) {
+	wd := sdnotify.WatchdogInterval()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	ready := false
+	var lastPet time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !ready {
+			if ok, _ := a.Ready(); ok {
+				ready = true
+				if sent, err := sdnotify.Notify("READY=1\nSTATUS=routes in sync"); err != nil {
+					log.Warn("sd_notify READY failed", "err", err)
+				} else if sent {
+					log.Info("notified systemd: ready")
+				}
+			}
+		}
+		if wd > 0 && time.Since(lastPet) >= wd && a.HealthyWithin(wd) {
+			sdnotify.Notify("WATCHDOG=1")
+			lastPet = time.Now()
+		}
+	}
+}
+
+// httpHandler serves /metrics, /healthz, /readyz and /debug/routes.
+func httpHandler(a *agent.Agent, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if !a.HealthyWithin(30 * time.Second) {
+			http.Error(w, "reconcile loop stalled", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ok, missing := a.Ready()
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready:\n- %s\n", strings.Join(missing, "\n- "))
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /debug/routes", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		d, err := a.DebugRoutes(ctx)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(d)
+	})
+	return mux
+}

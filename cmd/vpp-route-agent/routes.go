@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// routesCmd prints the routes this node must have, read from a live etcd.
+func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
+	fs := pflag.NewFlagSet("vpp-route-agent routes", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var ef etcdFlags
+	ef.register(fs)
+	output := fs.String("output", "table", "output format: table or json")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: vpp-route-agent routes [flags]\n\nPrints the routes node --nodename must have, "+
+			"computed from the blocks and peers in etcd, then the routes it cannot resolve.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	annotateEnv(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
+	}
+	if *output != "table" && *output != "json" {
+		return usageError{fmt.Errorf("--output: %q is not table or json", *output)}
+	}
+	if err := ef.validate(); err != nil {
+		return usageError{err}
+	}
+	node, err := resolveNodeName(ef.nodename, nodenameFile)
+	if err != nil {
+		return usageError{err}
+	}
+	pools, _ := ef.pools()
+
+	cli, err := ef.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	snap, err := listOnce(ctx, &ef, cli)
+	if err != nil {
+		return err
+	}
+	routes, unresolved := agent.Desired(snap, agent.Options{NodeName: node, Pools: pools})
+	if *output == "json" {
+		return writeRoutesJSON(stdout, routes, unresolved)
+	}
+	for _, r := range routes {
+		fmt.Fprintf(stdout, "%s via %s owner %s\n", r.Prefix, r.NextHop, r.Owner)
+	}
+	for _, u := range unresolved {
+		fmt.Fprintf(stdout, "unresolved %s owner %s: %s\n", u.Prefix, u.Owner, u.Reason)
+	}
+	return nil
+}
+
+// listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
+func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockwatch.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, ef.dialTimeout)
+	defer cancel()
+	snap, err := blockwatch.List(ctx, blockwatch.Config{
+		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
+		RequestTimeout: ef.dialTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w", strings.Join(ef.endpoints, ","), ef.dialTimeout, err)
+	}
+	return snap, nil
+}
+
+type routeJSON struct {
+	Prefix     string  `json:"prefix"`
+	NextHop    *string `json:"next_hop"`
+	Owner      string  `json:"owner"`
+	Kind       string  `json:"kind"`
+	Block      string  `json:"block"`
+	Unresolved string  `json:"unresolved,omitempty"`
+}
+
+// writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the reason).
+func writeRoutesJSON(w io.Writer, routes []agent.DesiredRoute, unresolved []agent.Unresolved) error {
+	out := make([]routeJSON, 0, len(routes)+len(unresolved))
+	for _, r := range routes {
+		nh := r.NextHop.String()
+		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String()})
+	}
+	for _, u := range unresolved {
+		out = append(out, routeJSON{Prefix: u.Prefix.String(), Owner: u.Owner, Kind: string(u.Kind), Block: u.Block.String(), Unresolved: u.Reason})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// usageError marks errors in flags and arguments (exit status 2).
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+func isUsage(err error) bool {
+	var u usageError
+	return errors.As(err, &u)
+}

@@ -1,0 +1,411 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const uplinkName = "GigabitEthernet0/8/0"
+
+// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks.
+var (
+	labPoolV4 = calico.IPPool{Name: "lab-ipv4", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 28}
+	labPoolV6 = calico.IPPool{Name: "lab-ipv6", CIDR: netip.MustParsePrefix("fd00:10:244::/48"), BlockSize: 122}
+)
+
+type lab struct {
+	o     options
+	out   io.Writer
+	etcd  *etcdtest.Server
+	cli   *clientv3.Client
+	cni   *libcni.CNIConfig
+	nodes []*labNode
+	steps []stepResult
+	podN  int
+}
+
+type labNode struct {
+	name         string
+	sim          *vppsim.Sim
+	sock         string
+	peer4, peer6 netip.Addr
+	metrics      string
+	logPath      string
+	pods         []string // container IDs
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+type stepResult struct {
+	name   string
+	pass   bool
+	took   time.Duration
+	detail string
+}
+
+func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
+	l := &lab{o: o, out: out}
+	l.logf("data directory %s", o.dataDir)
+	etcd, err := etcdtest.New(etcdtest.Options{Dir: filepath.Join(o.dataDir, "etcd")})
+	if err != nil {
+		return nil, err
+	}
+	l.etcd = etcd
+	if l.cli, err = etcd.Client(); err != nil {
+		l.close()
+		return nil, err
+	}
+	l.logf("etcd listening on %s", etcd.Endpoint())
+	for _, p := range []calico.IPPool{labPoolV4, labPoolV6} {
+		v, _ := calico.EncodeIPPool(p)
+		if _, err := l.cli.Put(ctx, calico.IPPoolKey(p.Name), string(v)); err != nil {
+			l.close()
+			return nil, fmt.Errorf("create IP pool %s: %w", p.Name, err)
+		}
+	}
+	l.cni = libcni.NewCNIConfigWithCacheDir([]string{o.binDir}, filepath.Join(o.dataDir, "cni-cache"), nil)
+	for i := 1; i <= o.nodes; i++ {
+		n := &labNode{
+			name:    fmt.Sprintf("node-%d", i),
+			sock:    filepath.Join(o.dataDir, fmt.Sprintf("vpp-%d.sock", i)),
+			peer4:   netip.AddrFrom4([4]byte{192, 168, 100, byte(i)}),
+			peer6:   netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i)),
+			logPath: filepath.Join(o.dataDir, fmt.Sprintf("agent-node-%d.log", i)),
+		}
+		port, err := freePort()
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
+		if n.sim, err = vppsim.New(vppsim.Config{Interfaces: []string{uplinkName},
+			Logger: slog.New(slog.DiscardHandler)}); err != nil {
+			l.close()
+			return nil, err
+		}
+		if len(n.sock) > 100 {
+			l.close()
+			return nil, fmt.Errorf("--data-dir %s is too long for a unix socket path", o.dataDir)
+		}
+		if err := n.sim.Listen(n.sock); err != nil {
+			l.close()
+			return nil, err
+		}
+		l.nodes = append(l.nodes, n)
+	}
+	return l, nil
+}
+
+func (l *lab) close() {
+	for _, n := range l.nodes {
+		l.stopAgent(n)
+		if n.sim != nil {
+			n.sim.Close()
+		}
+	}
+	if l.cli != nil {
+		l.cli.Close()
+	}
+	if l.etcd != nil {
+		l.etcd.Stop()
+	}
+}
+
+func (l *lab) logf(format string, args ...any) {
+	fmt.Fprintf(l.out, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// startAgent runs the real vpp-route-agent binary for node n.
+func (l *lab) startAgent(n *labNode) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(l.o.binDir, "vpp-route-agent"),
+		"--nodename", n.name,
+		"--etcd-endpoints", l.etcd.Endpoint(),
+		"--vpp-api-socket", n.sock,
+		"--uplink-interface", uplinkName,
+		"--uplink-address", netip.PrefixFrom(n.peer4, 24).String(),
+		"--uplink-address", netip.PrefixFrom(n.peer6, 64).String(),
+		"--metrics-address", n.metrics,
+		"--registration-ttl", "10s",
+		"--peer-loss-grace", "5s",
+		"--resync-interval", "30s",
+	)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // nothing from the caller's environment leaks in
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start agent of %s: %w", n.name, err)
+	}
+	n.cmd = cmd
+	n.exited = make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(n.exited) }()
+	return nil
+}
+
+// stopAgent sends SIGTERM and waits for a normal exit (routes and registration stay).
+func (l *lab) stopAgent(n *labNode) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return
+	}
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(10 * time.Second):
+		n.cmd.Process.Kill()
+		<-n.exited
+	}
+	n.cmd = nil
+}
+
+func (l *lab) agentRunning(n *labNode) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// waitReady polls /readyz of every given node until it answers 200.
+func (l *lab) waitReady(ctx context.Context, nodes ...*labNode) error {
+	deadline := time.Now().Add(l.o.settle)
+	client := &http.Client{Timeout: time.Second}
+	for _, n := range nodes {
+		for {
+			if !l.agentRunning(n) {
+				return fmt.Errorf("agent of %s exited; see %s", n.name, n.logPath)
+			}
+			resp, err := client.Get("http://" + n.metrics + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("%s not ready after %s; see %s", n.name, l.o.settle, n.logPath)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// netconf is the network configuration a runtime on node n would use: block-ipam as the only plugin.
+func (l *lab) netconf(n *labNode) (*libcni.NetworkConfigList, error) {
+	conf := map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "lab",
+		"plugins": []any{map[string]any{
+			"type": "block-ipam",
+			"ipam": map[string]any{
+				"type":           "block-ipam",
+				"etcd_endpoints": l.etcd.Endpoint(),
+				"nodename":       n.name,
+				"assign_ipv4":    "true",
+				"assign_ipv6":    "true",
+				"log_file":       filepath.Join(l.o.dataDir, "block-ipam.log"),
+			},
+		}},
+	}
+	raw, _ := json.Marshal(conf)
+	return libcni.ConfListFromBytes(raw)
+}
+
+func (l *lab) runtimeConf(id string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: id, NetNS: "/var/run/netns/vpplab-" + id, IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "lab"}, {"K8S_POD_NAME", id}}}
+}
+
+// addPods places count pods on n through block-ipam, as a runtime would, a few at a time.
+func (l *lab) addPods(ctx context.Context, n *labNode, count int) error {
+	nc, err := l.netconf(n)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, count)
+	for i := range ids {
+		l.podN++
+		ids[i] = fmt.Sprintf("%s-pod-%d", n.name, l.podN)
+	}
+	errs := make([]error, count)
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			_, errs[i] = l.cni.AddNetworkList(actx, nc, l.runtimeConf(id))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("ADD %s: %w", ids[i], err)
+		}
+		n.pods = append(n.pods, ids[i])
+	}
+	return nil
+}
+
+// delPods removes every pod of n through block-ipam.
+func (l *lab) delPods(ctx context.Context, n *labNode) error {
+	nc, err := l.netconf(n)
+	if err != nil {
+		return err
+	}
+	for _, id := range n.pods {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := l.cni.DelNetworkList(dctx, nc, l.runtimeConf(id))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("DEL %s: %w", id, err)
+		}
+	}
+	n.pods = nil
+	return nil
+}
+
+// releaseBlocks deletes n's empty blocks and their affinities, as removing a node from the cluster does
+// (calicoctl ipam release / node deletion). It refuses a block that still holds addresses.
+func (l *lab) releaseBlocks(ctx context.Context, n *labNode) (int, error) {
+	snap, err := l.snapshot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	released := 0
+	for cidr, b := range snap.Blocks {
+		if b.Owner.Node != n.name {
+			continue
+		}
+		key := calico.BlockKey(cidr)
+		resp, err := l.cli.Get(ctx, key)
+		if err != nil || len(resp.Kvs) != 1 {
+			return released, fmt.Errorf("read %s: %v", key, err)
+		}
+		blk, err := calico.DecodeBlock(resp.Kvs[0].Value)
+		if err != nil {
+			return released, err
+		}
+		if blk.Allocated() > 0 {
+			return released, fmt.Errorf("block %s still holds %d addresses", cidr, blk.Allocated())
+		}
+		txn, err := l.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpDelete(key), clientv3.OpDelete(calico.HostAffinityKey(n.name, cidr))).Commit()
+		if err != nil || !txn.Succeeded {
+			return released, fmt.Errorf("release %s: changed concurrently or %v", cidr, err)
+		}
+		released++
+	}
+	return released, nil
+}
+
+// snapshot lists etcd once, as the agents see it.
+func (l *lab) snapshot(ctx context.Context) (*blockwatch.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return blockwatch.List(ctx, blockwatch.Config{Client: l.cli, LegacyHostAffinity: true, Logger: slog.New(slog.DiscardHandler)})
+}
+
+// fib returns node n's routes inside the lab's pools as "prefix via next-hop", sorted.
+func fib(n *labNode) []string {
+	var out []string
+	for _, r := range n.sim.APIRoutes(0) {
+		if !labPoolV4.CIDR.Contains(r.Prefix.Addr()) && !labPoolV6.CIDR.Contains(r.Prefix.Addr()) {
+			continue
+		}
+		var nhs []string
+		for _, p := range r.Paths {
+			nhs = append(nhs, p.NextHop.String())
+		}
+		out = append(out, r.Prefix.String()+" via "+strings.Join(nhs, ","))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// desired returns what node n's FIB must hold, computed from etcd as the routes subcommand does.
+func desired(snap *blockwatch.Snapshot, n *labNode) []string {
+	routes, _ := agent.Desired(snap, agent.Options{NodeName: n.name})
+	out := make([]string, 0, len(routes))
+	for _, r := range routes {
+		out = append(out, r.Prefix.String()+" via "+r.NextHop.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// converge waits until every node's FIB equals its desired routes; it returns the time it took, or the
+// first difference when the settle timeout runs out.
+func (l *lab) converge(ctx context.Context, since time.Time) (time.Duration, error) {
+	deadline := time.Now().Add(l.o.settle)
+	for {
+		snap, err := l.snapshot(ctx)
+		if err != nil {
+			return 0, err
+		}
+		diff := ""
+		for _, n := range l.nodes {
+			if got, want := fib(n), desired(snap, n); !slices.Equal(got, want) {
+				diff = fmt.Sprintf("%s FIB %q, want %q", n.name, got, want)
+				break
+			}
+		}
+		if diff == "" {
+			return time.Since(since), nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return 0, fmt.Errorf("not converged after %s: %s", l.o.settle, diff)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

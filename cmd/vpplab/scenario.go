@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// scenario plays the lab's steps and returns the number that failed. Every step ends with a check of
+// every node's FIB against the desired state computed from etcd.
+func (l *lab) scenario(ctx context.Context) int {
+	first, last := l.nodes[0], l.nodes[len(l.nodes)-1]
+	second := l.nodes[1]
+
+	l.step(ctx, fmt.Sprintf("start %d agents and wait for /readyz", len(l.nodes)), func() (string, error) {
+		for _, n := range l.nodes {
+			if err := l.startAgent(n); err != nil {
+				return "", err
+			}
+		}
+		return "", l.waitReady(ctx, l.nodes...)
+	})
+
+	l.step(ctx, fmt.Sprintf("place %d pods on every node with block-ipam", l.o.pods), func() (string, error) {
+		for _, n := range l.nodes {
+			if err := l.addPods(ctx, n, l.o.pods); err != nil {
+				return "", err
+			}
+		}
+		return l.blockCounts(ctx)
+	})
+
+	l.step(ctx, fmt.Sprintf("scale up: %d more pods on %s (new blocks)", 3*l.o.pods, first.name), func() (string, error) {
+		before, err := l.ownedBlocks(ctx, first)
+		if err != nil {
+			return "", err
+		}
+		if err := l.addPods(ctx, first, 3*l.o.pods); err != nil {
+			return "", err
+		}
+		after, err := l.ownedBlocks(ctx, first)
+		if err != nil {
+			return "", err
+		}
+		if after <= before {
+			return "", fmt.Errorf("%s claimed no new block (%d before, %d after)", first.name, before, after)
+		}
+		return fmt.Sprintf("%s blocks %d -> %d", first.name, before, after), nil
+	})
+
+	l.step(ctx, fmt.Sprintf("delete %s's pods and release its blocks (routes withdrawn)", last.name), func() (string, error) {
+		if err := l.delPods(ctx, last); err != nil {
+			return "", err
+		}
+		n, err := l.releaseBlocks(ctx, last)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%d blocks released", n), nil
+	})
+
+	l.step(ctx, fmt.Sprintf("restart %s's VPP (routes restored)", first.name), func() (string, error) {
+		oldPID := first.sim.PID()
+		if err := first.sim.Restart(); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("vpe pid %d -> %d", oldPID, first.sim.PID()), nil
+	})
+
+	l.step(ctx, fmt.Sprintf("stop %s's agent (no withdrawal elsewhere)", second.name), func() (string, error) {
+		before := l.routesTo(second)
+		l.stopAgent(second)
+		time.Sleep(2 * time.Second) // time for any wrong withdrawal to show
+		if after := l.routesTo(second); after != before || before == 0 {
+			return "", fmt.Errorf("routes to %s on the other nodes: %d before the stop, %d after", second.name, before, after)
+		}
+		return fmt.Sprintf("%d routes to %s kept on the other nodes", before, second.name), nil
+	})
+
+	l.step(ctx, fmt.Sprintf("restart %s's agent", second.name), func() (string, error) {
+		if err := l.startAgent(second); err != nil {
+			return "", err
+		}
+		return "", l.waitReady(ctx, second)
+	})
+
+	failed := 0
+	for _, s := range l.steps {
+		if !s.pass {
+			failed++
+		}
+	}
+	return failed
+}
+
+// step runs action, then waits for convergence, and records PASS or FAIL with the convergence time.
+func (l *lab) step(ctx context.Context, name string, action func() (string, error)) {
+	if ctx.Err() != nil {
+		l.steps = append(l.steps, stepResult{name: name, detail: "interrupted"})
+		return
+	}
+	l.logf("STEP %s", name)
+	detail, err := action()
+	done := time.Now()
+	res := stepResult{name: name, detail: detail}
+	if err == nil {
+		res.took, err = l.converge(ctx, done)
+	}
+	if err != nil {
+		res.detail = strings.TrimSpace(res.detail + " " + err.Error())
+		l.logf("FAIL %s: %s", name, res.detail)
+	} else {
+		res.pass = true
+		l.logf("PASS %s: FIBs converged %s after the step%s", name, res.took.Round(time.Millisecond), suffix(detail))
+	}
+	l.steps = append(l.steps, res)
+}
+
+func suffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+func (l *lab) ownedBlocks(ctx context.Context, n *labNode) (int, error) {
+	snap, err := l.snapshot(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c := 0
+	for _, b := range snap.Blocks {
+		if b.Owner.Node == n.name {
+			c++
+		}
+	}
+	return c, nil
+}
+
+func (l *lab) blockCounts(ctx context.Context) (string, error) {
+	var parts []string
+	for _, n := range l.nodes {
+		c, err := l.ownedBlocks(ctx, n)
+		if err != nil {
+			return "", err
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d blocks", n.name, c))
+	}
+	return strings.Join(parts, ", "), nil
+}
+
+// routesTo counts the routes on other nodes whose next hop is one of n's peer IPs.
+func (l *lab) routesTo(n *labNode) int {
+	c := 0
+	for _, o := range l.nodes {
+		if o == n {
+			continue
+		}
+		for _, r := range o.sim.APIRoutes(0) {
+			for _, p := range r.Paths {
+				if p.NextHop == n.peer4 || p.NextHop == n.peer6 {
+					c++
+				}
+			}
+		}
+	}
+	return c
+}
+
+// summary prints per node its blocks, peer IPs and FIB, then the steps.
+func (l *lab) summary() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fmt.Fprintln(l.out, "\n== Nodes")
+	snap, err := l.snapshot(ctx)
+	if err != nil {
+		fmt.Fprintf(l.out, "cannot list etcd: %v\n", err)
+		return
+	}
+	for _, n := range l.nodes {
+		var blocks []netip.Prefix
+		for cidr, b := range snap.Blocks {
+			if b.Owner.Node == n.name {
+				blocks = append(blocks, cidr)
+			}
+		}
+		slices.SortFunc(blocks, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		fmt.Fprintf(l.out, "%s  peer %s, %s  metrics http://%s/metrics  log %s\n", n.name, n.peer4, n.peer6, n.metrics, n.logPath)
+		fmt.Fprintf(l.out, "  blocks (%d): %s\n", len(blocks), joinPrefixes(blocks))
+		routes := fib(n)
+		fmt.Fprintf(l.out, "  FIB table 0, routes to other nodes' blocks (%d):\n", len(routes))
+		for _, r := range routes {
+			fmt.Fprintf(l.out, "    %s\n", r)
+		}
+	}
+	fmt.Fprintln(l.out, "\n== Steps")
+	passed := 0
+	for _, s := range l.steps {
+		status := "FAIL"
+		if s.pass {
+			status = "PASS"
+			passed++
+		}
+		took := "-"
+		if s.pass {
+			took = s.took.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(l.out, "%s  %-62s converged in %-8s %s\n", status, s.name, took, s.detail)
+	}
+	fmt.Fprintf(l.out, "\n%d passed, %d failed\n", passed, len(l.steps)-passed)
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, " ")
+}
+
+// printHowTo tells how to look at the running lab.
+func (l *lab) printHowTo() {
+	ep := l.etcd.Endpoint()
+	fmt.Fprintf(l.out, "\n== The lab keeps running (Ctrl-C stops it)\n")
+	fmt.Fprintf(l.out, "etcd:     ETCDCTL_API=3 etcdctl --endpoints=%s get --prefix /calico/ipam/v2/ --keys-only\n", ep)
+	fmt.Fprintf(l.out, "          ETCDCTL_API=3 etcdctl --endpoints=%s get --prefix /vpp-calico/hosts/\n", ep)
+	fmt.Fprintf(l.out, "routes:   %s/vpp-route-agent routes --etcd-endpoints %s --nodename %s\n", l.o.binDir, ep, l.nodes[0].name)
+	for _, n := range l.nodes {
+		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics\n", n.name, n.metrics, n.metrics, n.metrics)
+	}
+}

@@ -1,0 +1,577 @@
+package vppapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.fd.io/govpp/adapter/socketclient"
+	"go.fd.io/govpp/api"
+	interfaces "go.fd.io/govpp/binapi/interface"
+	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/memclnt"
+	"go.fd.io/govpp/binapi/vpe"
+	"go.fd.io/govpp/core"
+)
+
+// clientName is how this agent registers with VPP ("show api clients").
+const clientName = "vpp-route-agent"
+
+// eventBuffer is the capacity of the Events channel.
+const eventBuffer = 64
+
+// healthFailures is how many consecutive unanswered health probes, with no other reply meanwhile, end a
+// connection.
+const healthFailures = 2
+
+// usedMessages are exactly the messages this package sends or receives; Run checks them on every connect.
+func usedMessages() []api.Message {
+	return []api.Message{
+		(*ip.IPRouteAddDel)(nil), (*ip.IPRouteAddDelReply)(nil),
+		(*ip.IPRouteDump)(nil), (*ip.IPRouteDetails)(nil),
+		(*ip.IPTableAddDel)(nil), (*ip.IPTableAddDelReply)(nil),
+		(*ip.IPAddressDump)(nil), (*ip.IPAddressDetails)(nil),
+		(*interfaces.SwInterfaceDump)(nil), (*interfaces.SwInterfaceDetails)(nil),
+		(*interfaces.SwInterfaceSetFlags)(nil), (*interfaces.SwInterfaceSetFlagsReply)(nil),
+		(*interfaces.SwInterfaceAddDelAddress)(nil), (*interfaces.SwInterfaceAddDelAddressReply)(nil),
+		(*vpe.ShowVersion)(nil), (*vpe.ShowVersionReply)(nil),
+		(*memclnt.ControlPing)(nil), (*memclnt.ControlPingReply)(nil),
+	}
+}
+
+// requestMessageNames are the names of the requests this package sends: the msg label values of
+// vpp_route_agent_vpp_api_errors_total.
+func requestMessageNames() []string {
+	var names []string
+	for _, m := range usedMessages() {
+		if m.GetMessageType() == api.RequestMessage {
+			names = append(names, m.GetMessageName())
+		}
+	}
+	return names
+}
+
+// EventKind is the kind of a connection event.
+type EventKind int
+
+// Connection event kinds.
+const (
+	// Connected: a compatible VPP is connected; PID and Version are set, Restarted says whether its pid
+	// differs from the last one seen (VPP restarted, its FIB is empty).
+	Connected EventKind = iota
+	// Disconnected: the connection was lost (Err says why) or Run stopped (Err nil). Calls fail with
+	// ErrNotConnected until the next Connected.
+	Disconnected
+	// Incompatible: VPP lacks messages this package uses; Err is an *IncompatibleError naming them and
+	// the VPP version. Run disconnects and retries with backoff.
+	Incompatible
+)
+
+// String returns the kind's name.
+func (k EventKind) String() string {
+	switch k {
+	case Connected:
+		return "connected"
+	case Disconnected:
+		return "disconnected"
+	case Incompatible:
+		return "incompatible"
+	default:
+		return fmt.Sprintf("EventKind(%d)", int(k))
+	}
+}
+
+// Event is a change of the connection to VPP.
+type Event struct {
+	Kind EventKind
+	// PID is VPP's pid (control_ping's vpe_pid), when known.
+	PID uint32
+	// Version is VPP's version (show_version), when known.
+	Version string
+	// Restarted is set on Connected when VPP's pid differs from the last one seen: VPP restarted and its
+	// FIB is empty.
+	Restarted bool
+	// Err says why the connection ended (Disconnected) or was refused (Incompatible).
+	Err error
+}
+
+// Status is a snapshot of the connection, for health endpoints and logs.
+type Status struct {
+	// Connected is true while a compatible VPP is connected.
+	Connected bool
+	// PID and Version are those of the current or, when disconnected, the last connected VPP.
+	PID     uint32
+	Version string
+	// LastError is why the last connection ended or the last attempt failed; "" if none has.
+	LastError string
+	// Reconnects counts connections established after the first.
+	Reconnects uint64
+}
+
+// Client talks to one VPP over its binary API socket. Run keeps the connection; the other methods use
+// whatever connection is current and fail with ErrNotConnected when there is none. All methods are safe
+// for concurrent use, except that Apply and ApplySync are meant to be called from one goroutine at a time.
+type Client struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	events  chan Event
+	// kick asks Run for a health probe now: an operation saw a send error or a timeout.
+	kick    chan struct{}
+	running atomic.Bool
+	// lastReply is when any operation last received a reply (unix nanoseconds): a busy VPP answering
+	// other requests is alive even if a health probe queued behind them times out.
+	lastReply atomic.Int64
+
+	mu     sync.Mutex
+	sess   *session // current connection, nil when disconnected
+	status Status
+}
+
+// session is one established, checked connection.
+type session struct {
+	conn    *core.Connection
+	pid     uint32
+	version string
+	// ctx is cancelled, with a cause wrapping ErrNotConnected, when the connection ends: requests in
+	// flight on it stop waiting at once.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// New validates cfg, applies its defaults and registers the metrics. It does not connect: Run does.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	m.setConnected(false)
+	return &Client{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "vppapi", "socket", cfg.Socket),
+		metrics: m,
+		events:  make(chan Event, eventBuffer),
+		kick:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Events delivers connection events in order. It is buffered; the consumer must keep reading, or Run
+// blocks on it (until its ctx is done).
+func (c *Client) Events() <-chan Event { return c.events }
+
+// Connected reports whether a compatible VPP is connected right now.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sess != nil
+}
+
+// Status returns a snapshot of the connection state.
+func (c *Client) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// Run owns the connection: it connects, checks compatibility, reads VPP's version and pid, probes the
+// connection's health, and reconnects with capped jittered backoff whenever the connection fails or VPP is
+// incompatible, until ctx is done; then it disconnects and returns nil. It returns an error only if it is
+// already running.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("vppapi: Run is already running")
+	}
+	defer c.running.Store(false)
+
+	bo := backoff{first: c.cfg.ReconnectDelay, max: maxReconnectDelay}
+	var lastPID uint32
+	var lastFailure string
+	connects := 0
+	for {
+		sess, err := c.connect(ctx)
+		if err == nil {
+			bo.reset()
+			lastFailure = ""
+			restarted := lastPID != 0 && sess.pid != lastPID
+			lastPID = sess.pid
+			connects++
+			c.publish(sess, connects > 1)
+			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted)
+			c.emit(ctx, Event{Kind: Connected, PID: sess.pid, Version: sess.version, Restarted: restarted})
+
+			err = c.serve(ctx, sess)
+			c.teardown(sess, err)
+			if err != nil {
+				c.log.Warn("lost connection to VPP", "error", err)
+			}
+			c.emit(ctx, Event{Kind: Disconnected, PID: sess.pid, Version: sess.version, Err: err})
+		} else if ctx.Err() == nil {
+			c.setLastError(err)
+			var incompat *IncompatibleError
+			if errors.As(err, &incompat) {
+				c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
+				c.emit(ctx, Event{Kind: Incompatible, Version: incompat.Version, Err: err})
+			} else if msg := err.Error(); msg != lastFailure {
+				// Logged when the reason changes, not on every retry while VPP is down.
+				c.log.Warn("connecting to VPP failed, retrying", "error", err)
+				lastFailure = msg
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		t := time.NewTimer(bo.next())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// connect establishes a connection, checks it and reads VPP's version and pid. GoVPP's connect is not
+// cancellable, but its handshake is bounded by ReplyTimeout.
+func (c *Client) connect(ctx context.Context) (*session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	adapter := socketclient.NewVppClient(c.cfg.Socket)
+	adapter.SetClientName(clientName)
+	adapter.SetConnectTimeout(c.cfg.ReplyTimeout)
+	conn, err := core.Connect(adapter)
+	if err != nil {
+		return nil, fmt.Errorf("connect to VPP at %s: %w", c.cfg.Socket, err)
+	}
+	sctx, cancel := context.WithCancelCause(context.Background())
+	sess := &session{conn: conn, ctx: sctx, cancel: cancel}
+	fail := func(err error) (*session, error) {
+		cancel(err)
+		conn.Disconnect()
+		return nil, err
+	}
+
+	compatErr := checkCompatibility(conn)
+	sess.version = "unknown"
+	var missing []string
+	var cerr *api.CompatibilityError
+	if errors.As(compatErr, &cerr) {
+		missing = cerr.IncompatibleMessages
+	} else if compatErr != nil {
+		return fail(fmt.Errorf("check VPP API compatibility: %w", compatErr))
+	}
+	if !contains(missing, (*vpe.ShowVersion)(nil), (*vpe.ShowVersionReply)(nil)) {
+		v, err := c.showVersion(ctx, sess)
+		if err != nil {
+			return fail(err)
+		}
+		sess.version = v
+	}
+	if compatErr != nil {
+		return fail(&IncompatibleError{Version: sess.version, Messages: missing, Err: compatErr})
+	}
+	pid, err := c.ping(ctx, sess)
+	if err != nil {
+		return fail(err)
+	}
+	sess.pid = pid
+	return sess, nil
+}
+
+// checkCompatibility runs GoVPP's CheckCompatiblity on exactly the messages this package uses.
+func checkCompatibility(conn *core.Connection) error {
+	ch, err := conn.NewAPIChannel()
+	if err != nil {
+		return fmt.Errorf("open API channel: %w", err)
+	}
+	defer ch.Close()
+	return ch.CheckCompatiblity(usedMessages()...)
+}
+
+// contains reports whether any of msgs is among the name_crc strings of missing.
+func contains(missing []string, msgs ...api.Message) bool {
+	for _, s := range missing {
+		for _, m := range msgs {
+			if s == m.GetMessageName()+"_"+m.GetCrcString() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// showVersion reads VPP's version.
+func (c *Client) showVersion(ctx context.Context, sess *session) (string, error) {
+	reply, err := c.call(ctx, sess, &vpe.ShowVersion{})
+	if err != nil {
+		return "", fmt.Errorf("read VPP version: %w", err)
+	}
+	r, ok := reply.(*vpe.ShowVersionReply)
+	if !ok {
+		return "", fmt.Errorf("read VPP version: unexpected reply %s", reply.GetMessageName())
+	}
+	return r.Version, nil
+}
+
+// ping sends control_ping and returns VPP's pid.
+func (c *Client) ping(ctx context.Context, sess *session) (uint32, error) {
+	reply, err := c.call(ctx, sess, &memclnt.ControlPing{})
+	if err != nil {
+		return 0, fmt.Errorf("ping VPP: %w", err)
+	}
+	r, ok := reply.(*memclnt.ControlPingReply)
+	if !ok {
+		return 0, fmt.Errorf("ping VPP: unexpected reply %s", reply.GetMessageName())
+	}
+	return r.VpePID, nil
+}
+
+// publish makes sess the current connection.
+func (c *Client) publish(sess *session, reconnect bool) {
+	c.mu.Lock()
+	c.sess = sess
+	c.status.Connected = true
+	c.status.PID = sess.pid
+	c.status.Version = sess.version
+	if reconnect {
+		c.status.Reconnects++
+	}
+	c.mu.Unlock()
+	c.metrics.setConnected(true)
+	if reconnect {
+		c.metrics.reconnected()
+	}
+}
+
+// teardown ends sess: new calls fail with ErrNotConnected, calls in flight stop waiting, and the socket
+// is closed.
+func (c *Client) teardown(sess *session, cause error) {
+	c.mu.Lock()
+	if c.sess == sess {
+		c.sess = nil
+	}
+	c.status.Connected = false
+	if cause != nil {
+		c.status.LastError = cause.Error()
+	}
+	c.mu.Unlock()
+	c.metrics.setConnected(false)
+	if cause == nil {
+		sess.cancel(fmt.Errorf("%w: client stopped", ErrNotConnected))
+	} else {
+		sess.cancel(fmt.Errorf("%w: connection lost: %w", ErrNotConnected, cause))
+	}
+	sess.conn.Disconnect()
+}
+
+func (c *Client) setLastError(err error) {
+	c.mu.Lock()
+	c.status.LastError = err.Error()
+	c.mu.Unlock()
+}
+
+// emit delivers ev in order; it blocks while the buffer is full, until ctx is done, after which it only
+// delivers what fits.
+func (c *Client) emit(ctx context.Context, ev Event) {
+	select {
+	case c.events <- ev:
+		return
+	default:
+	}
+	if ctx.Err() != nil {
+		c.log.Warn("event buffer full, dropping event", "kind", ev.Kind)
+		return
+	}
+	select {
+	case c.events <- ev:
+	case <-ctx.Done():
+		c.log.Warn("event buffer full, dropping event", "kind", ev.Kind)
+	}
+}
+
+// serve probes the connection's health until it fails (returning why) or ctx is done (returning nil).
+func (c *Client) serve(ctx context.Context, sess *session) error {
+	ticker := time.NewTicker(c.cfg.HealthInterval)
+	defer ticker.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-c.kick:
+		}
+		sent := time.Now().UnixNano()
+		pid, err := c.ping(ctx, sess)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil && pid != sess.pid:
+			return fmt.Errorf("VPP pid changed from %d to %d", sess.pid, pid)
+		case err == nil:
+			failures = 0
+		case errors.Is(err, ErrTimeout):
+			if c.lastReply.Load() > sent {
+				// VPP answered something else meanwhile: busy, not dead.
+				continue
+			}
+			failures++
+			c.log.Warn("VPP health probe got no reply", "timeout", c.cfg.ReplyTimeout, "failures", failures)
+			if failures >= healthFailures {
+				return fmt.Errorf("VPP not responding: %d health probes unanswered: %w", failures, err)
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// kickHealth asks Run to probe the connection now.
+func (c *Client) kickHealth() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// current returns the current session or ErrNotConnected.
+func (c *Client) current() (*session, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil {
+		return nil, ErrNotConnected
+	}
+	return c.sess, nil
+}
+
+// opContext returns a context for requests on sess: done when ctx is, or when the session ends, with
+// the session's cause. stop releases it.
+func (sess *session) opContext(ctx context.Context) (context.Context, func()) {
+	octx, cancel := context.WithCancelCause(ctx)
+	stopAfter := context.AfterFunc(sess.ctx, func() { cancel(context.Cause(sess.ctx)) })
+	return octx, func() {
+		stopAfter()
+		cancel(nil)
+	}
+}
+
+// newStream opens a GoVPP stream on sess for one operation, replies buffered up to replies.
+func (c *Client) newStream(octx context.Context, sess *session, replies int) (api.Stream, error) {
+	s, err := sess.conn.NewStream(octx,
+		core.WithRequestSize(1), // the Stream API sends directly; its request channel is unused
+		core.WithReplySize(replies),
+		core.WithReplyTimeout(c.cfg.ReplyTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("open stream: %w", err)
+	}
+	return s, nil
+}
+
+// streamError turns a stream's send or receive error into this package's: a lost connection or a
+// failed socket wraps ErrNotConnected, an unanswered request ErrTimeout (both ask Run for a health probe
+// now), a done ctx is its error.
+func (c *Client) streamError(octx context.Context, err error) error {
+	if cause := context.Cause(octx); cause != nil && octx.Err() != nil {
+		if errors.Is(cause, ErrNotConnected) {
+			return cause
+		}
+		return octx.Err()
+	}
+	switch {
+	case errors.Is(err, core.ErrNotConnected):
+		return fmt.Errorf("%w: %w", ErrNotConnected, err)
+	case errors.Is(err, ErrTimeout):
+		c.kickHealth()
+		return fmt.Errorf("no reply within %v: %w", c.cfg.ReplyTimeout, ErrTimeout)
+	case errors.As(err, new(net.Error)):
+		// The socket failed (VPP hung up): the connection is lost, Run will notice at its next probe.
+		c.kickHealth()
+		return fmt.Errorf("%w: %w", ErrNotConnected, err)
+	default:
+		return err
+	}
+}
+
+// call sends one request on its own stream and returns its reply, or an error wrapping api.VPPApiError
+// if the reply's retval is not 0.
+func (c *Client) call(ctx context.Context, sess *session, req api.Message) (api.Message, error) {
+	octx, stop := sess.opContext(ctx)
+	defer stop()
+	s, err := c.newStream(octx, sess, 2)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = s.Close() }()
+	if err := s.SendMsg(req); err != nil {
+		return nil, c.failed(req, c.streamError(octx, err))
+	}
+	reply, err := s.RecvMsg()
+	if err != nil {
+		return nil, c.failed(req, c.streamError(octx, err))
+	}
+	c.noteReply()
+	if err := replyError(reply); err != nil {
+		c.metrics.apiError(req.GetMessageName())
+		return reply, err
+	}
+	return reply, nil
+}
+
+// failed counts err against req's message if VPP did not answer in time, and returns err.
+func (c *Client) failed(req api.Message, err error) error {
+	if errors.Is(err, ErrTimeout) {
+		c.metrics.apiError(req.GetMessageName())
+	}
+	return err
+}
+
+// noteReply records that VPP just answered.
+func (c *Client) noteReply() { c.lastReply.Store(time.Now().UnixNano()) }
+
+// replyError returns the api.VPPApiError of a reply's non-zero retval, else nil.
+func replyError(reply api.Message) error {
+	var rv int32
+	switch r := reply.(type) {
+	case *ip.IPRouteAddDelReply:
+		rv = r.Retval
+	case *ip.IPTableAddDelReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetFlagsReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceAddDelAddressReply:
+		rv = r.Retval
+	case *vpe.ShowVersionReply:
+		rv = r.Retval
+	case *memclnt.ControlPingReply:
+		rv = r.Retval
+	}
+	return api.RetvalToVPPApiError(rv)
+}
+
+// backoff is a capped exponential backoff with equal jitter: each delay is uniformly random in
+// [d/2, d) where d doubles from first up to max.
+type backoff struct {
+	first, max, cur time.Duration
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.first
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	half := b.cur / 2
+	return half + rand.N(b.cur-half+1)
+}
