@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -18,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // repoRoot is the module root, seen from this package's directory (go test runs tests there).
@@ -447,4 +451,265 @@ func TestDeployFilesNameKnownVariables(t *testing.T) {
 			t.Errorf("%v name %s, which is no flag's environment variable in vpp-route-agent --help", where, name)
 		}
 	}
+}
+
+// ---- Kubernetes ----------------------------------------------------------------------------------
+
+// documentSeparator splits a multi-document YAML stream on its "---" lines.
+var documentSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// k8sDocuments parses every YAML document of a file into JSON-shaped values, leaving out empty ones
+// (a leading comment block, a trailing "---").
+func k8sDocuments(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	var docs []map[string]any
+	for i, part := range documentSeparator.Split(string(readFile(t, path)), -1) {
+		j, err := yaml.YAMLToJSON([]byte(part))
+		if err != nil {
+			t.Fatalf("%s: document %d: %v", path, i, err)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(j, &doc); err != nil {
+			t.Fatalf("%s: document %d is not a mapping: %v", path, i, err)
+		}
+		if doc == nil {
+			continue
+		}
+		for _, key := range []string{"apiVersion", "kind"} {
+			if s, _ := doc[key].(string); s == "" {
+				t.Errorf("%s: document %d has no %s", path, i, key)
+			}
+		}
+		docs = append(docs, doc)
+	}
+	return docs
+}
+
+// at walks a JSON-shaped value along map keys and list indexes; nil when the path does not exist.
+func at(v any, path ...any) any {
+	for _, p := range path {
+		switch p := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[p]
+		case int:
+			l, ok := v.([]any)
+			if !ok || p >= len(l) {
+				return nil
+			}
+			v = l[p]
+		}
+	}
+	return v
+}
+
+func list(v any) []any { l, _ := v.([]any); return l }
+
+// named returns the element of a list of objects whose "name" is name.
+func named(l any, name string) any {
+	for _, e := range list(l) {
+		if at(e, "name") == name {
+			return e
+		}
+	}
+	return nil
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	var daemonSets []map[string]any
+	for _, f := range glob(t, "kubernetes/*.yaml") {
+		checkExampleAddresses(t, f, readFile(t, f))
+		for _, doc := range k8sDocuments(t, f) {
+			if ns := at(doc, "metadata", "namespace"); ns != "kube-system" {
+				t.Errorf("%s: %s %v is in namespace %v, want kube-system", f, doc["kind"], at(doc, "metadata", "name"), ns)
+			}
+			if doc["kind"] == "DaemonSet" {
+				daemonSets = append(daemonSets, doc)
+			}
+		}
+	}
+	if len(daemonSets) != 1 {
+		t.Fatalf("found %d DaemonSets, want 1", len(daemonSets))
+	}
+	ds := daemonSets[0]
+	if ds["apiVersion"] != "apps/v1" {
+		t.Errorf("DaemonSet apiVersion %v, want apps/v1", ds["apiVersion"])
+	}
+	spec := at(ds, "spec", "template", "spec")
+	want := func(what string, got, want any) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+
+	want("updateStrategy.type", at(ds, "spec", "updateStrategy", "type"), "RollingUpdate")
+	want("updateStrategy.rollingUpdate.maxUnavailable", at(ds, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable"), 1)
+	want("hostNetwork", at(spec, "hostNetwork"), true)
+	want("dnsPolicy", at(spec, "dnsPolicy"), "ClusterFirstWithHostNet")
+	want("priorityClassName", at(spec, "priorityClassName"), "system-node-critical")
+	want("terminationGracePeriodSeconds", at(spec, "terminationGracePeriodSeconds"), 15)
+	want("securityContext.seccompProfile.type", at(spec, "securityContext", "seccompProfile", "type"), "RuntimeDefault")
+	if len(list(at(spec, "securityContext", "supplementalGroups"))) == 0 {
+		t.Errorf("securityContext.supplementalGroups is empty: the agent needs the vpp group's gid for the API socket")
+	}
+	tolerateAll := false
+	for _, tol := range list(at(spec, "tolerations")) {
+		if at(tol, "operator") == "Exists" && at(tol, "key") == nil && at(tol, "effect") == nil {
+			tolerateAll = true
+		}
+	}
+	if !tolerateAll {
+		t.Errorf("tolerations %v: want one {operator: Exists} without key and effect (tolerate every taint)", at(spec, "tolerations"))
+	}
+	annotations := at(ds, "spec", "template", "metadata", "annotations")
+	want("annotation prometheus.io/scrape", at(annotations, "prometheus.io/scrape"), "true")
+	want("annotation prometheus.io/port", at(annotations, "prometheus.io/port"), "9482")
+	want("annotation prometheus.io/path", at(annotations, "prometheus.io/path"), "/metrics")
+
+	// Volumes: host directories, never the socket file itself.
+	hostPaths := map[string]string{} // volume name -> host path
+	for _, v := range list(at(spec, "volumes")) {
+		if p, ok := at(v, "hostPath", "path").(string); ok {
+			hostPaths[at(v, "name").(string)] = p
+			if strings.HasSuffix(p, ".sock") {
+				t.Errorf("volume %v mounts the socket file %s: mount its directory (VPP recreates the socket)", at(v, "name"), p)
+			}
+			if typ := at(v, "hostPath", "type"); typ != "Directory" && typ != "DirectoryOrCreate" {
+				t.Errorf("hostPath %s has type %v, want Directory or DirectoryOrCreate", p, typ)
+			}
+		}
+	}
+	secretVolume := ""
+	for _, v := range list(at(spec, "volumes")) {
+		if at(v, "secret", "secretName") == "calico-etcd-secrets" {
+			secretVolume = at(v, "name").(string)
+		}
+	}
+	if secretVolume == "" {
+		t.Errorf("no volume of the Secret calico-etcd-secrets")
+	}
+	// mounts maps a container's mount paths to (host path or volume name, read-only).
+	type mount struct {
+		source   string
+		readOnly bool
+	}
+	mounts := func(c any) map[string]mount {
+		out := map[string]mount{}
+		for _, m := range list(at(c, "volumeMounts")) {
+			name := at(m, "name").(string)
+			src := name
+			if p, ok := hostPaths[name]; ok {
+				src = p
+			}
+			ro, _ := at(m, "readOnly").(bool)
+			out[at(m, "mountPath").(string)] = mount{src, ro}
+		}
+		return out
+	}
+
+	containers := list(at(spec, "containers"))
+	if len(containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(containers))
+	}
+	agent := containers[0]
+	image := at(agent, "image")
+	if image == nil || image == "" {
+		t.Errorf("the agent container has no image")
+	}
+
+	// Every container: the hardening of the brief.
+	for _, c := range append(list(at(spec, "initContainers")), containers...) {
+		name := at(c, "name")
+		sc := at(c, "securityContext")
+		want(fmt.Sprintf("%v: allowPrivilegeEscalation", name), at(sc, "allowPrivilegeEscalation"), false)
+		want(fmt.Sprintf("%v: readOnlyRootFilesystem", name), at(sc, "readOnlyRootFilesystem"), true)
+		if drop := list(at(sc, "capabilities", "drop")); !slices.Contains(drop, any("ALL")) {
+			t.Errorf("%v: capabilities.drop = %v, want ALL", name, drop)
+		}
+		if add := at(sc, "capabilities", "add"); add != nil {
+			t.Errorf("%v: capabilities.add = %v, want none", name, add)
+		}
+		if at(sc, "privileged") == true {
+			t.Errorf("%v: privileged", name)
+		}
+		if at(c, "image") != image {
+			t.Errorf("%v: image %v, want the agent's %v (one image holds all binaries)", name, at(c, "image"), image)
+		}
+		if at(c, "resources", "requests", "memory") == nil || at(c, "resources", "limits", "memory") == nil {
+			t.Errorf("%v: want memory requests and limits", name)
+		}
+	}
+
+	// The agent container.
+	sc := at(agent, "securityContext")
+	want("agent runAsNonRoot", at(sc, "runAsNonRoot"), true)
+	if uid, ok := at(sc, "runAsUser").(float64); !ok || uid == 0 {
+		t.Errorf("agent runAsUser = %v, want a non-zero uid", at(sc, "runAsUser"))
+	}
+	want("agent requests.cpu", at(agent, "resources", "requests", "cpu") != nil, true)
+	am := mounts(agent)
+	if m, ok := am["/run/vpp"]; !ok || m.source != "/run/vpp" {
+		t.Errorf("the agent does not mount the host directory /run/vpp at /run/vpp: %v", am)
+	}
+	if m, ok := am["/var/lib/calico"]; !ok || m.source != "/var/lib/calico" || !m.readOnly {
+		t.Errorf("the agent does not mount the host's /var/lib/calico read-only: %v", am)
+	}
+	if m, ok := am["/calico-secrets"]; !ok || m.source != secretVolume || !m.readOnly {
+		t.Errorf("the agent does not mount calico-etcd-secrets read-only at /calico-secrets: %v", am)
+	}
+
+	env := at(agent, "env")
+	want("env NODENAME fieldRef", at(named(env, "NODENAME"), "valueFrom", "fieldRef", "fieldPath"), "spec.nodeName")
+	for name, key := range map[string]string{"ETCD_ENDPOINTS": "etcd_endpoints", "ETCD_CA_CERT_FILE": "etcd_ca",
+		"ETCD_CERT_FILE": "etcd_cert", "ETCD_KEY_FILE": "etcd_key"} {
+		ref := at(named(env, name), "valueFrom", "configMapKeyRef")
+		if at(ref, "name") != "calico-config" || at(ref, "key") != key {
+			t.Errorf("env %s = %v, want configMapKeyRef calico-config/%s", name, ref, key)
+		}
+	}
+	if named(env, "VPP_ROUTE_AGENT_UPLINK_INTERFACE") == nil && named(env, "VPP_ROUTE_AGENT_UPLINK_SW_IF_INDEX") == nil {
+		t.Errorf("env: no uplink (VPP_ROUTE_AGENT_UPLINK_INTERFACE)")
+	}
+	if named(env, "VPP_ROUTE_AGENT_UPLINK_ADDRESS") == nil && named(env, "VPP_ROUTE_AGENT_PEER_IP") == nil {
+		t.Errorf("env: no peer IP (VPP_ROUTE_AGENT_UPLINK_ADDRESS or VPP_ROUTE_AGENT_PEER_IP)")
+	}
+
+	port := named(at(agent, "ports"), "metrics")
+	want("port metrics", at(port, "containerPort"), 9482)
+	for probe, p := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
+		want(probe+" path", at(agent, probe, "httpGet", "path"), p)
+		if p := fmt.Sprint(at(agent, probe, "httpGet", "port")); p != "metrics" && p != "9482" {
+			t.Errorf("%s port %s, want metrics", probe, p)
+		}
+	}
+
+	// The block-ipam installer.
+	var installer any
+	for _, c := range list(at(spec, "initContainers")) {
+		argv := append(list(at(c, "command")), list(at(c, "args"))...)
+		if len(argv) > 0 && path.Base(fmt.Sprint(argv[0])) == "block-ipam" {
+			installer = c
+			want("installer argv", argv, []any{"/usr/local/bin/block-ipam", "install", "--dest", "/host/opt/cni/bin"})
+		}
+	}
+	if installer == nil {
+		t.Fatalf("no initContainer runs block-ipam install")
+	}
+	if m, ok := mounts(installer)["/host/opt/cni/bin"]; !ok || m.source != "/opt/cni/bin" || m.readOnly {
+		t.Errorf("the installer does not mount the host's /opt/cni/bin writable at /host/opt/cni/bin: %v", mounts(installer))
+	}
+
+	t.Run("env names agent flags", func(t *testing.T) {
+		flags := agentFlags(t)
+		for _, e := range list(env) {
+			name := at(e, "name").(string)
+			if _, ok := flags[name]; isAgentVariable(name) && !ok {
+				t.Errorf("env %s is no flag's environment variable in vpp-route-agent --help", name)
+			}
+		}
+	})
 }
