@@ -713,3 +713,130 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	})
 }
+
+// ---- CNI network configurations ------------------------------------------------------------------
+
+// blockIPAMKeys are the keys block-ipam reads from a network configuration's ipam section.
+var blockIPAMKeys = []string{
+	"type", "etcd_endpoints", "etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "nodename",
+	"ipv4_pools", "ipv6_pools", "assign_ipv4", "assign_ipv6", "exclude", "routes", "dns", "resolvConf",
+	"max_blocks_per_host", "result_prefix", "log_file",
+}
+
+// etcdKeys may sit in the ipam section or, as calico-ipam has them, at the plugin's top level.
+var etcdKeys = []string{"etcd_endpoints", "etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "nodename"}
+
+// boolOrString reports whether v is a boolean or the string "true" or "false" (calico-ipam's form).
+func boolOrString(v any) (bool, bool) {
+	switch v := v.(type) {
+	case bool:
+		return v, true
+	case string:
+		b, err := strconv.ParseBool(v)
+		return b, err == nil && (v == "true" || v == "false")
+	}
+	return false, false
+}
+
+func TestCNIConfigs(t *testing.T) {
+	seen := map[string]map[string]any{} // file name -> ipam section
+	for _, f := range glob(t, "cni/*") {
+		if filepath.Ext(f) != ".conflist" {
+			continue
+		}
+		text := readFile(t, f)
+		checkExampleAddresses(t, f, text)
+		var conf map[string]any
+		if err := json.Unmarshal(text, &conf); err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if conf["cniVersion"] != "1.1.0" {
+			t.Errorf("%s: cniVersion %v, want 1.1.0", f, conf["cniVersion"])
+		}
+		if s, _ := conf["name"].(string); s == "" {
+			t.Errorf("%s: no network name", f)
+		}
+		var ipam map[string]any
+		for i, p := range list(conf["plugins"]) {
+			if s, _ := at(p, "type").(string); s == "" {
+				t.Errorf("%s: plugin %d has no type", f, i)
+			}
+			ip, ok := at(p, "ipam").(map[string]any)
+			if !ok {
+				continue
+			}
+			if ipam != nil {
+				t.Errorf("%s: more than one plugin has an ipam section", f)
+			}
+			ipam = ip
+			for _, k := range etcdKeys {
+				if at(p, k) != nil && ip[k] != nil {
+					t.Errorf("%s: %s is both in ipam and at the plugin's top level", f, k)
+				}
+			}
+		}
+		if ipam == nil {
+			t.Errorf("%s: no plugin has an ipam section", f)
+			continue
+		}
+		seen[filepath.Base(f)] = ipam
+		if ipam["type"] != "block-ipam" {
+			t.Errorf("%s: ipam type %v, want block-ipam", f, ipam["type"])
+		}
+		for k, v := range ipam {
+			if !slices.Contains(blockIPAMKeys, k) {
+				t.Errorf("%s: ipam key %q is not one block-ipam reads", f, k)
+				continue
+			}
+			switch k {
+			case "assign_ipv4", "assign_ipv6":
+				if _, ok := boolOrString(v); !ok {
+					t.Errorf("%s: %s = %#v, want true, false, \"true\" or \"false\"", f, k, v)
+				}
+			case "result_prefix":
+				if v != "host" && v != "block" {
+					t.Errorf("%s: result_prefix = %v, want host or block", f, v)
+				}
+			case "exclude":
+				for _, c := range list(v) {
+					p, err := netip.ParsePrefix(fmt.Sprint(c))
+					if err != nil || p != p.Masked() {
+						t.Errorf("%s: exclude %v is not a canonical CIDR (%v)", f, c, err)
+					}
+				}
+			case "ipv4_pools", "ipv6_pools":
+				if len(list(v)) == 0 {
+					t.Errorf("%s: %s = %v, want a non-empty list of CIDRs or IPPool names", f, k, v)
+				}
+			case "max_blocks_per_host":
+				if n, ok := v.(float64); !ok || n < 0 || n != float64(int(n)) {
+					t.Errorf("%s: max_blocks_per_host = %v, want a non-negative integer", f, v)
+				}
+			}
+		}
+	}
+
+	// What each example is there to show.
+	if ipam := seen["10-vpp-bridge.conflist"]; ipam == nil {
+		t.Errorf("cni/10-vpp-bridge.conflist is missing")
+	}
+	if ipam := seen["20-dual-stack.conflist"]; ipam == nil {
+		t.Errorf("cni/20-dual-stack.conflist is missing")
+	} else {
+		if b, _ := boolOrString(ipam["assign_ipv6"]); !b {
+			t.Errorf("20-dual-stack.conflist: assign_ipv6 is not true")
+		}
+		if ipam["ipv4_pools"] == nil || ipam["ipv6_pools"] == nil {
+			t.Errorf("20-dual-stack.conflist: want both ipv4_pools and ipv6_pools")
+		}
+	}
+	if ipam := seen["30-static-ips.conflist"]; ipam == nil {
+		t.Errorf("cni/30-static-ips.conflist is missing")
+	} else if ipam["exclude"] == nil {
+		t.Errorf("30-static-ips.conflist: want exclude")
+	}
+	if conf := readFile(t, "cni/30-static-ips.conflist"); !regexp.MustCompile(`"ips":\s*true`).Match(conf) {
+		t.Errorf("30-static-ips.conflist: want the capability ips")
+	}
+}
