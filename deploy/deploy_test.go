@@ -840,3 +840,74 @@ func TestCNIConfigs(t *testing.T) {
 		t.Errorf("30-static-ips.conflist: want the capability ips")
 	}
 }
+
+// ---- Dockerfile ----------------------------------------------------------------------------------
+
+// TestDockerfile checks what the image promises to the deploy files; Docker itself cannot run here.
+func TestDockerfile(t *testing.T) {
+	df := string(readFile(t, filepath.Join(repoRoot, "Dockerfile")))
+	lines := strings.Split(strings.ReplaceAll(df, "\\\n", " "), "\n") // join continuation lines
+	var froms, users, entrypoints, exposes []string
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			froms = append(froms, l)
+		case "USER":
+			users = append(users, f[1])
+		case "ENTRYPOINT":
+			entrypoints = append(entrypoints, strings.Join(f[1:], " "))
+		case "EXPOSE":
+			exposes = append(exposes, f[1:]...)
+		}
+	}
+	if len(froms) < 2 || !strings.Contains(froms[len(froms)-1], "gcr.io/distroless/static") {
+		t.Errorf("want a multi-stage build ending on distroless/static, got FROM lines %q", froms)
+	}
+	if len(users) == 0 || users[len(users)-1] != "65532:65532" {
+		t.Errorf("USER %v: want the final stage to run as 65532:65532 (numeric, for runAsNonRoot)", users)
+	}
+	if len(entrypoints) == 0 || entrypoints[len(entrypoints)-1] != `["/usr/local/bin/vpp-route-agent"]` {
+		t.Errorf("ENTRYPOINT %v, want [\"/usr/local/bin/vpp-route-agent\"]", entrypoints)
+	}
+	if !slices.Contains(exposes, "9482") {
+		t.Errorf("EXPOSE %v, want 9482 (the metrics port of the DaemonSet)", exposes)
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "COPY go.mod go.sum ./", "go mod download"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+
+	// The version is stamped into a variable that exists.
+	m := regexp.MustCompile(`-X (github\.com/vpp-route-agent/vpp-route-agent/(\S+))\.(\w+)=`).FindStringSubmatch(df)
+	if m == nil {
+		t.Fatalf("no -ldflags -X <module>/<package>.<var>= in the Dockerfile")
+	}
+	pkgDir := filepath.Join(repoRoot, filepath.FromSlash(m[2]))
+	found := false
+	files, _ := filepath.Glob(filepath.Join(pkgDir, "*.go"))
+	for _, f := range files {
+		if regexp.MustCompile(`(?m)^var ` + m[3] + ` = "`).Match(readFile(t, f)) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("-X %s.%s: no string variable %s in %s", m[1], m[3], m[3], pkgDir)
+	}
+
+	// Every binary the DaemonSet runs comes out of the build and into /usr/local/bin.
+	for _, bin := range []string{"vpp-route-agent", "block-ipam", "vppsim"} {
+		if !strings.Contains(df, "./cmd/"+bin) || !strings.Contains(df, "/out/"+bin) {
+			t.Errorf("the Dockerfile does not build ./cmd/%s and copy /out/%s", bin, bin)
+		}
+		t.Run(bin, func(t *testing.T) {
+			if _, err := os.Stat(filepath.Join(repoRoot, "cmd", bin, "main.go")); err != nil {
+				t.Skipf("cmd/%s is not in this tree yet: the Dockerfile's go build would fail until it is merged", bin)
+			}
+		})
+	}
+}
