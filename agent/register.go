@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/netip"
 	"sync/atomic"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -89,23 +89,22 @@ func (r *Registrar) Up() bool { return r.up.Load() }
 // the lease is lost or a key disappears.
 func (r *Registrar) Run(ctx context.Context) error {
 	var lease clientv3.LeaseID
-	delay := 250 * time.Millisecond
+	bo := backoff.Backoff{Base: 250 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		var err error
-		lease, err = r.session(ctx)
+		var registered bool
+		lease, registered, err = r.session(ctx)
 		r.setUp(false)
 		if ctx.Err() != nil {
 			break
 		}
-		r.cfg.Logger.Warn("peer IP registration lost; registering again", "err", err, "retry_in", delay)
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay/2 + rand.N(delay/2+1)):
+		if registered {
+			bo.Reset()
 		}
-		if ctx.Err() != nil {
+		r.cfg.Logger.Warn("peer IP registration lost; registering again", "err", err)
+		if !bo.Wait(ctx) {
 			break
 		}
-		delay = min(delay*2, 5*time.Second)
 	}
 	if r.cfg.Deregister && lease != 0 {
 		rctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
@@ -120,15 +119,15 @@ func (r *Registrar) Run(ctx context.Context) error {
 
 // session grants a lease, puts the keys on it and keeps it alive; it returns when the lease is lost,
 // a key vanished, or ctx is done.
-func (r *Registrar) session(ctx context.Context) (clientv3.LeaseID, error) {
+func (r *Registrar) session(ctx context.Context) (lease clientv3.LeaseID, registered bool, err error) {
 	gctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	grant, err := r.cfg.Client.Grant(gctx, int64(r.cfg.TTL/time.Second))
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("grant lease: %w", err)
+		return 0, false, fmt.Errorf("grant lease: %w", err)
 	}
 	if err := r.put(ctx, grant.ID); err != nil {
-		return grant.ID, err
+		return grant.ID, false, err
 	}
 	r.setUp(true)
 	r.cfg.Logger.Info("registered peer IPs", "node", r.cfg.NodeName, "keys", r.kvs, "ttl", r.cfg.TTL)
@@ -136,7 +135,7 @@ func (r *Registrar) session(ctx context.Context) (clientv3.LeaseID, error) {
 	defer kcancel()
 	ka, err := r.cfg.Client.KeepAlive(kctx, grant.ID)
 	if err != nil {
-		return grant.ID, fmt.Errorf("keep lease alive: %w", err)
+		return grant.ID, true, fmt.Errorf("keep lease alive: %w", err)
 	}
 	check := time.NewTicker(r.cfg.CheckInterval)
 	defer check.Stop()
@@ -144,14 +143,14 @@ func (r *Registrar) session(ctx context.Context) (clientv3.LeaseID, error) {
 		select {
 		case _, ok := <-ka:
 			if !ok {
-				return grant.ID, errors.New("lease keep-alive ended (lease expired or etcd unreachable)")
+				return grant.ID, true, errors.New("lease keep-alive ended (lease expired or etcd unreachable)")
 			}
 		case <-check.C:
 			if err := r.verify(ctx, grant.ID); err != nil {
-				return grant.ID, err
+				return grant.ID, true, err
 			}
 		case <-ctx.Done():
-			return grant.ID, ctx.Err()
+			return grant.ID, true, ctx.Err()
 		}
 	}
 }

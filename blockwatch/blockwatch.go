@@ -41,6 +41,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -161,7 +162,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if w.view != nil {
 		reason = ReasonRestarted
 	}
-	bo := backoff{base: backoffBase, max: backoffMax}
+	bo := backoff.Backoff{Base: backoffBase, Max: backoffMax}
 	for {
 		// A Relist request made before the list starts is served by this list.
 		select {
@@ -174,7 +175,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			w.failed(err)
-			if !w.sleep(ctx, bo.next()) {
+			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
 			continue
@@ -186,13 +187,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		w.setSynced(false)
 		if time.Since(started) >= healthyWatch {
-			bo.reset()
+			bo.Reset()
 		}
 		if err != nil {
 			w.failed(err)
 		}
 		if reason != ReasonRequested && reason != ReasonCompacted {
-			if !w.sleep(ctx, bo.next()) {
+			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
 		}

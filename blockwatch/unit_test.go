@@ -299,23 +299,3 @@ func TestCoalesce(t *testing.T) {
 		t.Errorf("empty coalesce = %+v", got)
 	}
 }
-
-func TestBackoff(t *testing.T) {
-	b := backoff{base: 100 * time.Millisecond, max: 5 * time.Second}
-	prevMax := time.Duration(0)
-	for i := range 40 {
-		d := b.next()
-		hi := min(b.max, b.base<<min(i, 30))
-		if d < hi/2 || d > hi {
-			t.Fatalf("attempt %d: %s outside [%s, %s]", i, d, hi/2, hi)
-		}
-		prevMax = max(prevMax, d)
-	}
-	if prevMax > 5*time.Second {
-		t.Errorf("backoff exceeded its cap: %s", prevMax)
-	}
-	b.reset()
-	if d := b.next(); d > 100*time.Millisecond {
-		t.Errorf("after reset: %s", d)
-	}
-}

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"go.fd.io/govpp/adapter/socketclient"
 	"go.fd.io/govpp/api"
 	interfaces "go.fd.io/govpp/binapi/interface"
@@ -193,14 +193,14 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 
-	bo := backoff{first: c.cfg.ReconnectDelay, max: maxReconnectDelay}
+	bo := backoff.Backoff{Base: c.cfg.ReconnectDelay, Max: maxReconnectDelay}
 	var lastPID uint32
 	var lastFailure string
 	connects := 0
 	for {
 		sess, err := c.connect(ctx)
 		if err == nil {
-			bo.reset()
+			bo.Reset()
 			lastFailure = ""
 			restarted := lastPID != 0 && sess.pid != lastPID
 			lastPID = sess.pid
@@ -230,7 +230,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		t := time.NewTimer(bo.next())
+		t := time.NewTimer(bo.Next())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -556,22 +556,4 @@ func replyError(reply api.Message) error {
 		rv = r.Retval
 	}
 	return api.RetvalToVPPApiError(rv)
-}
-
-// backoff is a capped exponential backoff with equal jitter: each delay is uniformly random in
-// [d/2, d) where d doubles from first up to max.
-type backoff struct {
-	first, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.first
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	half := b.cur / 2
-	return half + rand.N(b.cur-half+1)
 }

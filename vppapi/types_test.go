@@ -154,26 +154,6 @@ func TestResultErr(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	b := backoff{first: 100 * time.Millisecond, max: time.Second}
-	prevCap := time.Duration(0)
-	for i := range 10 {
-		d := b.next()
-		capNow := min(b.first<<i, b.max)
-		if d < capNow/2 || d > capNow {
-			t.Errorf("step %d: delay %v outside [%v, %v]", i, d, capNow/2, capNow)
-		}
-		if capNow < prevCap {
-			t.Errorf("cap shrank")
-		}
-		prevCap = capNow
-	}
-	b.reset()
-	if d := b.next(); d > b.first {
-		t.Errorf("after reset delay %v > first step %v", d, b.first)
-	}
-}
-
 func TestEventKindString(t *testing.T) {
 	for k, want := range map[EventKind]string{Connected: "connected", Disconnected: "disconnected", Incompatible: "incompatible", 9: "EventKind(9)"} {
 		if got := fmt.Sprint(k); got != want {
