@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -32,15 +34,6 @@ type RegistrarConfig struct {
 	CheckInterval time.Duration
 	Logger        *slog.Logger
 	Metrics       *Metrics
-}
-
-// PeerKey returns the key under which node registers its peer IP of addr's family.
-func PeerKey(hostsPrefix, node string, addr netip.Addr) string {
-	fam := "ipv4"
-	if addr.Is6() {
-		fam = "ipv6"
-	}
-	return hostsPrefix + node + "/peerip/" + fam + "/1"
 }
 
 // Registrar keeps this node's peer IPs registered in etcd on a lease for the life of the process.
@@ -70,7 +63,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	}
 	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop()}
 	for _, a := range cfg.PeerIPs {
-		k := PeerKey(cfg.HostsPrefix, cfg.NodeName, a)
+		k := blockwatch.PeerKey(cfg.HostsPrefix, cfg.NodeName, calico.Family(calico.HostPrefix(a)))
 		if _, dup := r.kvs[k]; dup {
 			return nil, fmt.Errorf("registrar: two peer IPs of one family (%s)", k)
 		}
