@@ -1,0 +1,140 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// del releases the addresses of (container, ifname) by handle, never by prevResult (libcni sends none
+// when its cache is gone) and without the netns. Released ordinals go to the tail of their block's
+// FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
+// transaction. Nothing to release is success, and an emptied block keeps its affinity.
+func (c *call) del(ctx context.Context, args *skel.CmdArgs) error {
+	lock, err := c.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer lock.release()
+	handle := handleID(c.conf.Network, args.ContainerID)
+	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
+		return c.delAttempt(ctx, handle, args.IfName)
+	})
+}
+
+func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
+	v, err := c.newView(ctx, handle, readSpec{handle: true})
+	if err != nil {
+		return err
+	}
+	if v.handle == nil {
+		c.log.Debug("no handle: nothing to release", "handle", handle)
+		return nil
+	}
+	if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
+		return err
+	}
+	h, changed, err := v.releaseHandle(handle, func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname })
+	if err != nil || !changed {
+		return err
+	}
+	return v.commit(ctx, h)
+}
+
+// releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that
+// match accepts, and returns the handle corrected to the allocations that remain, and whether
+// anything changed.
+func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
+	h := calico.NewHandle()
+	changed := false
+	for k, n := range v.handle.Block {
+		p, err := netip.ParsePrefix(k)
+		if err != nil {
+			v.log.Warn("dropping unparseable block from handle", "handle", handle, "block", k)
+			changed = true
+			continue
+		}
+		cidr := calico.Canonical(p)
+		if err := v.bad[cidr]; err != nil {
+			return nil, false, fmt.Errorf("release %s from %s: %w", handle, cidr, err)
+		}
+		e := v.blocks[cidr]
+		if e == nil {
+			// The block is gone: the handle cannot hold anything in it.
+			changed = true
+			continue
+		}
+		mine := func(a *calico.AllocationAttribute) bool { return a.Handle() == handle }
+		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
+			if err := e.b.Release(ords...); err != nil {
+				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)
+			}
+			e.dirty = true
+			changed = true
+		}
+		left := len(e.b.Ordinals(mine))
+		if left != n {
+			changed = true
+		}
+		if left > 0 {
+			h.Block[cidr.String()] = left
+		}
+	}
+	return h, changed, nil
+}
+
+// check verifies that the handle exists and holds, for this interface, every prevResult address that
+// lies in the pools.
+func (c *call) check(ctx context.Context, args *skel.CmdArgs) error {
+	handle := handleID(c.conf.Network, args.ContainerID)
+	return c.retry(ctx, "CHECK "+handle, func(ctx context.Context) error {
+		v, err := c.newView(ctx, handle, readSpec{handle: true, pools: true})
+		if err != nil {
+			return err
+		}
+		if v.handle == nil {
+			return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", args.ContainerID, c.conf.Network, handle)
+		}
+		if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
+			return err
+		}
+		held := v.held(handle, args.IfName)
+		if len(held) == 0 {
+			return withCode(ErrCheckFailed, "handle %s holds no address for interface %s", handle, args.IfName)
+		}
+		if c.conf.PrevResult == nil {
+			return nil
+		}
+		prev, err := current.NewResultFromResult(c.conf.PrevResult)
+		if err != nil {
+			return configError("prevResult", "%v", err)
+		}
+		pools, err := v.selectPools(false)
+		if err != nil {
+			return err
+		}
+		for _, ip := range prev.IPs {
+			addr, ok := netip.AddrFromSlice(ip.Address.IP)
+			if !ok {
+				continue
+			}
+			addr = addr.Unmap()
+			if !inPools(netip.PrefixFrom(addr, addr.BitLen()), pools[familyOf(addr)]) {
+				continue
+			}
+			found := false
+			for _, a := range held {
+				found = found || a.addr == addr
+			}
+			if !found {
+				return withCode(ErrCheckFailed, "prevResult address %s is not held by handle %s for interface %s", addr, handle, args.IfName)
+			}
+		}
+		return nil
+	})
+}
