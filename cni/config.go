@@ -9,7 +9,6 @@
 package cni
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,8 +53,8 @@ type IPAMConf struct {
 
 	IPv4Pools  []string  `json:"ipv4_pools"`
 	IPv6Pools  []string  `json:"ipv6_pools"`
-	AssignIPv4 *flexBool `json:"assign_ipv4"`
-	AssignIPv6 *flexBool `json:"assign_ipv6"`
+	AssignIPv4 json.RawMessage `json:"assign_ipv4"`
+	AssignIPv6 json.RawMessage `json:"assign_ipv6"`
 	Exclude    []string  `json:"exclude"`
 
 	Routes     []*types.Route `json:"routes"`
@@ -102,19 +101,18 @@ type NetConf struct {
 	LegacyAttachments *[]types.GCAttachment `json:"cni.dev/attachments"`
 }
 
-// flexBool accepts Calico's "true"/"false" strings as well as JSON booleans.
-type flexBool bool
-
-func (b *flexBool) UnmarshalJSON(data []byte) error {
-	switch strings.ToLower(strings.Trim(string(data), `"`)) {
-	case "true":
-		*b = true
-	case "false":
-		*b = false
-	default:
-		return fmt.Errorf("want \"true\" or \"false\", got %s", data)
+// parseBool accepts Calico's "true"/"false" strings as well as JSON booleans; absent gives def.
+func parseBool(raw json.RawMessage, field string, def bool) (bool, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return def, nil
 	}
-	return nil
+	switch strings.ToLower(strings.Trim(string(raw), `"`)) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, configError(field, "want \"true\" or \"false\", got %s", raw)
 }
 
 // Family indexes per-family settings.
@@ -190,8 +188,8 @@ type Config struct {
 // *types.Error with code 7 naming the field (4 for a malformed CNI_ARGS).
 func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostname func() (string, error)) (*Config, error) {
 	var n NetConf
-	dec := json.NewDecoder(bytes.NewReader(stdin))
-	if err := dec.Decode(&n); err != nil {
+	err := json.Unmarshal(stdin, &n)
+	if err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			return nil, configError(te.Field, "%v", err)
@@ -265,12 +263,11 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 	}
 
 	// Pools and families.
-	c.Assign = [2]bool{true, false}
-	if im.AssignIPv4 != nil {
-		c.Assign[V4] = bool(*im.AssignIPv4)
+	if c.Assign[V4], err = parseBool(im.AssignIPv4, "ipam.assign_ipv4", true); err != nil {
+		return nil, err
 	}
-	if im.AssignIPv6 != nil {
-		c.Assign[V6] = bool(*im.AssignIPv6)
+	if c.Assign[V6], err = parseBool(im.AssignIPv6, "ipam.assign_ipv6", false); err != nil {
+		return nil, err
 	}
 	for f, list := range [2][]string{im.IPv4Pools, im.IPv6Pools} {
 		field := "ipam." + Family(f).String() + "_pools"
@@ -369,7 +366,8 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 	}
 
 	// Specific addresses: capability ips, then args.cni.ips, then CNI_ARGS IP=.
-	args, err := parseCNIArgs(cniArgs)
+	var args map[string]string
+	args, err = parseCNIArgs(cniArgs)
 	if err != nil {
 		return nil, err
 	}
