@@ -51,11 +51,11 @@ type IPAMConf struct {
 	Nodename       string `json:"nodename"`
 	NodenameFile   string `json:"nodename_file"`
 
-	IPv4Pools  []string  `json:"ipv4_pools"`
-	IPv6Pools  []string  `json:"ipv6_pools"`
+	IPv4Pools  []string        `json:"ipv4_pools"`
+	IPv6Pools  []string        `json:"ipv6_pools"`
 	AssignIPv4 json.RawMessage `json:"assign_ipv4"`
 	AssignIPv6 json.RawMessage `json:"assign_ipv6"`
-	Exclude    []string  `json:"exclude"`
+	Exclude    []string        `json:"exclude"`
 
 	Routes     []*types.Route `json:"routes"`
 	DNS        *types.DNS     `json:"dns"`
