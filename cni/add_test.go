@@ -198,7 +198,7 @@ func TestCheck(t *testing.T) {
 	wantCode(t, check("10.244.99.1/32"), cni.ErrCheckFailed, "10.244.99.1")
 
 	// Released behind the runtime's back (another runtime instance, no shared cache): CHECK fails.
-	other := libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, t.TempDir(), nil)
+	other := newRuntime(t.TempDir())
 	if err := other.DelNetworkList(ctx, list, rt("c1", "eth0")); err != nil {
 		t.Fatal(err)
 	}

@@ -95,10 +95,12 @@ type NetConf struct {
 		} `json:"cni"`
 	} `json:"args"`
 
-	// ValidAttachments is GC's list; nil means the key is absent ("no information").
-	ValidAttachments *[]types.GCAttachment `json:"cni.dev/valid-attachments"`
+	// ValidAttachments is GC's list, raw so that an absent key ("no information": release nothing)
+	// is told from a present one; null, which libcni sends for GC args without attachments, is an
+	// empty list.
+	ValidAttachments json.RawMessage `json:"cni.dev/valid-attachments"`
 	// LegacyAttachments is the key libcni also sends (spec erratum, cni#1101).
-	LegacyAttachments *[]types.GCAttachment `json:"cni.dev/attachments"`
+	LegacyAttachments json.RawMessage `json:"cni.dev/attachments"`
 }
 
 // parseBool accepts Calico's "true"/"false" strings as well as JSON booleans; absent gives def.
@@ -408,11 +410,18 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		}
 		c.PrevResult = n.PrevResult
 	}
-	switch {
-	case n.ValidAttachments != nil:
-		c.ValidAttachments, c.HaveAttachments = *n.ValidAttachments, true
-	case n.LegacyAttachments != nil:
-		c.ValidAttachments, c.HaveAttachments = *n.LegacyAttachments, true
+	for _, a := range []struct {
+		field string
+		raw   json.RawMessage
+	}{{"cni.dev/valid-attachments", n.ValidAttachments}, {"cni.dev/attachments", n.LegacyAttachments}} {
+		if len(a.raw) == 0 {
+			continue
+		}
+		if err := json.Unmarshal(a.raw, &c.ValidAttachments); err != nil {
+			return nil, configError(a.field, "%v", err)
+		}
+		c.HaveAttachments = true
+		break
 	}
 	return c, nil
 }

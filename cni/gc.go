@@ -85,6 +85,9 @@ func (c *call) gc(ctx context.Context) (int, error) {
 		}
 	}
 
+	if c.pause != nil && len(stale) > 0 {
+		c.pause(ctx)
+	}
 	cidrs := make([]netip.Prefix, 0, len(stale))
 	for cidr := range stale {
 		cidrs = append(cidrs, cidr)

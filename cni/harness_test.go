@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -72,7 +74,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	srv, cli := etcdtest.Start(t)
 	e := &env{t: t, srv: srv, cli: cli, tmp: t.TempDir()}
-	e.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(e.tmp, "cache"), nil)
+	e.cni = newRuntime(filepath.Join(e.tmp, "cache"))
 	t.Cleanup(func() { e.checkInvariants() })
 	return e
 }
@@ -138,6 +140,13 @@ func checkAgentView(t *testing.T, kvs map[string][]byte, s *ipamcheck.Snapshot) 
 			t.Errorf("borrowed %s: agent routes it to %q, allocation says %q", a, got[a], n)
 		}
 	}
+}
+
+// newRuntime returns a libcni runtime with its own result cache. Its exec is set here: libcni's lazy
+// default is not safe for concurrent calls.
+func newRuntime(cacheDir string) *libcni.CNIConfig {
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, cacheDir, exec)
 }
 
 // netOpts builds a network configuration list for block-ipam as the only plugin.

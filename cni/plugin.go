@@ -36,8 +36,9 @@ const (
 )
 
 // PauseEnv names the test hook: when set to a duration, the plugin writes "block-ipam: test pause
-// before commit" to stderr and sleeps that long between its reads and its write, so that a test can
-// kill it there. Never set it in production.
+// before commit" to stderr and sleeps that long between its reads and its write (GC: between its
+// snapshot and its releases), so that a test can kill it or change the data there. Never set it in
+// production.
 const PauseEnv = "BLOCK_IPAM_TEST_PAUSE"
 
 // maxAttempts bounds the retries of one operation (Calico allows 100); the deadline usually ends
