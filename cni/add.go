@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -52,16 +53,38 @@ func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, er
 }
 
 func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
-	v, err := c.newView(ctx, handle, readSpec{handle: true, config: true, pools: true, affinity: true})
-	if err != nil {
-		return nil, err
+	spec := readSpec{handle: true, config: true, pools: true, affinity: true, hint: c.cache.hint()}
+	attr := c.attribute(handle, ifname)
+	var v *view
+	if fast := c.cachedView(handle, c.conf.families()...); fast != nil && len(c.conf.RequestedIPs) == 0 {
+		// One round trip: assign from the remembered blocks, or read the current state instead.
+		if got, used, ok := fast.assignCurrent(attr); ok {
+			r := c.reads(handle, spec)
+			res, err := fast.commit(ctx, handleWith(nil, got), r.ops)
+			if err == nil {
+				c.remember(fast, used)
+				return got, nil
+			}
+			if !errors.Is(err, errConflict) {
+				return nil, err
+			}
+			if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+				return nil, err
+			}
+			c.log.Debug("node cache is stale; continuing from the state read instead")
+		}
+	}
+	if v == nil {
+		var err error
+		if v, err = c.newView(ctx, handle, spec); err != nil {
+			return nil, err
+		}
 	}
 	auto, err := v.selectPools(true)
 	if err != nil {
 		return nil, err
 	}
-	need := append(handleBlocks(v.handle), v.affineCIDRs(auto)...)
-	if err := v.loadBlocks(ctx, need); err != nil {
+	if err := v.loadBlocks(ctx, append(handleBlocks(v.handle), v.affineCIDRs(auto)...)); err != nil {
 		return nil, err
 	}
 	if held := v.held(handle, ifname); len(held) > 0 {
@@ -69,8 +92,8 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 		return held, nil
 	}
 
-	attr := c.attribute(handle, ifname)
 	var got []allocation
+	used := map[Family]netip.Prefix{}
 	if len(c.conf.RequestedIPs) > 0 {
 		all, err := v.selectPools(false)
 		if err != nil {
@@ -93,23 +116,51 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 				return nil, err
 			}
 			got = append(got, a)
+			if v.ownedByNode(v.blocks[a.block].b) {
+				used[f] = a.block
+			}
 		}
 	}
-
-	h := calico.NewHandle()
-	if v.handle != nil {
-		for k, n := range v.handle.Block {
-			h.Block[k] = n
-		}
-	}
-	for _, a := range got {
-		h.Add(a.block, 1)
-	}
-	if err := v.commit(ctx, h); err != nil {
+	if _, err := v.commit(ctx, handleWith(v.handle, got), nil); err != nil {
 		return nil, err
 	}
+	c.remember(v, used)
 	sortAllocations(got)
 	return got, nil
+}
+
+// handleWith returns a copy of h (nil: a new handle) that also counts the allocations.
+func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
+	out := calico.NewHandle()
+	if h != nil {
+		for k, n := range h.Block {
+			out.Block[k] = n
+		}
+	}
+	for _, a := range allocs {
+		out.Add(a.block, 1)
+	}
+	return out
+}
+
+// assignCurrent assigns one address in each family ADD assigns from the block loaded for it (the
+// node cache's current block); ok is false when any of them is not the node's or has no room.
+func (v *view) assignCurrent(attr calico.AllocationAttribute) ([]allocation, map[Family]netip.Prefix, bool) {
+	var got []allocation
+	used := map[Family]netip.Prefix{}
+	for cidr, e := range v.blocks {
+		if e == nil || !v.ownedByNode(e.b) {
+			return nil, nil, false
+		}
+		a, ok := v.assignFrom(e, attr)
+		if !ok {
+			return nil, nil, false
+		}
+		got = append(got, a)
+		used[familyOf(cidr.Addr())] = cidr
+	}
+	sortAllocations(got)
+	return got, used, len(got) > 0
 }
 
 // selectPools returns the pools of each family: the configured ones (by name or CIDR; a CIDR no

@@ -165,6 +165,33 @@ func TestTwoInterfaces(t *testing.T) {
 	}
 }
 
+// TestDelHandleElsewhere: DEL derives the handle's value from the node cache's block; when the
+// handle also holds an address in another block the guess is wrong, the conditional write fails, and
+// DEL continues from what etcd really holds, releasing exactly this interface's address.
+func TestDelHandleElsewhere(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.9.0.0/28", 30)
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
+	for _, c := range []string{"x1", "x2", "x3"} {
+		e.mustAdd(list, rt(c, "eth0")) // fills c1's block
+	}
+	second := addrs(e.mustAdd(list, rt("c1", "net1")))[0].Addr()
+	blockA, blockB := netip.PrefixFrom(first, 30).Masked(), netip.PrefixFrom(second, 30).Masked()
+	if blockA == blockB {
+		t.Fatalf("net1 got %s in the full block %s", second, blockA)
+	}
+	e.mustDel(list, rt("c1", "net1"))
+	h := e.snapshot().Handles["net1.c1"]
+	if h == nil || h.Count() != 1 || h.Block[blockA.String()] != 1 {
+		t.Fatalf("after DEL net1 the handle is %+v, want {%s: 1}", h, blockA)
+	}
+	e.mustDel(list, rt("c1", "eth0"))
+	if _, ok := e.snapshot().Handles["net1.c1"]; ok {
+		t.Fatal("handle left after both DELs")
+	}
+}
+
 // TestCheck: CHECK passes while the reservation exists and fails with 103 when it is gone or when
 // prevResult names an address of the pools the handle does not hold; addresses outside the pools are
 // not the IPAM's business.

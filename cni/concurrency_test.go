@@ -264,18 +264,9 @@ func mapsEqualInt64(a, b map[string]int64) bool {
 
 var roundTripsRe = regexp.MustCompile(`msg=(ADD|DEL) .*etcd_round_trips=(\d+)`)
 
-// TestRoundTrips: ADD takes 3 etcd round trips in the common path (read state, read the node's
-// blocks, write) and when claiming the node's first block (read state, list blocks, write); a
-// repeated ADD 2; DEL 3. Counted by the plugin's client, one HTTP request each.
-func TestRoundTrips(t *testing.T) {
-	e := newEnv(t)
-	e.putPool("p", "10.244.0.0/16", 26)
-	logFile := filepath.Join(e.tmp, "plugin.log")
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
-	e.mustAdd(list, rt("c1", "eth0")) // claims the block
-	e.mustAdd(list, rt("c2", "eth0"))
-	e.mustAdd(list, rt("c2", "eth0")) // idempotent
-	e.mustDel(list, rt("c2", "eth0"))
+// roundTrips returns "VERB=n" for each call logged in the plugin's log file.
+func roundTrips(t *testing.T, logFile string) []string {
+	t.Helper()
 	f, err := os.Open(logFile)
 	if err != nil {
 		t.Fatal(err)
@@ -288,9 +279,69 @@ func TestRoundTrips(t *testing.T) {
 			got = append(got, m[1]+"="+m[2])
 		}
 	}
-	want := []string{"ADD=3", "ADD=3", "ADD=2", "DEL=3"}
+	return got
+}
+
+// TestRoundTrips: with the node cache warm, ADD takes one etcd round trip (a write conditional on
+// the remembered block), a repeated ADD one (the same transaction's failure branch reads the handle),
+// DEL one (a write conditional on the handle's value derived from the remembered block); claiming the
+// node's first block takes three (read state, list blocks, write). Counted by the plugin's client,
+// one HTTP request each.
+func TestRoundTrips(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	e.mustAdd(list, rt("c1", "eth0")) // claims the block
+	e.mustAdd(list, rt("c2", "eth0"))
+	e.mustAdd(list, rt("c2", "eth0")) // idempotent
+	e.mustDel(list, rt("c2", "eth0"))
+	got := roundTrips(t, logFile)
+	want := []string{"ADD=3", "ADD=1", "ADD=1", "DEL=1"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("round trips %v, want %v (claim, common ADD, repeated ADD, DEL)", got, want)
 	}
 	t.Logf("etcd round trips: claim ADD %s, common ADD %s, repeated ADD %s, DEL %s", got[0], got[1], got[2], got[3])
+}
+
+// TestNodeCacheIsOnlyAHint: the node cache never decides anything etcd does not confirm. When another
+// node writes the remembered block, when the remembered block's pool is disabled, or when the cache
+// file is garbage, ADD still gives a correct address, at the cost of one more round trip.
+func TestNodeCacheIsOnlyAHint(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("a", "10.244.0.0/16", 26)
+	e.putPool("b", "10.245.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
+	if !mustPrefix("10.244.0.0/16").Contains(first) {
+		t.Fatalf("first ADD %s, want pool a", first)
+	}
+	e.mustAdd(list, rt("c2", "eth0")) // warm: one round trip
+
+	// node2 borrows an address of node1's block: the cached block is stale.
+	block := netip.PrefixFrom(first, 26).Masked()
+	borrowed, _ := calico.OrdinalAddr(block, 2)
+	e.mustAdd(e.list(netOpts{ipam: e.ipam("node2", nil)}), rt("n2", "eth0", [2]string{"IP", borrowed.String()}))
+	if got := addrs(e.mustAdd(list, rt("c3", "eth0")))[0].Addr(); got == borrowed {
+		t.Fatalf("ADD with a stale cache handed out %s, borrowed by node2", got)
+	}
+
+	// Pool a disabled: allocation moves to pool b at once, cache or no cache.
+	e.putPool("a", "10.244.0.0/16", 26, func(p *calico.IPPool) { p.Disabled = true })
+	if got := addrs(e.mustAdd(list, rt("c4", "eth0")))[0].Addr(); !mustPrefix("10.245.0.0/16").Contains(got) {
+		t.Fatalf("ADD after pool a was disabled gave %s", got)
+	}
+
+	// A garbage cache file is ignored.
+	if err := os.WriteFile(filepath.Join(e.tmp, "node1.lock.net1.cache"), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.mustAdd(list, rt("c5", "eth0"))
+
+	got := roundTrips(t, logFile)
+	want := []string{"ADD=3", "ADD=1", "ADD=2", "ADD=3", "ADD=3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("round trips %v, want %v (claim, warm, stale block, claim in pool b, no usable cache)", got, want)
+	}
 }

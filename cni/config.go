@@ -140,6 +140,17 @@ func familyOf(a netip.Addr) Family {
 	return V6
 }
 
+// families returns the families ADD assigns.
+func (c *Config) families() []Family {
+	var out []Family
+	for _, f := range []Family{V4, V6} {
+		if c.Assign[f] {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // PoolRef names a pool in the configuration: a CIDR or the name of a Calico IPPool.
 type PoolRef struct {
 	CIDR netip.Prefix // set when the reference is a CIDR

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -28,9 +29,49 @@ func (c *call) del(ctx context.Context, args *skel.CmdArgs) error {
 }
 
 func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
-	v, err := c.newView(ctx, handle, readSpec{handle: true})
-	if err != nil {
-		return err
+	spec := readSpec{handle: true, hint: c.cache.hint()}
+	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
+	var v *view
+	var err error
+	if fast := c.cachedView(handle); fast != nil {
+		// One round trip: the handle's value is derived from the remembered blocks and the write is
+		// conditional on exactly that value; if the handle holds anything else (or the blocks
+		// changed) the same transaction reads the current state instead.
+		guess := calico.NewHandle()
+		for cidr, e := range fast.blocks {
+			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.Handle() == handle })); n > 0 {
+				guess.Add(cidr, n)
+			}
+		}
+		if len(guess.Block) > 0 {
+			fast.handle = guess
+			if fast.handleValue, err = calico.EncodeHandle(guess); err != nil {
+				return err
+			}
+			h, changed, err := fast.releaseHandle(handle, match)
+			if err != nil {
+				return err
+			}
+			if changed {
+				r := c.reads(handle, spec)
+				res, err := fast.commit(ctx, h, r.ops)
+				if err == nil {
+					c.remember(fast, nil)
+					return nil
+				}
+				if !errors.Is(err, errConflict) {
+					return err
+				}
+				if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if v == nil {
+		if v, err = c.newView(ctx, handle, spec); err != nil {
+			return err
+		}
 	}
 	if v.handle == nil {
 		c.log.Debug("no handle: nothing to release", "handle", handle)
@@ -39,11 +80,15 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 	if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
 		return err
 	}
-	h, changed, err := v.releaseHandle(handle, func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname })
+	h, changed, err := v.releaseHandle(handle, match)
 	if err != nil || !changed {
 		return err
 	}
-	return v.commit(ctx, h)
+	if _, err := v.commit(ctx, h, nil); err != nil {
+		return err
+	}
+	c.remember(v, nil)
+	return nil
 }
 
 // releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that

@@ -1,42 +1,50 @@
 package cni
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// etcdClient speaks etcd's v3 KV API through the JSON gRPC gateway every etcd v3.4+ member serves on
-// its client URL (POST /v3/kv/txn; enabled unless etcd runs with --enable-grpc-gateway=false).
+// etcdClient speaks etcd's v3 KV API through the JSON gRPC gateway that every etcd v3.4+ member
+// serves on its client URL (POST /v3/kv/txn; on unless etcd runs with --enable-grpc-gateway=false).
 //
-// Why not clientv3: a CNI plugin is a process per call, and the clientv3/gRPC/protobuf stack costs
-// ~9 ms of start-up per exec on the reference machine (package init and a 22 MB binary), against ~3.5
-// ms for net/http. Every call here is one HTTP/1.1 request on one kept-alive connection, so the number
-// of requests is the number of etcd round trips, which roundTrips counts.
+// Why not clientv3: a CNI plugin is a process per call. Measured on the reference machine, a binary
+// built on clientv3/gRPC spends ~9 ms starting (package init, a 22 MB binary) against ~3.5 ms, and
+// even a bare gRPC call from a fresh process takes ~2.9 ms (HTTP/2 set-up) against ~1.8 ms for one
+// HTTP/1.1 request. So the client writes HTTP/1.1 itself on one kept-alive connection (see
+// httpwire.go): one request is one etcd round trip, which roundTrips counts.
 //
 // Only transactions are used: a read is a transaction of range operations, so several reads cost one
-// round trip, and every write is a transaction with compares.
+// round trip, and every write is a transaction with compares. The client is meant for the one
+// goroutine of a plugin call; a mutex keeps concurrent use safe anyway.
 type etcdClient struct {
-	endpoints []string // base URLs, e.g. "https://10.0.0.1:2379"
-	http      *http.Client
-	// callTimeout bounds each round trip within the caller's deadline.
+	endpoints   []endpoint
+	tls         *tls.Config
 	callTimeout time.Duration
-	// cur is the index of the endpoint that answered last; tried first.
-	cur atomic.Int32
-	// roundTrips counts HTTP requests sent to etcd (including failed ones).
+	// roundTrips counts requests sent to etcd (including failed ones).
 	roundTrips atomic.Int64
+
+	mu   sync.Mutex // guards the fields below
+	cur  int        // endpoint that answered last; tried first
+	conn *httpConn  // open connection to endpoints[cur], nil when none
+}
+
+// endpoint is a parsed etcd client URL.
+type endpoint struct {
+	url  string // as configured, for messages
+	host string // host:port
+	tls  bool
 }
 
 // etcdTLS names the PEM files of an etcd TLS client configuration; all empty means no client
@@ -45,26 +53,29 @@ type etcdTLS struct {
 	CACertFile, CertFile, KeyFile string
 }
 
-// newEtcdClient returns a client of the endpoints. It opens no connection.
+// newEtcdClient returns a client of the endpoints (validated http:// or https:// URLs). It opens no
+// connection.
 func newEtcdClient(endpoints []string, tlsFiles etcdTLS, callTimeout time.Duration) (*etcdClient, error) {
-	tr := &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: callTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     30 * time.Second,
-		DisableCompression:  true,
-		// HTTP/1.1 keeps start-up light; one request at a time per process needs nothing more.
-		ForceAttemptHTTP2:   false,
-		TLSHandshakeTimeout: callTimeout,
+	c := &etcdClient{callTimeout: callTimeout}
+	for _, e := range endpoints {
+		u, err := url.Parse(e)
+		if err != nil {
+			return nil, configError("etcd_endpoints", "%q: %v", e, err)
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host += ":2379"
+		}
+		c.endpoints = append(c.endpoints, endpoint{url: e, host: host, tls: u.Scheme == "https"})
 	}
 	if tlsFiles != (etcdTLS{}) {
 		cfg, err := loadTLS(tlsFiles)
 		if err != nil {
 			return nil, err
 		}
-		tr.TLSClientConfig = cfg
+		c.tls = cfg
 	}
-	return &etcdClient{endpoints: endpoints, http: &http.Client{Transport: tr}, callTimeout: callTimeout}, nil
+	return c, nil
 }
 
 // loadTLS builds the TLS configuration from PEM files; errors name the file's configuration key.
@@ -97,14 +108,22 @@ func loadTLS(f etcdTLS) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// close releases idle connections.
-func (c *etcdClient) close() { c.http.CloseIdleConnections() }
+// close closes the connection.
+func (c *etcdClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil {
+		c.conn.close()
+		c.conn = nil
+	}
+}
 
-// cmpTarget and cmpResult are the names of etcd's Compare enums in the gateway's JSON.
+// Names of etcd's Compare enums in the gateway's JSON.
 const (
 	targetVersion = "VERSION"
 	targetCreate  = "CREATE"
 	targetMod     = "MOD"
+	targetValue   = "VALUE"
 
 	resultEqual = "EQUAL"
 	resultLess  = "LESS"
@@ -113,74 +132,72 @@ const (
 // compare is one etcd Compare: target(key) result value, over [key, rangeEnd) when rangeEnd is set
 // (then every key in the range must satisfy it; an empty range compares as a missing key).
 type compare struct {
-	Result         string `json:"result,omitempty"`
-	Target         string `json:"target,omitempty"`
-	Key            []byte `json:"key"`
-	RangeEnd       []byte `json:"range_end,omitempty"`
-	Version        *int64 `json:"version,omitempty"`
-	CreateRevision *int64 `json:"create_revision,omitempty"`
-	ModRevision    *int64 `json:"mod_revision,omitempty"`
+	result   string
+	target   string
+	key      string
+	rangeEnd string
+	value    int64  // the version, create revision or mod revision compared with
+	bytes    []byte // the value compared with (target VALUE)
 }
 
 // modRevisionIs requires key's mod revision to be rev (0: the key does not exist).
 func modRevisionIs(key string, rev int64) compare {
-	return compare{Result: resultEqual, Target: targetMod, Key: []byte(key), ModRevision: &rev}
+	return compare{result: resultEqual, target: targetMod, key: key, value: rev}
+}
+
+// valueIs requires key to exist with exactly this value.
+func valueIs(key string, value []byte) compare {
+	return compare{result: resultEqual, target: targetValue, key: key, bytes: value}
 }
 
 // absent requires key not to exist.
 func absent(key string) compare {
-	var zero int64
-	return compare{Result: resultEqual, Target: targetVersion, Key: []byte(key), Version: &zero}
+	return compare{result: resultEqual, target: targetVersion, key: key, value: 0}
 }
 
 // noneCreatedSince requires that no key under prefix was created after revision rev.
 func noneCreatedSince(prefix string, rev int64) compare {
-	next := rev + 1
-	return compare{Result: resultLess, Target: targetCreate, Key: []byte(prefix), RangeEnd: prefixEnd(prefix), CreateRevision: &next}
+	return compare{result: resultLess, target: targetCreate, key: prefix, rangeEnd: prefixEnd(prefix), value: rev + 1}
 }
+
+// opKind is the kind of request in a transaction.
+type opKind int
+
+const (
+	opRange opKind = iota
+	opPut
+	opDelete
+)
 
 // op is one request of a transaction: a range read, a put or a delete.
 type op struct {
-	Range  *rangeReq  `json:"request_range,omitempty"`
-	Put    *putReq    `json:"request_put,omitempty"`
-	Delete *deleteReq `json:"request_delete_range,omitempty"`
+	kind     opKind
+	key      string
+	rangeEnd string // range only
+	keysOnly bool   // range only
+	value    []byte // put only
 }
 
-type rangeReq struct {
-	Key      []byte `json:"key"`
-	RangeEnd []byte `json:"range_end,omitempty"`
-	KeysOnly bool   `json:"keys_only,omitempty"`
-}
-
-type putReq struct {
-	Key   []byte `json:"key"`
-	Value []byte `json:"value"`
-}
-
-type deleteReq struct {
-	Key []byte `json:"key"`
-}
-
-func getOp(key string) op { return op{Range: &rangeReq{Key: []byte(key)}} }
+func getOp(key string) op { return op{kind: opRange, key: key} }
 
 func prefixOp(prefix string, keysOnly bool) op {
-	return op{Range: &rangeReq{Key: []byte(prefix), RangeEnd: prefixEnd(prefix), KeysOnly: keysOnly}}
+	return op{kind: opRange, key: prefix, rangeEnd: prefixEnd(prefix), keysOnly: keysOnly}
 }
 
-func putOp(key string, value []byte) op { return op{Put: &putReq{Key: []byte(key), Value: value}} }
+func putOp(key string, value []byte) op { return op{kind: opPut, key: key, value: value} }
 
-func deleteOp(key string) op { return op{Delete: &deleteReq{Key: []byte(key)}} }
+func deleteOp(key string) op { return op{kind: opDelete, key: key} }
 
 // prefixEnd returns the range end that selects every key starting with prefix.
-func prefixEnd(prefix string) []byte {
+func prefixEnd(prefix string) string {
 	end := []byte(prefix)
 	for i := len(end) - 1; i >= 0; i-- {
 		if end[i] < 0xff {
 			end[i]++
-			return end[:i+1]
+			return string(end[:i+1])
 		}
 	}
-	return []byte{0}
+	return "\x00"
 }
 
 // kv is one key-value pair as read.
@@ -236,31 +253,26 @@ type gatewayError struct {
 	Message string `json:"message"`
 }
 
-// gRPC status codes that mean "try again" (Unavailable, DeadlineExceeded, ResourceExhausted, Aborted).
-func retryableGRPC(code int) bool { return code == 14 || code == 4 || code == 8 || code == 10 }
+// retryableGRPC reports the gRPC status codes that mean "try again": DeadlineExceeded,
+// ResourceExhausted, Aborted, Unavailable.
+func retryableGRPC(code int) bool { return code == 4 || code == 8 || code == 10 || code == 14 }
 
 // txn runs one transaction: if every compare holds, the success ops, else the failure ops. A
 // transport failure moves on to the next endpoint within the caller's deadline; the error then wraps
 // errUnavailable. A request etcd refuses for good gives an error with code ErrDatastore.
 func (c *etcdClient) txn(ctx context.Context, cmps []compare, success, failure []op) (*txnResult, error) {
-	body, err := json.Marshal(struct {
-		Compare []compare `json:"compare,omitempty"`
-		Success []op      `json:"success,omitempty"`
-		Failure []op      `json:"failure,omitempty"`
-	}{cmps, success, failure})
-	if err != nil {
-		return nil, fmt.Errorf("encode etcd transaction: %w", err)
-	}
+	body := appendTxnJSON(nil, cmps, success, failure)
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var errs []error
-	start := int(c.cur.Load())
 	for i := range c.endpoints {
 		if ctx.Err() != nil {
 			break
 		}
-		idx := (start + i) % len(c.endpoints)
-		res, err := c.post(ctx, c.endpoints[idx], body)
+		idx := (c.cur + i) % len(c.endpoints)
+		res, err := c.post(ctx, idx, body)
 		if err == nil {
-			c.cur.Store(int32(idx))
+			c.cur = idx
 			return res, nil
 		}
 		if !errors.Is(err, errUnavailable) {
@@ -274,38 +286,43 @@ func (c *etcdClient) txn(ctx context.Context, cmps []compare, success, failure [
 	return nil, errors.Join(errs...)
 }
 
-func (c *etcdClient) post(ctx context.Context, endpoint string, body []byte) (*txnResult, error) {
+// post sends one transaction to endpoint idx and decodes the answer.
+func (c *etcdClient) post(ctx context.Context, idx int, body []byte) (*txnResult, error) {
+	ep := c.endpoints[idx]
 	ctx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v3/kv/txn", bytes.NewReader(body))
-	if err != nil {
-		return nil, withCode(ErrDatastore, "etcd endpoint %s: %w", endpoint, err)
+	if c.conn != nil && c.conn.endpoint != idx {
+		c.conn.close()
+		c.conn = nil
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if c.conn == nil {
+		conn, err := dialHTTP(ctx, idx, ep, c.tls)
+		if err != nil {
+			return nil, fmt.Errorf("etcd %s: %w: %w", ep.url, errUnavailable, err)
+		}
+		c.conn = conn
+	}
 	c.roundTrips.Add(1)
-	resp, err := c.http.Do(req)
+	status, data, err := c.conn.post(ctx, "/v3/kv/txn", body)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %w: %w", endpoint, errUnavailable, err)
+		c.conn.close()
+		c.conn = nil
+		return nil, fmt.Errorf("etcd %s: %w: %w", ep.url, errUnavailable, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("etcd %s: reading response: %w: %w", endpoint, errUnavailable, err)
-	}
-	if resp.StatusCode != http.StatusOK {
+	if status != 200 {
 		var ge gatewayError
 		_ = json.Unmarshal(data, &ge)
 		if ge.Message == "" {
 			ge.Message = strings.TrimSpace(string(data))
 		}
-		if resp.StatusCode >= 500 && (ge.Code == 0 || retryableGRPC(ge.Code)) || retryableGRPC(ge.Code) {
-			return nil, fmt.Errorf("etcd %s: %w: HTTP %d: %s", endpoint, errUnavailable, resp.StatusCode, ge.Message)
+		if retryableGRPC(ge.Code) || (status >= 500 && ge.Code == 0) {
+			return nil, fmt.Errorf("etcd %s: %w: HTTP %d: %s", ep.url, errUnavailable, status, ge.Message)
 		}
-		return nil, withCode(ErrDatastore, "etcd %s refused the transaction: HTTP %d: %s", endpoint, resp.StatusCode, ge.Message)
+		return nil, withCode(ErrDatastore, "etcd %s refused the transaction: HTTP %d: %s", ep.url, status, ge.Message)
 	}
 	var r txnRespJSON
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, withCode(ErrDatastore, "etcd %s: decoding transaction response: %w", endpoint, err)
+		return nil, withCode(ErrDatastore, "etcd %s: decoding transaction response: %w", ep.url, err)
 	}
 	out := &txnResult{Revision: int64(r.Header.Revision), Succeeded: r.Succeeded}
 	for _, resp := range r.Responses {

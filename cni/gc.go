@@ -207,6 +207,7 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	if !tr.Succeeded {
 		return 0, errConflict
 	}
+	c.forget()
 	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
 	return len(ords), nil
 }

@@ -48,10 +48,14 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
+// buildFlags are those of the Makefile's release build; the benchmark builds host-local with them too.
+var buildFlags = []string{"-trimpath", "-ldflags=-s -w"}
+
 // buildPlugin builds cmd/block-ipam into dir as a runtime would install it (no race detector: the
 // plugin is a short single-threaded process, and tests run it by the hundred).
 func buildPlugin(dir string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "block-ipam"), "github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipam")
+	args := append(append([]string{"build"}, buildFlags...), "-o", filepath.Join(dir, "block-ipam"), "github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipam")
+	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build block-ipam: %v\n%s", err, out)

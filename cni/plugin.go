@@ -51,6 +51,8 @@ type call struct {
 	etcd  *etcdClient
 	log   *slog.Logger
 	pause func(context.Context)
+	// cache is the node cache, loaded once the node lock is held (empty until then).
+	cache *nodeCache
 	// attempts counts the optimistic attempts of the operation (1 when no race was lost).
 	attempts int
 }
@@ -91,7 +93,7 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 		return err
 	}
 	defer etcd.close()
-	c := &call{conf: conf, etcd: etcd, log: log}
+	c := &call{conf: conf, etcd: etcd, log: log, cache: &nodeCache{}}
 	if d, perr := time.ParseDuration(os.Getenv(PauseEnv)); perr == nil && d > 0 {
 		c.pause = func(ctx context.Context) {
 			fmt.Fprintln(os.Stderr, "block-ipam: test pause before commit")
@@ -202,6 +204,7 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 func (c *call) lock(ctx context.Context) (*nodeLock, error) {
 	l, err := acquireLock(ctx, c.conf.LockFile)
 	if err == nil {
+		c.cache = loadCache(cachePath(c.conf.LockFile, c.conf.Network), c.conf.cacheKey())
 		return l, nil
 	}
 	if ctx.Err() != nil {
