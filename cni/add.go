@@ -34,12 +34,21 @@ func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, er
 			return nil, cniError(types.ErrInvalidNetNS, "CNI_NETNS %s is the plugin's own network namespace", args.Netns)
 		}
 	}
+	handle := handleID(c.conf.Network, args.ContainerID)
+	req := c.enqueue(handle, args.IfName)
+	defer req.withdraw()
 	lock, err := c.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer lock.release()
-	handle := handleID(c.conf.Network, args.ContainerID)
+	if req != nil {
+		if got, ok := req.served(); ok {
+			c.log.Debug("allocated by another ADD's group commit", "handle", handle)
+			c.attempts = 0
+			return c.result(got), nil
+		}
+	}
 	var got []allocation
 	err = c.retry(ctx, "ADD "+handle, func(ctx context.Context) error {
 		var err error
@@ -56,12 +65,17 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	spec := readSpec{handle: true, config: true, pools: true, affinity: true, hint: c.cache.hint()}
 	attr := c.attribute(handle, ifname)
 	var v *view
-	if fast := c.cachedView(handle, c.conf.families()...); fast != nil && len(c.conf.RequestedIPs) == 0 {
+	if fast := c.cachedView(handle, true); fast != nil && len(c.conf.RequestedIPs) == 0 {
 		// One round trip: assign from the remembered blocks, or read the current state instead.
 		if got, used, ok := fast.assignCurrent(attr); ok {
+			if c.attempts == 1 {
+				fast.others = fast.serveBatch(c.pending())
+			}
 			r := c.reads(handle, spec)
 			res, err := fast.commit(ctx, handleWith(nil, got), r.ops)
 			if err == nil {
+				c.answer(fast.others)
+				c.batched = len(fast.others)
 				c.remember(fast, used)
 				return got, nil
 			}
@@ -146,16 +160,16 @@ func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
 // assignCurrent assigns one address in each family ADD assigns from the block loaded for it (the
 // node cache's current block); ok is false when any of them is not the node's or has no room.
 func (v *view) assignCurrent(attr calico.AllocationAttribute) ([]allocation, map[Family]netip.Prefix, bool) {
+	// All or nothing: check every block before assigning in any.
+	for _, e := range v.blocks {
+		if e == nil || !v.ownedByNode(e.b) || e.b.Free(v.excluded) == 0 {
+			return nil, nil, false
+		}
+	}
 	var got []allocation
 	used := map[Family]netip.Prefix{}
 	for cidr, e := range v.blocks {
-		if e == nil || !v.ownedByNode(e.b) {
-			return nil, nil, false
-		}
-		a, ok := v.assignFrom(e, attr)
-		if !ok {
-			return nil, nil, false
-		}
+		a, _ := v.assignFrom(e, attr)
 		got = append(got, a)
 		used[familyOf(cidr.Addr())] = cidr
 	}

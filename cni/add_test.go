@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,13 +166,17 @@ func TestTwoInterfaces(t *testing.T) {
 	}
 }
 
-// TestDelHandleElsewhere: DEL derives the handle's value from the node cache's block; when the
-// handle also holds an address in another block the guess is wrong, the conditional write fails, and
-// DEL continues from what etcd really holds, releasing exactly this interface's address.
+// TestDelHandleElsewhere: DEL derives the handle's value from the blocks in the node cache. A handle
+// spread over two of the node's blocks is guessed right (one round trip); when it also holds an
+// address borrowed in another node's block the guess is wrong, the conditional write fails, and DEL
+// continues from what its failure branch read (plus a read of the other node's block: three round
+// trips), releasing exactly this interface's address either way.
 func TestDelHandleElsewhere(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.9.0.0/28", 30)
-	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	node2 := e.list(netOpts{ipam: e.ipam("node2", nil)})
 	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
 	for _, c := range []string{"x1", "x2", "x3"} {
 		e.mustAdd(list, rt(c, "eth0")) // fills c1's block
@@ -181,14 +186,24 @@ func TestDelHandleElsewhere(t *testing.T) {
 	if blockA == blockB {
 		t.Fatalf("net1 got %s in the full block %s", second, blockA)
 	}
+	n2 := addrs(e.mustAdd(node2, rt("y1", "eth0")))[0].Addr()
+	blockC := netip.PrefixFrom(n2, 30).Masked()
+	borrowed, _ := calico.OrdinalAddr(blockC, 3)
+	e.mustAdd(list, rt("c1", "net2", [2]string{"IP", borrowed.String()}))
+
 	e.mustDel(list, rt("c1", "net1"))
 	h := e.snapshot().Handles["net1.c1"]
-	if h == nil || h.Count() != 1 || h.Block[blockA.String()] != 1 {
-		t.Fatalf("after DEL net1 the handle is %+v, want {%s: 1}", h, blockA)
+	if h == nil || h.Count() != 2 || h.Block[blockA.String()] != 1 || h.Block[blockC.String()] != 1 {
+		t.Fatalf("after DEL net1 the handle is %+v, want {%s: 1, %s: 1}", h, blockA, blockC)
 	}
+	e.mustDel(list, rt("c1", "net2"))
 	e.mustDel(list, rt("c1", "eth0"))
 	if _, ok := e.snapshot().Handles["net1.c1"]; ok {
-		t.Fatal("handle left after both DELs")
+		t.Fatal("handle left after all DELs")
+	}
+	got := roundTrips(t, logFile)
+	if dels := got[len(got)-3:]; strings.Join(dels, " ") != "DEL=3 DEL=3 DEL=1" {
+		t.Errorf("DEL round trips %v, want [DEL=3 DEL=3 DEL=1]: wrong guesses while the borrowed address is held, which also needs its block read", dels)
 	}
 }
 

@@ -13,23 +13,26 @@ import (
 )
 
 // nodeCache is what block-ipam remembers on the node between calls, in a file beside the node lock
-// (one per network), read and written only under that lock: for each family the block the node last
-// allocated from (its value and mod revision, and its pool's mod revision), and the list of the
-// node's blocks.
+// (one per network), read and written only under that lock: the node's blocks, the values of up to
+// maxCachedValues of them as last written or read (with mod revisions, and their pools' revisions),
+// and for each family the block ADD assigns from next.
 //
-// It makes the common ADD one etcd round trip: a transaction that assigns from the remembered block,
-// conditional on that block, its pool and the handle being exactly as remembered, whose failure branch
-// reads the current state, so that a stale cache costs no extra round trip either. The cache never
-// decides anything on its own: every write it leads to is conditional on etcd still holding what it
-// says, and a missing, corrupt or foreign file is simply ignored.
+// It makes the common ADD and DEL one etcd round trip each: ADD assigns from the remembered block in a
+// transaction conditional on that block, its pool and the handle being exactly as remembered; DEL
+// derives the handle's value from the remembered blocks and writes conditional on that exact value.
+// The failure branch of either transaction reads the current state, so that a stale cache costs no
+// extra round trip. The cache never decides anything on its own: every write it leads to is
+// conditional on etcd still holding what it says, and a missing, corrupt or foreign file is ignored.
 type nodeCache struct {
 	path string
 	// Key fingerprints the settings the cache depends on; a different key discards it.
 	Key string `json:"key"`
 	// Blocks are the node's affine blocks at the last write (hints for the first read).
 	Blocks []netip.Prefix `json:"blocks"`
-	// Current is the block last allocated from, per family.
-	Current [2]*cachedBlock `json:"current"`
+	// Values are blocks of the node as last written or read.
+	Values []*cachedBlock `json:"values"`
+	// Current is the block ADD assigns from next, per family (one of Values; invalid when none).
+	Current [2]netip.Prefix `json:"current"`
 }
 
 // cachedBlock is a block as the node last wrote or read it.
@@ -41,8 +44,12 @@ type cachedBlock struct {
 	PoolRev int64           `json:"poolRev,omitempty"`
 }
 
-// maxCachedBlocks bounds the hints read with the first transaction.
-const maxCachedBlocks = 32
+// Bounds of the cache: the blocks hinted for the first read, and the block values kept (a node
+// rarely has more than a few blocks).
+const (
+	maxCachedBlocks = 32
+	maxCachedValues = 8
+)
 
 // cachePath is the cache file of a network beside the lock file; "" (no lock) means no cache.
 func cachePath(lockFile, network string) string {
@@ -101,35 +108,51 @@ func (nc *nodeCache) save() error {
 // hint returns the blocks to read with the first transaction.
 func (nc *nodeCache) hint() []netip.Prefix {
 	out := slices.Clone(nc.Blocks)
-	for _, cb := range nc.Current {
-		if cb != nil && !slices.Contains(out, cb.CIDR) {
+	for _, cb := range nc.Values {
+		if !slices.Contains(out, cb.CIDR) {
 			out = append(out, cb.CIDR)
 		}
 	}
 	return out
 }
 
-// cachedView returns a view holding the remembered current blocks of the given families as if just
-// read, with the handle absent, and the pool revisions as extra conditions; nil when the cache lacks
-// a block of one of the families (or, with no family required, has none at all).
-func (c *call) cachedView(handleID string, families ...Family) *view {
+// value returns the remembered value of a block, nil when there is none.
+func (nc *nodeCache) value(cidr netip.Prefix) *cachedBlock {
+	for _, cb := range nc.Values {
+		if cb.CIDR == cidr {
+			return cb
+		}
+	}
+	return nil
+}
+
+// cachedView returns a view holding remembered blocks as if just read, with the handle absent; nil
+// when the cache has nothing usable. For ADD (forAdd) it holds the current block of every family ADD
+// assigns, and their pools' revisions are extra conditions of the write; for DEL every remembered
+// block.
+func (c *call) cachedView(handleID string, forAdd bool) *view {
 	v := c.emptyView(handleID)
-	for _, f := range []Family{V4, V6} {
-		cb := c.cache.Current[f]
-		if cb == nil {
-			if slices.Contains(families, f) {
+	var use []*cachedBlock
+	if forAdd {
+		for _, f := range c.conf.families() {
+			cb := c.cache.value(c.cache.Current[f])
+			if cb == nil {
 				return nil
 			}
-			continue
+			use = append(use, cb)
+			if cb.Pool != "" {
+				v.extra = append(v.extra, modRevisionIs(calico.IPPoolKey(cb.Pool), cb.PoolRev))
+			}
 		}
+	} else {
+		use = c.cache.Values
+	}
+	for _, cb := range use {
 		b, err := calico.DecodeBlock(cb.Value)
 		if err != nil || b.CIDR != cb.CIDR || b.Validate() != nil {
 			return nil
 		}
-		v.blocks[cb.CIDR] = &blockEntry{b: b, rev: cb.Rev}
-		if cb.Pool != "" {
-			v.extra = append(v.extra, modRevisionIs(calico.IPPoolKey(cb.Pool), cb.PoolRev))
-		}
+		v.blocks[cb.CIDR] = &blockEntry{b: b, rev: cb.Rev, encoded: cb.Value}
 	}
 	if len(v.blocks) == 0 {
 		return nil
@@ -137,8 +160,9 @@ func (c *call) cachedView(handleID string, families ...Family) *view {
 	return v
 }
 
-// remember records, after a successful write, the node's blocks and the blocks written, and makes
-// the block each family allocated from (used, may be empty) its current block.
+// remember records, after a successful write, the node's blocks and the values of those of its blocks
+// the view holds, and makes the block each family allocated from (used, may be empty) its current
+// block.
 func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 	nc := c.cache
 	if nc.path == "" {
@@ -153,48 +177,54 @@ func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 		}
 	}
 	for cidr, e := range v.blocks {
-		if e != nil && e.rev != 0 && v.ownedByNode(e.b) && !slices.Contains(nc.Blocks, cidr) {
+		mine := e != nil && v.ownedByNode(e.b)
+		if !mine {
+			nc.Values = slices.DeleteFunc(nc.Values, func(cb *cachedBlock) bool { return cb.CIDR == cidr })
+			continue
+		}
+		if e.rev == 0 || e.dirty || e.encoded == nil {
+			continue
+		}
+		if !slices.Contains(nc.Blocks, cidr) {
 			nc.Blocks = append(nc.Blocks, cidr)
+		}
+		cb := nc.value(cidr)
+		if cb == nil {
+			cb = &cachedBlock{CIDR: cidr}
+			nc.Values = append(nc.Values, cb)
+		}
+		if e.rev >= cb.Rev {
+			cb.Rev, cb.Value = e.rev, e.encoded
+		}
+		for _, p := range v.pools {
+			if p.CIDR.Contains(cidr.Addr()) && p.CIDR.Bits() <= cidr.Bits() {
+				cb.Pool, cb.PoolRev = p.Name, v.poolRevs[p.Name]
+				break
+			}
 		}
 	}
 	slices.SortFunc(nc.Blocks, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	nc.Blocks = nc.Blocks[:min(len(nc.Blocks), maxCachedBlocks)]
-
 	for _, f := range []Family{V4, V6} {
-		cidr, ok := used[f]
-		if !ok {
-			// Keep the current block, refreshed if this write changed it.
-			if cb := nc.Current[f]; cb != nil {
-				cidr = cb.CIDR
-			} else {
-				continue
-			}
+		if cidr, ok := used[f]; ok {
+			nc.Current[f] = cidr
 		}
-		e := v.blocks[cidr]
-		if e == nil || !v.ownedByNode(e.b) {
-			nc.Current[f] = nil
-			continue
-		}
-		cb := nc.Current[f]
-		if cb == nil || cb.CIDR != cidr || e.rev != cb.Rev {
-			data := e.encoded
-			if data == nil || e.dirty {
-				nc.Current[f] = nil
-				continue
-			}
-			pool, poolRev := "", int64(0)
-			if cb != nil && cb.CIDR == cidr {
-				pool, poolRev = cb.Pool, cb.PoolRev
-			}
-			for _, p := range v.pools {
-				if p.CIDR.Contains(cidr.Addr()) && p.CIDR.Bits() <= cidr.Bits() {
-					pool, poolRev = p.Name, v.poolRevs[p.Name]
-					break
-				}
-			}
-			nc.Current[f] = &cachedBlock{CIDR: cidr, Rev: e.rev, Value: data, Pool: pool, PoolRev: poolRev}
+		if nc.value(nc.Current[f]) == nil {
+			nc.Current[f] = netip.Prefix{}
 		}
 	}
+	// Keep the current blocks and the most recently written others.
+	slices.SortFunc(nc.Values, func(a, b *cachedBlock) int {
+		ac, bc := a.CIDR == nc.Current[V4] || a.CIDR == nc.Current[V6], b.CIDR == nc.Current[V4] || b.CIDR == nc.Current[V6]
+		if ac != bc {
+			if ac {
+				return -1
+			}
+			return 1
+		}
+		return int(b.Rev - a.Rev)
+	})
+	nc.Values = nc.Values[:min(len(nc.Values), maxCachedValues)]
 	if err := nc.save(); err != nil {
 		c.log.Warn("cannot save the node cache", "path", nc.path, "err", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -345,3 +346,119 @@ func TestNodeCacheIsOnlyAHint(t *testing.T) {
 		t.Errorf("round trips %v, want %v (claim, warm, stale block, claim in pool b, no usable cache)", got, want)
 	}
 }
+
+// holdLock takes the node lock file as the plugin does and returns its release.
+func holdLock(t *testing.T, path string) func() {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	return func() { f.Close() }
+}
+
+// waitFiles waits until dir holds n files with the suffix.
+func waitFiles(t *testing.T, dir, suffix string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		m, _ := filepath.Glob(filepath.Join(dir, "*"+suffix))
+		if len(m) >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d %s files did not appear in %s", n, suffix, dir)
+}
+
+// TestGroupCommit: ADDs that queue while the node lock is held are served by whichever gets the lock
+// first, in its one write; the others answer from its results without an etcd call. A result left
+// with another process's nonce is ignored.
+func TestGroupCommit(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block and warms the node cache
+	lockFile := filepath.Join(e.tmp, "node1.lock")
+	queue := lockFile + ".queue"
+
+	const n = 12
+	release := holdLock(t, lockFile)
+	cids := make([]string, n)
+	lists := make([]*libcni.NetworkConfigList, n)
+	nodes := make([]string, n)
+	for i := range n {
+		cids[i], lists[i], nodes[i] = fmt.Sprintf("g%02d", i), list, "node1"
+	}
+	done := make(chan struct{})
+	var res []*current.Result
+	var errs []error
+	go func() {
+		defer close(done)
+		res, errs, _ = e.addAll(lists, cids)
+	}()
+	waitFiles(t, queue, ".req", n)
+	release()
+	<-done
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ADD %s: %v", cids[i], err)
+		}
+	}
+	cids = append([]string{"c0"}, cids...)
+	res = append([]*current.Result{r0}, res...)
+	errs = append([]error{nil}, errs...)
+	nodes = append([]string{"node1"}, nodes...)
+	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n+1 {
+		t.Fatalf("%d of %d accounted", ok, n+1)
+	}
+	rts, batched := 0, 0
+	for _, l := range logLines(logFile) {
+		if m := batchedRe.FindStringSubmatch(l); m != nil {
+			b, _ := strconv.Atoi(m[1])
+			r, _ := strconv.Atoi(m[2])
+			batched += b
+			rts += r
+		}
+	}
+	// c0: 3 round trips; then one leader's write for all 12 (plus any that lost the race for the
+	// lock before the leader collected them and wrote for themselves).
+	if batched < n-1-2 || rts > 3+1+2 {
+		t.Errorf("group commit served %d of %d, with %d etcd round trips in all", batched, n-1, rts)
+	}
+	t.Logf("%d queued ADDs: %d served by group commit, %d etcd round trips in all (3 for the first ADD)", n, batched, rts)
+	if m, _ := filepath.Glob(filepath.Join(queue, "*")); len(m) != 0 {
+		t.Errorf("queue left %v", m)
+	}
+
+	// A result with the wrong nonce is not taken.
+	release = holdLock(t, lockFile)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.add(list, rt("x1", "eth0"))
+		errc <- err
+	}()
+	waitFiles(t, queue, ".req", 1)
+	bogus := `{"nonce":"0000","allocs":[{"block":"10.0.0.0/26","addr":"10.0.0.1"}]}`
+	if err := os.WriteFile(filepath.Join(queue, "net1.x1@eth0.res"), []byte(bogus), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range e.snapshot().Allocations {
+		if a.Handle == "net1.x1" && a.Addr == netip.MustParseAddr("10.0.0.1") {
+			t.Fatal("took another process's result")
+		}
+	}
+	if _, ok := e.snapshot().Handles["net1.x1"]; !ok {
+		t.Fatal("x1 has no allocation")
+	}
+}
+
+var batchedRe = regexp.MustCompile(`msg=ADD .*batched=(\d+) etcd_round_trips=(\d+)`)

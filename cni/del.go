@@ -33,7 +33,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
 	var v *view
 	var err error
-	if fast := c.cachedView(handle); fast != nil {
+	if fast := c.cachedView(handle, false); fast != nil {
 		// One round trip: the handle's value is derived from the remembered blocks and the write is
 		// conditional on exactly that value; if the handle holds anything else (or the blocks
 		// changed) the same transaction reads the current state instead.

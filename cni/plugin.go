@@ -53,8 +53,11 @@ type call struct {
 	pause func(context.Context)
 	// cache is the node cache, loaded once the node lock is held (empty until then).
 	cache *nodeCache
-	// attempts counts the optimistic attempts of the operation (1 when no race was lost).
+	// attempts counts the optimistic attempts of the operation (1 when no race was lost; 0 when
+	// another ADD's group commit served this one).
 	attempts int
+	// batched counts the other ADDs this one served in its write (group commit).
+	batched int
 }
 
 // CmdAdd implements CNI ADD.
@@ -133,7 +136,7 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 	case "STATUS":
 		err = c.status(ctx)
 	}
-	attrs = append(attrs, "attempts", c.attempts, "etcd_round_trips", etcd.roundTrips.Load(),
+	attrs = append(attrs, "attempts", c.attempts, "batched", c.batched, "etcd_round_trips", etcd.roundTrips.Load(),
 		"duration_ms", float64(time.Since(start).Microseconds())/1000)
 	if err != nil {
 		err = toCNIError(err)

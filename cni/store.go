@@ -58,6 +58,8 @@ type view struct {
 	listings [2]*listing
 	// extra are compares the write must also satisfy (the cached path's pool revisions).
 	extra []compare
+	// others are batched requests whose handles the write creates too (group commit).
+	others []*batchRequest
 }
 
 func (c *call) emptyView(handleID string) *view {
@@ -370,6 +372,15 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 			return nil, fmt.Errorf("encode handle %s: %w", v.handleID, err)
 		}
 		ops = append(ops, putOp(hkey, data))
+	}
+	for _, r := range v.others {
+		data, err := calico.EncodeHandle(handleWith(nil, r.allocs))
+		if err != nil {
+			return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
+		}
+		key := calico.HandleKey(r.Handle)
+		cmps = append(cmps, absent(key))
+		ops = append(ops, putOp(key, data))
 	}
 	if len(ops) == 0 {
 		return &txnResult{Succeeded: true}, nil
