@@ -9,6 +9,7 @@
 package cni
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -163,8 +164,10 @@ type Config struct {
 	CNIVersion string
 
 	Endpoints []string
-	TLS       etcdTLS
-	Node      string
+	// TLSFiles are the etcd client's PEM files; tls is what LoadConfig built from them (nil: none).
+	TLSFiles etcdTLS
+	tls      *tls.Config
+	Node     string
 
 	// Assign says which families ADD allocates automatically.
 	Assign [2]bool
@@ -242,14 +245,14 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		}
 		c.Endpoints = append(c.Endpoints, e)
 	}
-	c.TLS = etcdTLS{
+	c.TLSFiles = etcdTLS{
 		CACertFile: pick(im.EtcdCACertFile, n.EtcdCACertFile, getenv("ETCD_CA_CERT_FILE")),
 		CertFile:   pick(im.EtcdCertFile, n.EtcdCertFile, getenv("ETCD_CERT_FILE")),
 		KeyFile:    pick(im.EtcdKeyFile, n.EtcdKeyFile, getenv("ETCD_KEY_FILE")),
 	}
-	if c.TLS != (etcdTLS{}) {
-		// Validate the files now, so that a bad path fails as configuration before any etcd call.
-		if _, err := loadTLS(c.TLS); err != nil {
+	if c.TLSFiles != (etcdTLS{}) {
+		// Load the files now, so that a bad one fails as configuration before any etcd call.
+		if c.tls, err = loadTLS(c.TLSFiles); err != nil {
 			return nil, err
 		}
 	}

@@ -53,10 +53,10 @@ type etcdTLS struct {
 	CACertFile, CertFile, KeyFile string
 }
 
-// newEtcdClient returns a client of the endpoints (validated http:// or https:// URLs). It opens no
-// connection.
-func newEtcdClient(endpoints []string, tlsFiles etcdTLS, callTimeout time.Duration) (*etcdClient, error) {
-	c := &etcdClient{callTimeout: callTimeout}
+// newEtcdClient returns a client of the endpoints (validated http:// or https:// URLs), with the TLS
+// configuration cfg for https (nil: system roots, no client certificate). It opens no connection.
+func newEtcdClient(endpoints []string, cfg *tls.Config, callTimeout time.Duration) (*etcdClient, error) {
+	c := &etcdClient{callTimeout: callTimeout, tls: cfg}
 	for _, e := range endpoints {
 		u, err := url.Parse(e)
 		if err != nil {
@@ -67,13 +67,6 @@ func newEtcdClient(endpoints []string, tlsFiles etcdTLS, callTimeout time.Durati
 			host += ":2379"
 		}
 		c.endpoints = append(c.endpoints, endpoint{url: e, host: host, tls: u.Scheme == "https"})
-	}
-	if tlsFiles != (etcdTLS{}) {
-		cfg, err := loadTLS(tlsFiles)
-		if err != nil {
-			return nil, err
-		}
-		c.tls = cfg
 	}
 	return c, nil
 }

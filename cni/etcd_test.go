@@ -18,7 +18,7 @@ func TestEtcdClient(t *testing.T) {
 	srv, cli := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := newEtcdClient([]string{"http://127.0.0.1:1", srv.Endpoint()}, etcdTLS{}, 2*time.Second)
+	c, err := newEtcdClient([]string{"http://127.0.0.1:1", srv.Endpoint()}, nil, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestEtcdClient(t *testing.T) {
 	}
 
 	// Nothing reachable: errUnavailable.
-	dead, _ := newEtcdClient([]string{"http://127.0.0.1:1"}, etcdTLS{}, time.Second)
+	dead, _ := newEtcdClient([]string{"http://127.0.0.1:1"}, nil, time.Second)
 	if _, err := dead.txn(ctx, nil, []op{getOp("/k")}, nil); !errors.Is(err, errUnavailable) {
 		t.Fatalf("unreachable: %v", err)
 	}

@@ -91,7 +91,7 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 	}
 	log, closeLog := newLogger(conf)
 	defer closeLog()
-	etcd, err := newEtcdClient(conf.Endpoints, conf.TLS, callTimeout)
+	etcd, err := newEtcdClient(conf.Endpoints, conf.tls, callTimeout)
 	if err != nil {
 		return err
 	}
