@@ -20,10 +20,12 @@ import (
 
 // add allocates the addresses of (container, ifname), or returns those it already holds.
 //
-// Common path, three etcd round trips: (1) the handle, IPAM config, pools and the node's affinities
-// in one read transaction; (2) the blocks the handle and the affinities name, in one read
-// transaction; (3) one transaction writing the block(s) and the handle, conditional on both. Claiming
-// a block adds a keys-only listing of the family's blocks; borrowing reads the family's blocks.
+// Common path, one etcd round trip: a transaction assigning from the node cache's block, conditional
+// on it (see nodeCache). Otherwise: (1) one read transaction of the handle, IPAM config, pools, the
+// node's affinities and blocks (the failure branch of the first, when there was one); (2) a read of
+// blocks not yet read, if any; (3) one transaction writing the block(s) and the handle, conditional on
+// both. Claiming a block adds a keys-only listing of the family's blocks; borrowing reads the family's
+// blocks. ADDs queued behind the node lock may be served by another's write (see batch.go).
 func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, error) {
 	// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
 	// allocation: refuse it first.

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,12 +128,10 @@ func BenchmarkAddDel(b *testing.B) {
 				hlDel = append(hlDel, d)
 			}
 		}
-		if cmd == "ADD" {
-			// Count the round trips of the ADD phase only.
-			rpcAfter := etcdKVRPCs(b)
-			rts := roundTripsByVerb(logLines(logFile)[len(logBefore):], "ADD")
-			reportRoundTrips(b, rts, rpcAfter-rpcBefore)
-		}
+		// Round trips of this phase, counted by the plugin and by etcd's server.
+		rpcAfter, logAfter := etcdKVRPCs(b), logLines(logFile)
+		reportRoundTrips(b, cmd, roundTripsByVerb(logAfter[len(logBefore):], cmd), rpcAfter-rpcBefore)
+		rpcBefore, logBefore = rpcAfter, logAfter
 	}
 
 	// 100 concurrent ADDs on a fresh node (block-ipam) and a fresh data dir (host-local).
@@ -303,7 +302,7 @@ func roundTripsByVerb(lines []string, verb string) []int {
 	return out
 }
 
-func reportRoundTrips(b *testing.B, rts []int, serverRPCs float64) {
+func reportRoundTrips(b *testing.B, verb string, rts []int, serverRPCs float64) {
 	hist := map[int]int{}
 	total := 0
 	for _, n := range rts {
@@ -316,8 +315,9 @@ func reportRoundTrips(b *testing.B, rts []int, serverRPCs float64) {
 			common = n
 		}
 	}
-	fmt.Printf("\nblock-ipam etcd round trips per ADD over %d ADDs: common path %d, mean %.2f (client count), %.2f (etcd server count); histogram %v\n",
-		len(rts), common, float64(total)/float64(max(1, len(rts))), serverRPCs/float64(max(1, len(rts))), hist)
-	b.ReportMetric(float64(common), "etcd-rtt/add-common")
-	b.ReportMetric(serverRPCs/float64(max(1, len(rts))), "etcd-rpcs/add-server")
+	n := float64(max(1, len(rts)))
+	fmt.Printf("block-ipam etcd round trips per %s over %d calls: common path %d, mean %.2f (plugin's count), %.2f (etcd server's count); histogram %v\n",
+		verb, len(rts), common, float64(total)/n, serverRPCs/n, hist)
+	b.ReportMetric(float64(common), "etcd-rtt/"+strings.ToLower(verb)+"-common")
+	b.ReportMetric(serverRPCs/n, "etcd-rpcs/"+strings.ToLower(verb)+"-server")
 }
