@@ -127,6 +127,7 @@ const (
 	V6
 )
 
+// String returns "ipv4" or "ipv6", the word Calico uses in its keys and block-ipam in its settings.
 func (f Family) String() string {
 	if f == V6 {
 		return "ipv6"
@@ -164,10 +165,10 @@ type Config struct {
 	CNIVersion string
 
 	Endpoints []string
-	// TLSFiles are the etcd client's PEM files; tls is what LoadConfig built from them (nil: none).
-	TLSFiles etcdTLS
-	tls      *tls.Config
-	Node     string
+	// TLS names the etcd client's PEM files; tls is what LoadConfig built from them (nil: none).
+	TLS  TLSFiles
+	tls  *tls.Config
+	Node string
 
 	// Assign says which families ADD allocates automatically.
 	Assign [2]bool
@@ -245,14 +246,14 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		}
 		c.Endpoints = append(c.Endpoints, e)
 	}
-	c.TLSFiles = etcdTLS{
+	c.TLS = TLSFiles{
 		CACertFile: pick(im.EtcdCACertFile, n.EtcdCACertFile, getenv("ETCD_CA_CERT_FILE")),
 		CertFile:   pick(im.EtcdCertFile, n.EtcdCertFile, getenv("ETCD_CERT_FILE")),
 		KeyFile:    pick(im.EtcdKeyFile, n.EtcdKeyFile, getenv("ETCD_KEY_FILE")),
 	}
-	if c.TLSFiles != (etcdTLS{}) {
+	if c.TLS != (TLSFiles{}) {
 		// Load the files now, so that a bad one fails as configuration before any etcd call.
-		if c.tls, err = loadTLS(c.TLSFiles); err != nil {
+		if c.tls, err = loadTLS(c.TLS); err != nil {
 			return nil, err
 		}
 	}

@@ -47,9 +47,9 @@ type endpoint struct {
 	tls  bool
 }
 
-// etcdTLS names the PEM files of an etcd TLS client configuration; all empty means no client
+// TLSFiles names the PEM files of the etcd client's TLS configuration; all empty means no client
 // certificate (https endpoints then verify the server with the system roots).
-type etcdTLS struct {
+type TLSFiles struct {
 	CACertFile, CertFile, KeyFile string
 }
 
@@ -72,7 +72,7 @@ func newEtcdClient(endpoints []string, cfg *tls.Config, callTimeout time.Duratio
 }
 
 // loadTLS builds the TLS configuration from PEM files; errors name the file's configuration key.
-func loadTLS(f etcdTLS) (*tls.Config, error) {
+func loadTLS(f TLSFiles) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if f.CACertFile != "" {
 		pem, err := os.ReadFile(f.CACertFile)
