@@ -1,0 +1,489 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/ns"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// add allocates the addresses of (container, ifname), or returns those it already holds.
+//
+// Common path, one etcd round trip: a transaction assigning from the node cache's block, conditional
+// on it (see nodeCache). Otherwise: (1) one read transaction of the handle, IPAM config, pools, the
+// node's affinities and blocks (the failure branch of the first, when there was one); (2) a read of
+// blocks not yet read, if any; (3) one transaction writing the block(s) and the handle, conditional on
+// both. Claiming a block adds a keys-only listing of the family's blocks; borrowing reads the family's
+// blocks. ADDs queued behind the node lock may be served by another's write (see batch.go).
+func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, error) {
+	// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
+	// allocation: refuse it first.
+	if o := strings.ToUpper(args.NetnsOverride); o != "TRUE" && o != "1" {
+		if own, err := ns.CheckNetNS(args.Netns); err != nil {
+			return nil, err
+		} else if own {
+			return nil, cniError(types.ErrInvalidNetNS, "CNI_NETNS %s is the plugin's own network namespace", args.Netns)
+		}
+	}
+	handle := handleID(c.conf.Network, args.ContainerID)
+	req := c.enqueue(handle, args.IfName)
+	defer req.withdraw()
+	lock, err := c.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.release()
+	if req != nil {
+		if got, ok := req.served(); ok {
+			c.log.Debug("allocated by another ADD's group commit", "handle", handle)
+			c.attempts = 0
+			return c.result(got), nil
+		}
+	}
+	var got []allocation
+	err = c.retry(ctx, "ADD "+handle, func(ctx context.Context) error {
+		var err error
+		got, err = c.addAttempt(ctx, handle, args.IfName)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.result(got), nil
+}
+
+func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
+	spec := readSpec{handle: true, config: true, pools: true, affinity: true, hint: c.cache.hint()}
+	attr := c.attribute(handle, ifname)
+	var v *view
+	if fast := c.cachedView(handle, true); fast != nil && len(c.conf.RequestedIPs) == 0 {
+		// One round trip: assign from the remembered blocks, or read the current state instead.
+		if got, used, ok := fast.assignCurrent(attr); ok {
+			if c.attempts == 1 {
+				fast.others = fast.serveBatch(c.pending())
+			}
+			r := c.reads(handle, spec)
+			res, err := fast.commit(ctx, handleWith(nil, got), r.ops)
+			if err == nil {
+				c.answer(fast.others)
+				c.batched = len(fast.others)
+				c.remember(fast, used)
+				return got, nil
+			}
+			if !errors.Is(err, errConflict) {
+				return nil, err
+			}
+			if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+				return nil, err
+			}
+			c.log.Debug("node cache is stale; continuing from the state read instead")
+		}
+	}
+	if v == nil {
+		var err error
+		if v, err = c.newView(ctx, handle, spec); err != nil {
+			return nil, err
+		}
+	}
+	auto, err := v.selectPools(true)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.loadBlocks(ctx, append(handleBlocks(v.handle), v.affineCIDRs(auto)...)); err != nil {
+		return nil, err
+	}
+	if held := v.held(handle, ifname); len(held) > 0 {
+		c.log.Debug("returning existing allocation", "handle", handle, "ifname", ifname)
+		return held, nil
+	}
+
+	var got []allocation
+	used := map[Family]netip.Prefix{}
+	if len(c.conf.RequestedIPs) > 0 {
+		all, err := v.selectPools(false)
+		if err != nil {
+			return nil, err
+		}
+		for _, ip := range c.conf.RequestedIPs {
+			a, err := v.assignSpecific(ctx, all[familyOf(ip)], ip, attr, ifname)
+			if err != nil {
+				return nil, err
+			}
+			got = append(got, a)
+		}
+	} else {
+		for _, f := range []Family{V4, V6} {
+			if !c.conf.Assign[f] {
+				continue
+			}
+			a, err := v.assignAuto(ctx, f, auto[f], attr)
+			if err != nil {
+				return nil, err
+			}
+			got = append(got, a)
+			if v.ownedByNode(v.blocks[a.block].b) {
+				used[f] = a.block
+			}
+		}
+	}
+	if _, err := v.commit(ctx, handleWith(v.handle, got), nil); err != nil {
+		return nil, err
+	}
+	c.remember(v, used)
+	sortAllocations(got)
+	return got, nil
+}
+
+// handleWith returns a copy of h (nil: a new handle) that also counts the allocations.
+func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
+	out := calico.NewHandle()
+	if h != nil {
+		for k, n := range h.Block {
+			out.Block[k] = n
+		}
+	}
+	for _, a := range allocs {
+		out.Add(a.block, 1)
+	}
+	return out
+}
+
+// assignCurrent assigns one address in each family ADD assigns from the block loaded for it (the
+// node cache's current block); ok is false when any of them is not the node's or has no room.
+func (v *view) assignCurrent(attr calico.AllocationAttribute) ([]allocation, map[Family]netip.Prefix, bool) {
+	// All or nothing: check every block before assigning in any.
+	for _, e := range v.blocks {
+		if e == nil || !v.ownedByNode(e.b) || e.b.Free(v.excluded) == 0 {
+			return nil, nil, false
+		}
+	}
+	var got []allocation
+	used := map[Family]netip.Prefix{}
+	for cidr, e := range v.blocks {
+		a, _ := v.assignFrom(e, attr)
+		got = append(got, a)
+		used[familyOf(cidr.Addr())] = cidr
+	}
+	sortAllocations(got)
+	return got, used, len(got) > 0
+}
+
+// selectPools returns the pools of each family: the configured ones (by name or CIDR; a CIDR no
+// IPPool has is used as a pool of the default block size), else every enabled pool in etcd that allows
+// workloads and, for automatic assignment, is in automatic mode and selects every node (node selectors
+// are not evaluated: block-ipam does not read node labels).
+func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
+	var out [2][]calico.IPPool
+	for f := range out {
+		fam := Family(f)
+		refs := v.conf.Pools[f]
+		if refs == nil {
+			for _, p := range v.pools {
+				if familyOf(p.CIDR.Addr()) != fam || p.Disabled || !p.AllowsWorkloads() {
+					continue
+				}
+				if automatic && (!p.Automatic() || (p.NodeSelector != "" && p.NodeSelector != "all()")) {
+					continue
+				}
+				out[f] = append(out[f], p)
+			}
+			continue
+		}
+		for i, ref := range refs {
+			field := fmt.Sprintf("ipam.%s_pools[%d]", fam, i)
+			var found *calico.IPPool
+			for j := range v.pools {
+				p := &v.pools[j]
+				if (ref.Name != "" && p.Name == ref.Name) || (ref.CIDR.IsValid() && p.CIDR == ref.CIDR) {
+					found = p
+					break
+				}
+			}
+			switch {
+			case found == nil && ref.Name != "":
+				return out, configError(field, "no IP pool named %q in etcd", ref.Name)
+			case found == nil:
+				size := calico.DefaultBlockSizeV4
+				if fam == V6 {
+					size = calico.DefaultBlockSizeV6
+				}
+				size = max(size, ref.CIDR.Bits())
+				out[f] = append(out[f], calico.IPPool{CIDR: ref.CIDR, BlockSize: size})
+			case found.Disabled:
+				return out, configError(field, "IP pool %q (%s) is disabled", found.Name, found.CIDR)
+			case familyOf(found.CIDR.Addr()) != fam:
+				return out, configError(field, "IP pool %q is %s, not %s", found.Name, familyOf(found.CIDR.Addr()), fam)
+			default:
+				out[f] = append(out[f], *found)
+			}
+		}
+	}
+	return out, nil
+}
+
+// inPools reports whether the prefix lies inside one of the pools.
+func inPools(p netip.Prefix, pools []calico.IPPool) bool {
+	for _, pool := range pools {
+		if pool.CIDR.Bits() <= p.Bits() && pool.CIDR.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// affineCIDRs returns the CIDRs of the node's confirmed affinities inside the given pools, sorted.
+func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
+	var out []netip.Prefix
+	for cidr, a := range v.affinity {
+		if a.state == calico.AffinityConfirmed && inPools(cidr, pools[familyOf(cidr.Addr())]) {
+			out = append(out, cidr)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// excluded reports whether an address must never be handed out.
+func (v *view) excluded(a netip.Addr) bool {
+	for _, p := range v.conf.Exclude {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// ownedByNode reports whether the node owns the block (felix's rule: its affinity field).
+func (v *view) ownedByNode(b *calico.Block) bool {
+	o := calico.OwnerOf(b, false)
+	return o.Kind == calico.OwnerHost && o.Node == v.conf.Node
+}
+
+// assignAuto assigns one address of family f: from the node's blocks (lowest first, FIFO within a
+// block); else from a newly claimed block (respecting the block cap); else, unless strict affinity
+// is on, borrowed from another block of the pools.
+func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
+	if len(pools) == 0 {
+		return allocation{}, configError(fmt.Sprintf("ipam.%s_pools", f), "not set and etcd holds no enabled %s IP pool for workloads", f)
+	}
+	var only [2][]calico.IPPool
+	only[f] = pools
+	for _, cidr := range v.affineCIDRs(only) {
+		e := v.blocks[cidr]
+		if e == nil || !v.ownedByNode(e.b) {
+			continue
+		}
+		if a, ok := v.assignFrom(e, attr); ok {
+			return a, nil
+		}
+	}
+
+	// Claim a new block.
+	why := ""
+	limit := v.conf.MaxBlocks
+	if limit == 0 {
+		limit = v.cfg.BlockCap()
+	}
+	owned := 0
+	for cidr, a := range v.affinity {
+		if familyOf(cidr.Addr()) == f && a.state == calico.AffinityConfirmed {
+			owned++
+		}
+	}
+	switch {
+	case !v.cfg.AutoAllocateBlocks:
+		why = "auto_allocate_blocks is off in the Calico IPAM config"
+	case owned >= limit:
+		why = fmt.Sprintf("node %s holds %d %s blocks, the maximum per host", v.conf.Node, owned, f)
+	default:
+		a, ok, err := v.claim(ctx, f, pools, attr)
+		if err != nil || ok {
+			return a, err
+		}
+		why = "no free block left in the pools"
+	}
+
+	// Borrow.
+	if v.cfg.StrictAffinity {
+		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted for node %s: its blocks are full, %s, and strict affinity forbids borrowing from other nodes' blocks",
+			f, v.conf.Node, why)
+	}
+	if err := v.loadFamily(ctx, f); err != nil {
+		return allocation{}, err
+	}
+	var cands []*blockEntry
+	for cidr, e := range v.blocks {
+		if e != nil && familyOf(cidr.Addr()) == f && inPools(cidr, pools) && !v.ownedByNode(e.b) && e.b.Free(v.excluded) > 0 {
+			cands = append(cands, e)
+		}
+	}
+	if len(cands) == 0 {
+		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
+	}
+	// A random block spreads borrowing nodes over the pool (Calico does the same).
+	e := cands[rand.N(len(cands))]
+	a, _ := v.assignFrom(e, attr)
+	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.addr, "why", why)
+	return a, nil
+}
+
+// assignFrom takes the first usable free address of a loaded block.
+func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (allocation, bool) {
+	ords := e.b.AutoAssign(1, attr, v.excluded)
+	if len(ords) == 0 {
+		return allocation{}, false
+	}
+	e.dirty = true
+	addr, _ := calico.OrdinalAddr(e.b.CIDR, ords[0])
+	return allocation{block: e.b.CIDR, addr: addr}, true
+}
+
+// claim picks the first free block-sized subnet of the pools, walking each pool from the node's start
+// index and avoiding every existing block and excluded range, and assigns from it. The block is
+// written by commit together with its confirmed affinity, conditional on no block of the family
+// having been created meanwhile.
+func (v *view) claim(ctx context.Context, f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, bool, error) {
+	l, err := v.listBlocks(ctx, f)
+	if err != nil {
+		return allocation{}, false, err
+	}
+	for _, pool := range pools {
+		used := slices.Clone(l.cidrs)
+		for _, x := range v.conf.Exclude {
+			if x.Bits() <= pool.BlockSize {
+				used = append(used, x)
+			}
+		}
+		// A subnet only partly excluded might still be unusable; give up on it and walk on.
+		for range 64 {
+			cidr, ok := calico.FreeBlock(pool.CIDR, pool.BlockSize, calico.BlockStartIndex(v.conf.Node, pool.CIDR, pool.BlockSize), used)
+			if !ok {
+				break
+			}
+			e := &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+			if a, ok := v.assignFrom(e, attr); ok {
+				v.blocks[cidr] = e
+				v.log.Info("claiming block", "block", cidr, "pool", pool.CIDR)
+				return a, true, nil
+			}
+			used = append(used, cidr)
+		}
+	}
+	return allocation{}, false, nil
+}
+
+// assignSpecific assigns the requested address ip: in the block that holds it, claiming that block
+// (the pool's block-sized subnet around ip) when there is none.
+func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip netip.Addr, attr calico.AllocationAttribute, ifname string) (allocation, error) {
+	f := familyOf(ip)
+	var pool *calico.IPPool
+	for i := range pools {
+		if pools[i].CIDR.Contains(ip) {
+			pool = &pools[i]
+			break
+		}
+	}
+	if pool == nil {
+		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is outside the %s pools (%s)", ip, f, poolNames(pools))
+	}
+	if v.excluded(ip) {
+		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is excluded (ipam.exclude)", ip)
+	}
+	e, err := v.blockHolding(ctx, ip)
+	if err != nil {
+		return allocation{}, err
+	}
+	if e == nil {
+		cidr := netip.PrefixFrom(ip, pool.BlockSize).Masked()
+		l, err := v.listBlocks(ctx, f)
+		if err != nil {
+			return allocation{}, err
+		}
+		for _, other := range l.cidrs {
+			if other.Overlaps(cidr) {
+				return allocation{}, withCode(ErrAddressUnavailable, "requested address %s: its block %s would overlap the existing block %s", ip, cidr, other)
+			}
+		}
+		if !v.cfg.AutoAllocateBlocks {
+			return allocation{}, withCode(ErrAddressUnavailable, "requested address %s: block %s does not exist and auto_allocate_blocks is off", ip, cidr)
+		}
+		e = &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+		v.blocks[cidr] = e
+		v.log.Info("claiming block for a requested address", "block", cidr, "addr", ip)
+	}
+	if !v.ownedByNode(e.b) && v.cfg.StrictAffinity {
+		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is in block %s, not affine to node %s, and strict affinity is on",
+			ip, e.b.CIDR, v.conf.Node)
+	}
+	ord, _ := calico.Ordinal(e.b.CIDR, ip)
+	if a := e.b.AttributeOf(ord); a != nil {
+		if a.Handle() == attr.Handle() {
+			return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is held by interface %s of this container", ip, ifnameOf(a))
+		}
+		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is held by handle %q", ip, a.Handle())
+	}
+	if err := e.b.Assign(ord, attr); err != nil {
+		return allocation{}, withCode(ErrDatastore, "requested address %s: %w", ip, err)
+	}
+	e.dirty = true
+	return allocation{block: e.b.CIDR, addr: ip}, nil
+}
+
+// blockHolding returns the block that contains ip (loading it), or nil when there is none.
+func (v *view) blockHolding(ctx context.Context, ip netip.Addr) (*blockEntry, error) {
+	for cidr, e := range v.blocks {
+		if e != nil && cidr.Contains(ip) {
+			return e, nil
+		}
+	}
+	l, err := v.listBlocks(ctx, familyOf(ip))
+	if err != nil {
+		return nil, err
+	}
+	var hits []netip.Prefix
+	for _, cidr := range l.cidrs {
+		if cidr.Contains(ip) {
+			hits = append(hits, cidr)
+		}
+	}
+	if err := v.loadBlocks(ctx, hits); err != nil {
+		return nil, err
+	}
+	// Overlapping blocks (after a pool's block size changed): the most specific one holds ip.
+	slices.SortFunc(hits, func(a, b netip.Prefix) int { return b.Bits() - a.Bits() })
+	for _, cidr := range hits {
+		if err := v.bad[cidr]; err != nil {
+			return nil, err
+		}
+		if e := v.blocks[cidr]; e != nil {
+			return e, nil
+		}
+	}
+	return nil, nil
+}
+
+func poolNames(pools []calico.IPPool) string {
+	var s []string
+	for _, p := range pools {
+		if p.Name != "" {
+			s = append(s, p.Name+" "+p.CIDR.String())
+		} else {
+			s = append(s, p.CIDR.String())
+		}
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,464 @@
+package cni_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+)
+
+// addAll runs one ADD per (list, container) at once, each in its own plugin process, and returns the
+// results and errors by index.
+func (e *env) addAll(lists []*libcni.NetworkConfigList, cids []string) ([]*current.Result, []error, time.Duration) {
+	res := make([]*current.Result, len(cids))
+	errs := make([]error, len(cids))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range cids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = e.add(lists[i], rt(cids[i], "eth0"))
+		}()
+	}
+	wg.Wait()
+	return res, errs, time.Since(start)
+}
+
+// checkAccounted verifies that the successful results are exactly the allocations in etcd: no
+// address twice, each held by the handle of the container it was returned to, on the right node.
+func (e *env) checkAccounted(res []*current.Result, errs []error, cids, nodes []string) int {
+	e.t.Helper()
+	byAddr := map[netip.Addr]string{}
+	ok := 0
+	for i, r := range res {
+		if errs[i] != nil {
+			continue
+		}
+		ok++
+		a := addrs(r)[0].Addr()
+		if prev, dup := byAddr[a]; dup {
+			e.t.Errorf("address %s returned to %s and %s", a, prev, cids[i])
+		}
+		byAddr[a] = cids[i]
+	}
+	s := e.snapshot()
+	if len(s.Allocations) != ok {
+		e.t.Errorf("%d successful ADDs, %d allocations in etcd", ok, len(s.Allocations))
+	}
+	for _, al := range s.Allocations {
+		cid, found := byAddr[al.Addr]
+		if !found {
+			e.t.Errorf("allocation %s (%s) was returned to no ADD", al.Addr, al.Handle)
+			continue
+		}
+		if al.Handle != "net1."+cid {
+			e.t.Errorf("%s is held by %s, returned to %s", al.Addr, al.Handle, cid)
+		}
+		for i := range cids {
+			if cids[i] == cid && al.Node != nodes[i] {
+				e.t.Errorf("%s of %s records node %s, want %s", al.Addr, cid, al.Node, nodes[i])
+			}
+		}
+	}
+	return ok
+}
+
+// TestConcurrentAdds100: 100 ADDs at once on one node, each its own process: all succeed, no
+// address twice, every one accounted for.
+func TestConcurrentAdds100(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	const n = 100
+	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
+	for i := range n {
+		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("c%03d", i), "node1"
+	}
+	res, errs, wall := e.addAll(lists, cids)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("ADD %s: %v", cids[i], err)
+		}
+	}
+	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n {
+		t.Fatalf("%d of %d ADDs succeeded", ok, n)
+	}
+	t.Logf("100 concurrent ADDs on one node: %s wall, %d blocks", wall.Round(time.Millisecond), len(e.snapshot().Blocks))
+}
+
+// TestConcurrentWithoutLock: with the node lock disabled, concurrent ADDs of one node race for the
+// same block in etcd; the conditional transactions alone keep every address unique.
+func TestConcurrentWithoutLock(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 28)
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"lock_file": "none"})})
+	const n = 30
+	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
+	for i := range n {
+		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("c%02d", i), "node1"
+	}
+	res, errs, wall := e.addAll(lists, cids)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("ADD %s: %v", cids[i], err)
+		}
+	}
+	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n {
+		t.Fatalf("%d of %d ADDs succeeded", ok, n)
+	}
+	t.Logf("%d lock-free concurrent ADDs: %s wall", n, wall.Round(time.Millisecond))
+}
+
+// TestThreeNodesRace: three nodes race for the blocks of a small pool. Without strict affinity all
+// ADDs succeed (borrowing at the end); with it, ADDs beyond a node's blocks fail with 100. Either way
+// no address is handed out twice, no blocks overlap, and every allocation is accounted for.
+func TestThreeNodesRace(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			e := newEnv(t)
+			// 8 blocks of 8 addresses; 60 ADDs (strict: 4 blocks of 8, 30 ADDs, 10 per node).
+			perNode, pool := 20, "10.9.0.0/26"
+			if strict {
+				perNode, pool = 10, "10.9.0.0/27"
+				e.putIPAMConfig(calico.IPAMConfig{StrictAffinity: true, AutoAllocateBlocks: true})
+			}
+			e.putPool("small", pool, 29)
+			var lists []*libcni.NetworkConfigList
+			var cids, nodes []string
+			for n := 1; n <= 3; n++ {
+				node := fmt.Sprintf("node%d", n)
+				l := e.list(netOpts{ipam: e.ipam(node, nil)})
+				for i := range perNode {
+					lists, cids, nodes = append(lists, l), append(cids, fmt.Sprintf("%s-c%02d", node, i)), append(nodes, node)
+				}
+			}
+			res, errs, wall := e.addAll(lists, cids)
+			for i, err := range errs {
+				if err != nil && (!strict || codeOf(err) != cni.ErrPoolExhausted) {
+					t.Errorf("ADD %s: %v", cids[i], err)
+				}
+			}
+			ok := e.checkAccounted(res, errs, cids, nodes)
+			s := e.snapshot()
+			if !strict && ok != len(cids) {
+				t.Errorf("%d of %d ADDs succeeded without strict affinity", ok, len(cids))
+			}
+			owners := map[string]int{}
+			for _, b := range s.Blocks {
+				owners[calico.OwnerOf(b, false).Node]++
+			}
+			if strict {
+				// A node fails only once its own blocks are full and no block is left to claim.
+				for _, a := range s.Allocations {
+					if a.Node != a.Owner {
+						t.Errorf("strict affinity, yet %s of %s is in %s's block", a.Addr, a.Node, a.Owner)
+					}
+				}
+				if ok < len(cids) && len(s.Blocks) != 4 {
+					t.Errorf("%d ADDs failed with %d of 4 blocks claimed", len(cids)-ok, len(s.Blocks))
+				}
+				for n := 1; n <= 3; n++ {
+					node, got := fmt.Sprintf("node%d", n), 0
+					for _, a := range s.Allocations {
+						if a.Node == node {
+							got++
+						}
+					}
+					if want := min(perNode, 8*owners[node]); got != want {
+						t.Errorf("%s holds %d addresses with %d blocks, want %d", node, got, owners[node], want)
+					}
+				}
+			}
+			t.Logf("%d ADDs, %d succeeded, in %s; blocks per node %v", len(cids), ok, wall.Round(time.Millisecond), owners)
+		})
+	}
+}
+
+// TestKillMidOperation: a plugin killed between its reads and its write leaves nothing half-written
+// (the write is one transaction), and the next call proceeds (the kernel dropped its lock).
+func TestKillMidOperation(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	killDuring := func(cmdName, cid string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, filepath.Join(pluginDir, "block-ipam"))
+		cmd.Env = append(cniEnv(cmdName, cid, "eth0", "/var/run/netns/x", ""), cni.PauseEnv+"=30s")
+		cmd.Stdin = strings.NewReader(string(pluginConf(t, list)))
+		stderr, _ := cmd.StderrPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitMarker(t, stderr)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err == nil {
+			t.Fatal("killed plugin exited cleanly")
+		}
+	}
+	dump := func() map[string]int64 {
+		resp, err := e.cli.Get(ctx, "/calico/ipam/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, kv := range resp.Kvs {
+			out[string(kv.Key)] = kv.ModRevision
+		}
+		return out
+	}
+
+	// First ADD of the node: killed before claiming its block.
+	killDuring("ADD", "c1")
+	if d := dump(); len(d) != 0 {
+		t.Fatalf("killed first ADD left %v", d)
+	}
+	e.mustAdd(list, rt("c1", "eth0"))
+	// Common-path ADD into the existing block: killed, the block is untouched.
+	before := dump()
+	killDuring("ADD", "c2")
+	if after := dump(); !mapsEqualInt64(before, after) {
+		t.Fatalf("killed ADD changed etcd: %v -> %v", before, after)
+	}
+	// DEL killed: c1 keeps its address and handle.
+	killDuring("DEL", "c1")
+	if after := dump(); !mapsEqualInt64(before, after) {
+		t.Fatalf("killed DEL changed etcd: %v -> %v", before, after)
+	}
+	e.mustAdd(list, rt("c2", "eth0"))
+	e.mustDel(list, rt("c1", "eth0"))
+}
+
+func mapsEqualInt64(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+var roundTripsRe = regexp.MustCompile(`msg=(ADD|DEL) .*etcd_round_trips=(\d+)`)
+
+// roundTrips returns "VERB=n" for each call logged in the plugin's log file.
+func roundTrips(t *testing.T, logFile string) []string {
+	t.Helper()
+	f, err := os.Open(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m := roundTripsRe.FindStringSubmatch(sc.Text()); m != nil {
+			got = append(got, m[1]+"="+m[2])
+		}
+	}
+	return got
+}
+
+// TestRoundTrips: with the node cache warm, ADD takes one etcd round trip (a write conditional on
+// the remembered block), a repeated ADD one (the same transaction's failure branch reads the handle),
+// DEL one (a write conditional on the handle's value derived from the remembered block); claiming the
+// node's first block takes three (read state, list blocks, write). Counted by the plugin's client,
+// one HTTP request each.
+func TestRoundTrips(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	e.mustAdd(list, rt("c1", "eth0")) // claims the block
+	e.mustAdd(list, rt("c2", "eth0"))
+	e.mustAdd(list, rt("c2", "eth0")) // idempotent
+	e.mustDel(list, rt("c2", "eth0"))
+	got := roundTrips(t, logFile)
+	want := []string{"ADD=3", "ADD=1", "ADD=1", "DEL=1"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("round trips %v, want %v (claim, common ADD, repeated ADD, DEL)", got, want)
+	}
+	t.Logf("etcd round trips: claim ADD %s, common ADD %s, repeated ADD %s, DEL %s", got[0], got[1], got[2], got[3])
+}
+
+// TestNodeCacheIsOnlyAHint: the node cache never decides anything etcd does not confirm. When another
+// node writes the remembered block, when the remembered block's pool is disabled, or when the cache
+// file is garbage, ADD still gives a correct address, at the cost of one more round trip.
+func TestNodeCacheIsOnlyAHint(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("a", "10.244.0.0/16", 26)
+	e.putPool("b", "10.245.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
+	if !mustPrefix("10.244.0.0/16").Contains(first) {
+		t.Fatalf("first ADD %s, want pool a", first)
+	}
+	e.mustAdd(list, rt("c2", "eth0")) // warm: one round trip
+
+	// node2 borrows an address of node1's block: the cached block is stale.
+	block := netip.PrefixFrom(first, 26).Masked()
+	borrowed, _ := calico.OrdinalAddr(block, 2)
+	e.mustAdd(e.list(netOpts{ipam: e.ipam("node2", nil)}), rt("n2", "eth0", [2]string{"IP", borrowed.String()}))
+	if got := addrs(e.mustAdd(list, rt("c3", "eth0")))[0].Addr(); got == borrowed {
+		t.Fatalf("ADD with a stale cache handed out %s, borrowed by node2", got)
+	}
+
+	// Pool a disabled: allocation moves to pool b at once, cache or no cache.
+	e.putPool("a", "10.244.0.0/16", 26, func(p *calico.IPPool) { p.Disabled = true })
+	if got := addrs(e.mustAdd(list, rt("c4", "eth0")))[0].Addr(); !mustPrefix("10.245.0.0/16").Contains(got) {
+		t.Fatalf("ADD after pool a was disabled gave %s", got)
+	}
+
+	// A garbage cache file is ignored.
+	if err := os.WriteFile(filepath.Join(e.tmp, "node1.lock.net1.cache"), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.mustAdd(list, rt("c5", "eth0"))
+
+	got := roundTrips(t, logFile)
+	want := []string{"ADD=3", "ADD=1", "ADD=2", "ADD=3", "ADD=3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("round trips %v, want %v (claim, warm, stale block, claim in pool b, no usable cache)", got, want)
+	}
+}
+
+// holdLock takes the node lock file as the plugin does and returns its release.
+func holdLock(t *testing.T, path string) func() {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	return func() { f.Close() }
+}
+
+// waitFiles waits until dir holds n files with the suffix.
+func waitFiles(t *testing.T, dir, suffix string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		m, _ := filepath.Glob(filepath.Join(dir, "*"+suffix))
+		if len(m) >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d %s files did not appear in %s", n, suffix, dir)
+}
+
+// TestGroupCommit: ADDs that queue while the node lock is held are served by whichever gets the lock
+// first, in its one write; the others answer from its results without an etcd call. A result left
+// with another process's nonce is ignored.
+func TestGroupCommit(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	logFile := filepath.Join(e.tmp, "plugin.log")
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block and warms the node cache
+	lockFile := filepath.Join(e.tmp, "node1.lock")
+	queue := lockFile + ".queue"
+
+	const n = 12
+	release := holdLock(t, lockFile)
+	cids := make([]string, n)
+	lists := make([]*libcni.NetworkConfigList, n)
+	nodes := make([]string, n)
+	for i := range n {
+		cids[i], lists[i], nodes[i] = fmt.Sprintf("g%02d", i), list, "node1"
+	}
+	done := make(chan struct{})
+	var res []*current.Result
+	var errs []error
+	go func() {
+		defer close(done)
+		res, errs, _ = e.addAll(lists, cids)
+	}()
+	waitFiles(t, queue, ".req", n)
+	release()
+	<-done
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ADD %s: %v", cids[i], err)
+		}
+	}
+	cids = append([]string{"c0"}, cids...)
+	res = append([]*current.Result{r0}, res...)
+	errs = append([]error{nil}, errs...)
+	nodes = append([]string{"node1"}, nodes...)
+	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n+1 {
+		t.Fatalf("%d of %d accounted", ok, n+1)
+	}
+	rts, batched := 0, 0
+	for _, l := range logLines(logFile) {
+		if m := batchedRe.FindStringSubmatch(l); m != nil {
+			b, _ := strconv.Atoi(m[1])
+			r, _ := strconv.Atoi(m[2])
+			batched += b
+			rts += r
+		}
+	}
+	// c0: 3 round trips; then one leader's write for all 12 (plus any that lost the race for the
+	// lock before the leader collected them and wrote for themselves).
+	if batched < n-1-2 || rts > 3+1+2 {
+		t.Errorf("group commit served %d of %d, with %d etcd round trips in all", batched, n-1, rts)
+	}
+	t.Logf("%d queued ADDs: %d served by group commit, %d etcd round trips in all (3 for the first ADD)", n, batched, rts)
+	if m, _ := filepath.Glob(filepath.Join(queue, "*")); len(m) != 0 {
+		t.Errorf("queue left %v", m)
+	}
+
+	// A result with the wrong nonce is not taken.
+	release = holdLock(t, lockFile)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.add(list, rt("x1", "eth0"))
+		errc <- err
+	}()
+	waitFiles(t, queue, ".req", 1)
+	bogus := `{"nonce":"0000","allocs":[{"block":"10.0.0.0/26","addr":"10.0.0.1"}]}`
+	if err := os.WriteFile(filepath.Join(queue, "net1.x1@eth0.res"), []byte(bogus), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range e.snapshot().Allocations {
+		if a.Handle == "net1.x1" && a.Addr == netip.MustParseAddr("10.0.0.1") {
+			t.Fatal("took another process's result")
+		}
+	}
+	if _, ok := e.snapshot().Handles["net1.x1"]; !ok {
+		t.Fatal("x1 has no allocation")
+	}
+}
+
+var batchedRe = regexp.MustCompile(`msg=ADD .*batched=(\d+) etcd_round_trips=(\d+)`)

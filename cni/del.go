@@ -1,0 +1,133 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// del releases the addresses of (container, ifname) by handle, never by prevResult (libcni sends none
+// when its cache is gone) and without the netns. Released ordinals go to the tail of their block's
+// FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
+// transaction. Nothing to release is success, and an emptied block keeps its affinity.
+func (c *call) del(ctx context.Context, args *skel.CmdArgs) error {
+	lock, err := c.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer lock.release()
+	handle := handleID(c.conf.Network, args.ContainerID)
+	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
+		return c.delAttempt(ctx, handle, args.IfName)
+	})
+}
+
+func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
+	spec := readSpec{handle: true, hint: c.cache.hint()}
+	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
+	var v *view
+	var err error
+	if fast := c.cachedView(handle, false); fast != nil {
+		// One round trip: the handle's value is derived from the remembered blocks and the write is
+		// conditional on exactly that value; if the handle holds anything else (or the blocks
+		// changed) the same transaction reads the current state instead.
+		guess := calico.NewHandle()
+		for cidr, e := range fast.blocks {
+			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.Handle() == handle })); n > 0 {
+				guess.Add(cidr, n)
+			}
+		}
+		if len(guess.Block) > 0 {
+			fast.handle = guess
+			if fast.handleValue, err = calico.EncodeHandle(guess); err != nil {
+				return err
+			}
+			h, changed, err := fast.releaseHandle(handle, match)
+			if err != nil {
+				return err
+			}
+			if changed {
+				r := c.reads(handle, spec)
+				res, err := fast.commit(ctx, h, r.ops)
+				if err == nil {
+					c.remember(fast, nil)
+					return nil
+				}
+				if !errors.Is(err, errConflict) {
+					return err
+				}
+				if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if v == nil {
+		if v, err = c.newView(ctx, handle, spec); err != nil {
+			return err
+		}
+	}
+	if v.handle == nil {
+		c.log.Debug("no handle: nothing to release", "handle", handle)
+		return nil
+	}
+	if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
+		return err
+	}
+	h, changed, err := v.releaseHandle(handle, match)
+	if err != nil || !changed {
+		return err
+	}
+	if _, err := v.commit(ctx, h, nil); err != nil {
+		return err
+	}
+	c.remember(v, nil)
+	return nil
+}
+
+// releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that
+// match accepts, and returns the handle corrected to the allocations that remain, and whether
+// anything changed.
+func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
+	h := calico.NewHandle()
+	changed := false
+	for k, n := range v.handle.Block {
+		p, err := netip.ParsePrefix(k)
+		if err != nil {
+			v.log.Warn("dropping unparseable block from handle", "handle", handle, "block", k)
+			changed = true
+			continue
+		}
+		cidr := calico.Canonical(p)
+		if err := v.bad[cidr]; err != nil {
+			return nil, false, fmt.Errorf("release %s from %s: %w", handle, cidr, err)
+		}
+		e := v.blocks[cidr]
+		if e == nil {
+			// The block is gone: the handle cannot hold anything in it.
+			changed = true
+			continue
+		}
+		mine := func(a *calico.AllocationAttribute) bool { return a.Handle() == handle }
+		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
+			if err := e.b.Release(ords...); err != nil {
+				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)
+			}
+			e.dirty = true
+			changed = true
+		}
+		left := len(e.b.Ordinals(mine))
+		if left != n {
+			changed = true
+		}
+		if left > 0 {
+			h.Block[cidr.String()] = left
+		}
+	}
+	return h, changed, nil
+}

@@ -1,0 +1,288 @@
+package cni_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+)
+
+// held returns "handle/ifname" of every allocation, for compact comparisons.
+func (e *env) held() map[string]int {
+	out := map[string]int{}
+	for _, a := range e.snapshot().Allocations {
+		out[a.Handle+"/"+a.Secondary[cni.AttrIfname]+"@"+a.Node]++
+	}
+	return out
+}
+
+// TestGC: without cni.dev/valid-attachments GC releases nothing; with it, exactly this node's
+// allocations on this network that are not listed, and never those of other nodes, other networks, or
+// a network whose name extends this one's with a dot.
+func TestGC(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	net1 := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	net2 := e.list(netOpts{name: "net2", ipam: e.ipam("node1", nil)})
+	dotted := e.list(netOpts{name: "net1.x", ipam: e.ipam("node1", nil)})
+	net1node2 := e.list(netOpts{ipam: e.ipam("node2", nil)})
+	e.mustAdd(net1, rt("c1", "eth0"))
+	e.mustAdd(net1, rt("c2", "eth0"))
+	e.mustAdd(net1, rt("c2", "net1"))
+	e.mustAdd(net2, rt("c9", "eth0"))
+	e.mustAdd(dotted, rt("c1", "eth0"))
+	e.mustAdd(net1node2, rt("c5", "eth0"))
+	before := e.held()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A runtime with no cached attachments, so that libcni issues no DELs of its own.
+	fresh := func() *libcni.CNIConfig {
+		return newRuntime(t.TempDir())
+	}
+
+	if err := fresh().GCNetworkList(ctx, net1, nil); err != nil {
+		t.Fatalf("GC without valid-attachments: %v", err)
+	}
+	if got := e.held(); !mapsEqualInt(got, before) {
+		t.Fatalf("GC without the key released something: %v -> %v", before, got)
+	}
+
+	valid := []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c2", IfName: "eth0"}}
+	if err := fresh().GCNetworkList(ctx, net1, &libcni.GCArgs{ValidAttachments: valid}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	want := map[string]int{"net1.c1/eth0@node1": 1, "net1.c2/eth0@node1": 1, "net2.c9/eth0@node1": 1, "net1.x.c1/eth0@node1": 1, "net1.c5/eth0@node2": 1}
+	if got := e.held(); !mapsEqualInt(got, want) {
+		t.Fatalf("after GC keeping c1 and c2/eth0: %v, want %v", got, want)
+	}
+	if h := e.snapshot().Handles["net1.c2"]; h == nil || h.Count() != 1 {
+		t.Fatalf("handle net1.c2 = %+v, want count 1", h)
+	}
+
+	// Nothing valid (libcni sends null): every net1 allocation of node1 goes, nothing else.
+	if err := fresh().GCNetworkList(ctx, net1, &libcni.GCArgs{}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	want = map[string]int{"net2.c9/eth0@node1": 1, "net1.x.c1/eth0@node1": 1, "net1.c5/eth0@node2": 1}
+	if got := e.held(); !mapsEqualInt(got, want) {
+		t.Fatalf("after GC with nothing valid: %v, want %v", got, want)
+	}
+}
+
+func mapsEqualInt(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGCRevalidates: an allocation GC found stale in its snapshot but that was released and
+// allocated again (same container, same address, new sequence number) before GC got to it is kept.
+func TestGCRevalidates(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("tiny", "10.9.0.0/30", 30)
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	for i := 1; i <= 4; i++ {
+		e.mustAdd(list, rt(fmt.Sprintf("c%d", i), "eth0"))
+	}
+	gcList := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"lock_file": filepath.Join(e.tmp, "gc.lock")})})
+	conf, err := libcni.InjectConf(gcList.Plugins[0], map[string]any{"name": "net1", "cniVersion": "1.1.0",
+		"cni.dev/valid-attachments": []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c2", IfName: "eth0"}, {ContainerID: "c3", IfName: "eth0"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(pluginDir, "block-ipam"))
+	cmd.Env = append(cniEnv("GC", "", "", "", ""), cni.PauseEnv+"=3s")
+	cmd.Stdin = strings.NewReader(string(conf.Bytes))
+	stderr, _ := cmd.StderrPipe()
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitMarker(t, stderr)
+	// While GC pauses with c4 in its snapshot: c4 goes and comes back on the same (only free) address.
+	e.mustDel(list, rt("c4", "eth0"))
+	e.mustAdd(list, rt("c4", "eth0"))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("GC: %v: %s", err, stdout.String())
+	}
+	if got := e.held(); got["net1.c4/eth0@node1"] != 1 {
+		t.Fatalf("GC released c4's new allocation: %v", got)
+	}
+}
+
+// waitMarker reads the plugin's stderr until the test pause marker, then drains the rest.
+func waitMarker(t *testing.T, r interface{ Read([]byte) (int, error) }) {
+	t.Helper()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "test pause before commit") {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return
+		}
+	}
+	t.Fatal("plugin exited before its test pause")
+}
+
+// TestStatus: STATUS succeeds when ADD can be served, and fails with 50 naming the endpoint within its
+// 2 s budget when etcd is down.
+func TestStatus(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := e.cni.GetStatusNetworkList(ctx, list); err != nil {
+		t.Fatalf("STATUS: %v", err)
+	}
+	noPools := newEnv(t)
+	wantCode(t, noPools.cni.GetStatusNetworkList(ctx, noPools.list(netOpts{ipam: noPools.ipam("node1", nil)})), cni.ErrPluginNotAvailable, "pool")
+
+	e.srv.Stop()
+	start := time.Now()
+	err := e.cni.GetStatusNetworkList(ctx, list)
+	wantCode(t, err, cni.ErrPluginNotAvailable, e.srv.Endpoint())
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("STATUS took %s with etcd down, budget 2 s", d)
+	}
+	if err := e.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cni.GetStatusNetworkList(ctx, list); err != nil {
+		t.Fatalf("STATUS after etcd restart: %v", err)
+	}
+}
+
+// TestErrorCodes runs the binary directly, as a runtime does, into every error it can give.
+func TestErrorCodes(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	conf := func(ipam map[string]any, top map[string]any) []byte {
+		o := netOpts{ipam: e.ipam("node1", ipam)}
+		if v, ok := top["cniVersion"].(string); ok {
+			o.cniVersion = v
+		}
+		return pluginConf(t, e.list(o))
+	}
+	run := func(envv []string, stdin []byte) (error, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		out, stderr, err := execPlugin(ctx, envv, stdin)
+		d := time.Since(start)
+		if err == nil {
+			return nil, d
+		}
+		if _, ok := err.(*exec.ExitError); !ok {
+			t.Fatalf("exec: %v", err)
+		}
+		_ = stderr
+		return decodeError(t, out), d
+	}
+	add := func(cid string) []string { return cniEnv("ADD", cid, "eth0", "/var/run/netns/x", "") }
+
+	// 7 before any etcd call: the endpoint is unroutable, a call would hang for seconds.
+	err, d := run(add("c1"), conf(map[string]any{"etcd_endpoints": "http://192.0.2.1:2379", "assign_ipv4": "maybe"}, nil))
+	wantCode(t, err, 7, "assign_ipv4")
+	if d > 2*time.Second {
+		t.Errorf("config error took %s: etcd was contacted first", d)
+	}
+	// 6: undecodable configuration (skel).
+	err, _ = run(add("c1"), []byte("{not json"))
+	wantCode(t, err, 6, "")
+	// 1: unsupported cniVersion (skel).
+	err, _ = run(add("c1"), conf(nil, map[string]any{"cniVersion": "0.2.0"}))
+	wantCode(t, err, 1, "")
+	// 4: missing CNI_CONTAINERID (skel); malformed CNI_ARGS (block-ipam).
+	err, _ = run(cniEnv("ADD", "", "eth0", "/x", ""), conf(nil, nil))
+	wantCode(t, err, 4, "CNI_CONTAINERID")
+	err, _ = run(cniEnv("ADD", "c1", "eth0", "/x", "K8S_POD_NAME"), conf(nil, nil))
+	wantCode(t, err, 4, "CNI_ARGS")
+	// 8: the plugin's own netns, refused before anything is allocated.
+	err, _ = run(cniEnv("ADD", "c1", "eth0", "/proc/self/ns/net", ""), conf(nil, nil))
+	wantCode(t, err, 8, "")
+	if n := len(e.snapshot().Allocations); n != 0 {
+		t.Fatalf("ADD into the plugin's own netns leaked %d allocations", n)
+	}
+	// 11: etcd unreachable until the deadline.
+	err, _ = run(add("c1"), conf(map[string]any{"etcd_endpoints": "http://127.0.0.1:1", "timeout": "1s"}, nil))
+	wantCode(t, err, 11, "127.0.0.1:1")
+
+	// 11: every attempt loses its race (the test rewrites the node's block continuously).
+	e.mustAdd(e.list(netOpts{ipam: e.ipam("node1", nil)}), rt("c0", "eth0"))
+	var blockKey string
+	for cidr := range e.snapshot().Blocks {
+		blockKey = calico.BlockKey(cidr)
+	}
+	resp, gerr := e.cli.Get(ctx, blockKey)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	val := string(resp.Kvs[0].Value)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			e.cli.Put(ctx, blockKey, val)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	// The pause widens each attempt's read-to-write window so that every attempt loses.
+	err, _ = run(append(add("c2"), cni.PauseEnv+"=100ms"), conf(map[string]any{"timeout": "1500ms", "lock_file": "none"}, nil))
+	close(stop)
+	<-done
+	wantCode(t, err, 11, "gave up")
+
+	// 102: a block the handle points into no longer decodes.
+	e.put(blockKey, []byte(strings.Replace(val, `"allocations":[0`, `"allocations":[7`, 1)))
+	err, _ = run(cniEnv("DEL", "c0", "eth0", "", ""), conf(nil, nil))
+	wantCode(t, err, cni.ErrDatastore, "invariant")
+	e.put(blockKey, []byte(val))
+
+	// CHECK needs cniVersion >= 0.4.0 (skel: 1); VERSION answers without stdin.
+	err, _ = run(cniEnv("CHECK", "c0", "eth0", "/x", ""), conf(nil, map[string]any{"cniVersion": "0.3.1"}))
+	wantCode(t, err, 1, "")
+	out, _, verr := execPlugin(ctx, cniEnv("VERSION", "", "", "", ""), nil)
+	if verr != nil || !strings.Contains(string(out), `"1.1.0"`) || !strings.Contains(string(out), `"0.3.1"`) {
+		t.Errorf("VERSION: %v %s", verr, out)
+	}
+	e.mustDel(e.list(netOpts{ipam: e.ipam("node1", nil)}), rt("c0", "eth0"))
+}
+
+// TestEndpointFailover: an unreachable first endpoint is passed over.
+func TestEndpointFailover(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"etcd_endpoints": "http://127.0.0.1:1," + e.srv.Endpoint()})})
+	e.mustAdd(list, rt("c1", "eth0"))
+	e.mustDel(list, rt("c1", "eth0"))
+}
