@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -197,7 +198,9 @@ func checkExampleAddresses(t *testing.T, file string, text []byte) {
 		if err != nil {
 			continue // a time of day, a MAC address, a port
 		}
-		if a.IsLoopback() || a.IsUnspecified() {
+		// Loopback, unspecified and link-local addresses (the pods' gateway 169.254.1.1, fe80::1) are
+		// fixed values, not examples of someone's network.
+		if a.IsLoopback() || a.IsUnspecified() || a.IsLinkLocalUnicast() {
 			continue
 		}
 		if !slices.ContainsFunc(documentationPrefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
@@ -720,7 +723,7 @@ func TestKubernetesManifests(t *testing.T) {
 var blockIPAMKeys = []string{
 	"type", "etcd_endpoints", "etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "nodename",
 	"ipv4_pools", "ipv6_pools", "assign_ipv4", "assign_ipv6", "exclude", "routes", "dns", "resolvConf",
-	"max_blocks_per_host", "result_prefix", "log_file",
+	"max_blocks_per_host", "result_prefix", "log_file", "gateways",
 }
 
 // etcdKeys may sit in the ipam section or, as calico-ipam has them, at the plugin's top level.
@@ -818,8 +821,8 @@ func TestCNIConfigs(t *testing.T) {
 	}
 
 	// What each example is there to show.
-	if ipam := seen["10-vpp-bridge.conflist"]; ipam == nil {
-		t.Errorf("cni/10-vpp-bridge.conflist is missing")
+	if ipam := seen["10-vpp-ptp.conflist"]; ipam == nil {
+		t.Errorf("cni/10-vpp-ptp.conflist is missing")
 	}
 	if ipam := seen["20-dual-stack.conflist"]; ipam == nil {
 		t.Errorf("cni/20-dual-stack.conflist is missing")
@@ -909,5 +912,49 @@ func TestDockerfile(t *testing.T) {
 				t.Skipf("cmd/%s is not in this tree yet: the Dockerfile's go build would fail until it is merged", bin)
 			}
 		})
+	}
+}
+
+// TestCNIConfigsLoadInBlockIPAM feeds every example's block-ipam plugin entry to block-ipam's own
+// configuration loader, as libcni would (network name and cniVersion injected). The etcd TLS file
+// paths are host-specific (the runtime runs the plugin on the host, where Calico's installer wrote
+// them), so they are left out here; every other field must load.
+func TestCNIConfigsLoadInBlockIPAM(t *testing.T) {
+	for _, f := range glob(t, "cni/*.conflist") {
+		var conf struct {
+			CNIVersion string           `json:"cniVersion"`
+			Name       string           `json:"name"`
+			Plugins    []map[string]any `json:"plugins"`
+		}
+		if err := json.Unmarshal(readFile(t, f), &conf); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		loaded := 0
+		for _, p := range conf.Plugins {
+			ipam, _ := p["ipam"].(map[string]any)
+			if ipam == nil || ipam["type"] != "block-ipam" {
+				continue
+			}
+			for _, m := range []map[string]any{p, ipam} {
+				for _, k := range []string{"etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "resolvConf", "log_file"} {
+					delete(m, k)
+				}
+			}
+			p["name"], p["cniVersion"] = conf.Name, conf.CNIVersion
+			stdin, _ := json.Marshal(p)
+			cfg, err := cni.LoadConfig(stdin, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1",
+				func(string) string { return "" }, func() (string, error) { return "example-node", nil })
+			if err != nil {
+				t.Errorf("%s: block-ipam rejects the example: %v", f, err)
+				continue
+			}
+			if cfg == nil {
+				t.Errorf("%s: no configuration", f)
+			}
+			loaded++
+		}
+		if loaded != 1 {
+			t.Errorf("%s: %d block-ipam plugins loaded, want 1", f, loaded)
+		}
 	}
 }

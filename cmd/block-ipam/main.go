@@ -3,6 +3,8 @@
 package main
 
 import (
+	"os"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -11,6 +13,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "install" {
+		runInstall()
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add:    cni.CmdAdd,
 		Del:    cni.CmdDel,
