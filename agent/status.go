@@ -124,6 +124,13 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 	return len(missing) == 0, missing
 }
 
+// Resynced reports whether the first full resync has completed (systemd's READY=1).
+func (a *Agent) Resynced() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.view.resynced
+}
+
 // HealthyWithin reports whether the reconcile loop has turned within d (it turns at least every second
 // when idle). It does not depend on etcd or VPP.
 func (a *Agent) HealthyWithin(d time.Duration) bool {

@@ -326,7 +326,7 @@ func signalLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 	}
 }
 
-// notifyLoop tells systemd READY=1 once the agent is first ready, and pets the watchdog while the
+// notifyLoop tells systemd READY=1 once the first full resync is done, and pets the watchdog while the
 // reconcile loop turns.
 func notifyLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) {
 	wd := sdnotify.WatchdogInterval()
@@ -341,9 +341,9 @@ func notifyLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) {
 		case <-tick.C:
 		}
 		if !ready {
-			if ok, _ := a.Ready(); ok {
+			if a.Resynced() {
 				ready = true
-				if sent, err := sdnotify.Notify("READY=1\nSTATUS=routes in sync"); err != nil {
+				if sent, err := sdnotify.Notify("READY=1\nSTATUS=first full resync done"); err != nil {
 					log.Warn("sd_notify READY failed", "err", err)
 				} else if sent {
 					log.Info("notified systemd: ready")
