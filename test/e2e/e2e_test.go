@@ -406,6 +406,47 @@ func TestDeregisterOnExit(t *testing.T) {
 	}
 }
 
+// TestWithdrawOnExit: with --withdraw-on-exit, SIGTERM deletes exactly the routes the agent owns: not
+// a foreign route inside the pool, not a route via the uplink outside the pool, not the interface's.
+func TestWithdrawOnExit(t *testing.T) {
+	c := newCluster(t)
+	blocks := remoteCluster(c, 2, 6)
+	sim, sock := startSim(t)
+	foreign := []vppsim.Route{
+		{Prefix: netip.MustParsePrefix("10.200.0.0/26"), Paths: []vppsim.Path{{SwIfIndex: ^uint32(0), Type: "drop"}}},
+		{Prefix: netip.MustParsePrefix("172.16.0.0/16"), Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("192.168.0.1"), SwIfIndex: 1}}},
+	}
+	for _, r := range foreign {
+		if err := sim.AddRoute(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr,
+		extra: []string{"--withdraw-on-exit"}})
+	a.waitReady(10 * time.Second)
+	want := wantRoutes(blocks, 2)
+	want[foreign[0].Prefix] = netip.Addr{}
+	if msg := simFIB(sim, want); msg != "" {
+		t.Fatal(msg)
+	}
+	interfaceRoutes := len(sim.Routes(0, false)) - len(sim.APIRoutes(0))
+
+	a.stop()
+	var left []string
+	for _, r := range sim.APIRoutes(0) {
+		left = append(left, r.Prefix.String())
+	}
+	if want := []string{"10.200.0.0/26", "172.16.0.0/16"}; !slices.Equal(left, want) {
+		t.Errorf("API routes after SIGTERM with --withdraw-on-exit: %v, want only the foreign %v", left, want)
+	}
+	if n := len(sim.Routes(0, false)) - len(sim.APIRoutes(0)); n != interfaceRoutes {
+		t.Errorf("%d non-API routes after the withdrawal, %d before", n, interfaceRoutes)
+	}
+	if kv, _ := c.registration("node-self"); kv == nil {
+		t.Error("--withdraw-on-exit alone removed the registration")
+	}
+}
+
 // vppClient is a second GoVPP client of the simulator: VPP's CLI or another agent, writing behind the
 // agent's back.
 func vppClient(t *testing.T, sock string) api.Channel {
