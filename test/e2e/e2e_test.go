@@ -263,6 +263,16 @@ func TestStartBeforeVPP(t *testing.T) {
 		t.Errorf("etcd_events_total{blocks,put} = %v, want >= 2", v)
 	}
 
+	_, raw := a.get("/debug/routes")
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+		t.Fatalf("/debug/routes: %v\n%s", err, raw)
+	}
+	for _, k := range []string{"desired", "programmed", "unresolved"} {
+		if !strings.HasPrefix(string(doc[k]), "[") {
+			t.Errorf("/debug/routes has no %q list:\n%s", k, raw)
+		}
+	}
 	d := a.debugRoutes()
 	if d.Node != "node-self" || len(d.Desired) != len(want) || len(d.Programmed) != len(want) || len(d.Unresolved) != 1 {
 		t.Errorf("/debug/routes: node %q, %d desired, %d programmed, %d unresolved; want node-self, %d, %d, 1",
