@@ -175,7 +175,7 @@ func TestStartBeforeVPP(t *testing.T) {
 	}
 	var missingBefore []string
 	for _, name := range exportedMetrics {
-		if _, ok := before.types[name]; !ok {
+		if _, ok := before[name]; !ok {
 			missingBefore = append(missingBefore, name)
 		}
 	}
@@ -217,7 +217,7 @@ func TestStartBeforeVPP(t *testing.T) {
 	m := a.metrics()
 	var missing []string
 	for _, name := range exportedMetrics {
-		if _, ok := m.types[name]; !ok {
+		if _, ok := m[name]; !ok {
 			missing = append(missing, name)
 		}
 	}
@@ -225,7 +225,7 @@ func TestStartBeforeVPP(t *testing.T) {
 		t.Errorf("not exported: %v", missing)
 	}
 	for _, prefix := range []string{"go_", "process_"} {
-		if !slices.ContainsFunc(slices.Collect(maps.Keys(m.types)), func(n string) bool { return strings.HasPrefix(n, prefix) }) {
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(m)), func(n string) bool { return strings.HasPrefix(n, prefix) }) {
 			t.Errorf("no %s* collector metrics", prefix)
 		}
 	}

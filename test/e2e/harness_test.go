@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,13 +13,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/sirupsen/logrus"
 	"go.fd.io/govpp/core"
 
@@ -385,115 +386,65 @@ func (a *agent) debugRoutes() debugRoutes {
 
 // --- Prometheus text format ---
 
-// metrics is one scrape: the metric families announced by "# TYPE" and every sample.
-type metrics struct {
-	types   map[string]string // family name -> counter, gauge, histogram, ...
-	samples []sample
-}
+// metrics is one scrape, by metric family name.
+type metrics map[string]*dto.MetricFamily
 
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-// parseMetrics reads the Prometheus text exposition format that client_golang writes.
 func parseMetrics(text string) (metrics, error) {
-	m := metrics{types: map[string]string{}}
-	for _, line := range strings.Split(text, "\n") {
-		if line == "" {
-			continue
-		}
-		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
-			name, typ, _ := strings.Cut(rest, " ")
-			m.types[name] = typ
-			continue
-		}
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		s, err := parseSample(line)
-		if err != nil {
-			return m, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		m.samples = append(m.samples, s)
-	}
-	return m, nil
-}
-
-func parseSample(line string) (sample, error) {
-	s := sample{labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ ")
-	if i < 0 {
-		return s, errors.New("no value")
-	}
-	s.name, line = line[:i], line[i:]
-	if line[0] == '{' {
-		line = line[1:]
-		for line[0] != '}' {
-			eq := strings.IndexByte(line, '=')
-			if eq < 0 || len(line) < eq+2 || line[eq+1] != '"' {
-				return s, errors.New("bad label")
-			}
-			key := line[:eq]
-			line = line[eq+2:]
-			var val strings.Builder
-			j := 0
-			for ; j < len(line) && line[j] != '"'; j++ {
-				if line[j] == '\\' && j+1 < len(line) {
-					j++
-					switch line[j] {
-					case 'n':
-						val.WriteByte('\n')
-					default:
-						val.WriteByte(line[j])
-					}
-					continue
-				}
-				val.WriteByte(line[j])
-			}
-			if j >= len(line) {
-				return s, errors.New("unterminated label value")
-			}
-			s.labels[key] = val.String()
-			line = strings.TrimPrefix(line[j+1:], ",")
-			if line == "" {
-				return s, errors.New("unterminated labels")
-			}
-		}
-		line = line[1:]
-	}
-	fields := strings.Fields(line)
-	if len(fields) == 0 {
-		return s, errors.New("no value")
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
-		return s, err
+		return nil, fmt.Errorf("parse /metrics: %w", err)
 	}
-	s.value = v
-	return s, nil
+	return metrics(fams), nil
 }
 
-// sum adds the samples called name whose labels include the given pairs ("k", "v", ...); ok is false
-// when there is none.
-func (m metrics) sum(name string, labelPairs ...string) (float64, bool) {
-	var total float64
-	found := false
+// sum adds the values of the series of name whose labels include the given pairs ("k", "v", ...);
+// name may be a histogram's or a summary's name_count or name_sum. ok is false when no series matches.
+func (m metrics) sum(name string, labelPairs ...string) (total float64, ok bool) {
+	base, part := name, ""
+	if _, found := m[name]; !found {
+		for _, suffix := range []string{"_count", "_sum"} {
+			if b, cut := strings.CutSuffix(name, suffix); cut {
+				base, part = b, suffix
+			}
+		}
+	}
+	fam := m[base]
+	if fam == nil {
+		return 0, false
+	}
 next:
-	for _, s := range m.samples {
-		if s.name != name {
-			continue
+	for _, s := range fam.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range s.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
 		}
 		for i := 0; i+1 < len(labelPairs); i += 2 {
-			if s.labels[labelPairs[i]] != labelPairs[i+1] {
+			if labels[labelPairs[i]] != labelPairs[i+1] {
 				continue next
 			}
 		}
-		total += s.value
-		found = true
+		ok = true
+		switch {
+		case s.Counter != nil:
+			total += s.Counter.GetValue()
+		case s.Gauge != nil:
+			total += s.Gauge.GetValue()
+		case s.Untyped != nil:
+			total += s.Untyped.GetValue()
+		case s.Histogram != nil && part == "_count":
+			total += float64(s.Histogram.GetSampleCount())
+		case s.Histogram != nil && part == "_sum":
+			total += s.Histogram.GetSampleSum()
+		case s.Summary != nil && part == "_count":
+			total += float64(s.Summary.GetSampleCount())
+		case s.Summary != nil && part == "_sum":
+			total += s.Summary.GetSampleSum()
+		default:
+			return 0, false
+		}
 	}
-	return total, found
+	return total, ok
 }
 
 // value is sum for a series that must exist.
