@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -61,19 +60,19 @@ var exportedMetrics = []string{
 	"vpp_route_agent_build_info",
 }
 
-// shortDir returns a fresh directory with a path short enough for unix sockets.
-func shortDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "e2e-")
-	if err != nil {
-		t.Fatal(err)
+// notExported returns the names of exportedMetrics missing from m.
+func notExported(m metrics) []string {
+	var missing []string
+	for _, name := range exportedMetrics {
+		if _, ok := m[name]; !ok {
+			missing = append(missing, name)
+		}
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
+	return missing
 }
 
-// remoteCluster puts the IPv4 pool, nodes remote peers and blocks blocks owned round-robin by them, and
-// returns the blocks' CIDRs.
+// remoteCluster puts the IPv4 pool 10.0.0.0/8, the peer IPs of the given number of remote nodes, and
+// the given number of blocks owned round-robin by those nodes; it returns the blocks' CIDRs.
 func remoteCluster(c *cluster, nodes, blocks int) []netip.Prefix {
 	c.t.Helper()
 	c.putPool("default-ipv4-ippool", pool.String(), 26)
@@ -99,8 +98,7 @@ func wantRoutes(blocks []netip.Prefix, nodes int) map[netip.Prefix]netip.Addr {
 // healthPoller checks /healthz every 50ms until stopped and remembers every answer that was not 200.
 type healthPoller struct {
 	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
+	done chan struct{} // closed when the poller has stopped: n and bad are final
 	n    int
 	bad  []string
 }
@@ -118,7 +116,6 @@ func pollHealth(a *agent) *healthPoller {
 			case <-tick.C:
 			}
 			resp, err := httpClient.Get(a.url + "/healthz")
-			h.mu.Lock()
 			h.n++
 			if err != nil {
 				h.bad = append(h.bad, err.Error())
@@ -128,7 +125,6 @@ func pollHealth(a *agent) *healthPoller {
 				}
 				resp.Body.Close()
 			}
-			h.mu.Unlock()
 		}
 	}()
 	return h
@@ -138,8 +134,6 @@ func pollHealth(a *agent) *healthPoller {
 func (h *healthPoller) finish() (int, []string) {
 	close(h.stop)
 	<-h.done
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	return h.n, h.bad
 }
 
@@ -173,16 +167,10 @@ func TestStartBeforeVPP(t *testing.T) {
 	if v := before.value(t, "vpp_route_agent_routes_desired"); v != float64(len(blocks)) {
 		t.Errorf("routes_desired = %v before VPP is up, want %d", v, len(blocks))
 	}
-	var missingBefore []string
-	for _, name := range exportedMetrics {
-		if _, ok := before[name]; !ok {
-			missingBefore = append(missingBefore, name)
-		}
-	}
 	// Everything is exported before VPP is up: the vectors' series are created at zero (only the
 	// per-owner blocks gauge depends on the data, and there are blocks here).
-	if len(missingBefore) > 0 {
-		t.Errorf("not exported before the first resync: %v", missingBefore)
+	if missing := notExported(before); len(missing) > 0 {
+		t.Errorf("not exported before the first resync: %v", missing)
 	}
 
 	sim := startSimProc(t, sock)
@@ -215,13 +203,7 @@ func TestStartBeforeVPP(t *testing.T) {
 	})
 
 	m := a.metrics()
-	var missing []string
-	for _, name := range exportedMetrics {
-		if _, ok := m[name]; !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := notExported(m); len(missing) > 0 {
 		t.Errorf("not exported: %v", missing)
 	}
 	for _, prefix := range []string{"go_", "process_"} {

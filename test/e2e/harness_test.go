@@ -525,24 +525,30 @@ func remotePeer(i int) netip.Addr {
 // remoteNode names the i-th remote node.
 func remoteNode(i int) string { return fmt.Sprintf("node-%03d", i) }
 
-// sim is an in-process VPP simulator listening on a socket in a fresh directory.
+// startSim starts an in-process VPP simulator with the uplink interface and returns it and its socket.
 func startSim(t testing.TB) (*vppsim.Sim, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "e2e-vpp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "api.sock")
+	sock := filepath.Join(shortDir(t), "api.sock")
 	if err := sim.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sim.Close() })
 	return sim, sock
+}
+
+// shortDir returns a fresh directory with a path short enough for unix sockets.
+func shortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // fibIn returns the simulator's API routes of table 0 inside pool, as prefix -> next hops.
