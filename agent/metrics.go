@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
@@ -63,7 +64,29 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
 			m.drift, m.registrationUp, m.blocks, m.eventToFIB, m.snapshots, build)
 	}
+	// Export the series of every operation and resync kind from the start, at zero, so that rates and
+	// the sync duration exist before the first resync (which waits for VPP and etcd).
+	for _, op := range []string{"add", "delete"} {
+		for _, result := range []string{"ok", "error", "dry_run"} {
+			m.ops.WithLabelValues(op, result)
+		}
+	}
+	for _, kind := range syncKinds() {
+		m.syncs.WithLabelValues(kind, "ok")
+		m.syncs.WithLabelValues(kind, "error")
+		m.syncDuration.WithLabelValues(kind)
+	}
 	return m
+}
+
+// syncKinds are the kind label values of the resync metrics: what triggered a full resync.
+func syncKinds() []string {
+	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "relist-pools"}
+	for _, r := range []string{blockwatch.ReasonInitial, blockwatch.ReasonCompacted, blockwatch.ReasonWatchError,
+		blockwatch.ReasonWatchClosed, blockwatch.ReasonRequested, blockwatch.ReasonRestarted} {
+		kinds = append(kinds, "relist-"+r)
+	}
+	return kinds
 }
 
 func (m *Metrics) orNop() *Metrics {

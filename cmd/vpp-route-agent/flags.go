@@ -107,20 +107,23 @@ func (e *etcdFlags) validate() error {
 	if (e.certFile == "") != (e.keyFn == "") {
 		return errors.New("--etcd-cert-file and --etcd-key-file go together")
 	}
-	for flag, f := range map[string]string{"--etcd-ca-file": e.caFile, "--etcd-cert-file": e.certFile, "--etcd-key-file": e.keyFn} {
-		if f == "" {
+	// Checked in a fixed order (not a map's), so that the same flags always give the same error.
+	for _, f := range []struct{ flag, file string }{
+		{"--etcd-ca-file", e.caFile}, {"--etcd-cert-file", e.certFile}, {"--etcd-key-file", e.keyFn},
+	} {
+		if f.file == "" {
 			continue
 		}
-		if _, err := os.Stat(f); err != nil {
-			return fmt.Errorf("%s: %w", flag, err)
+		if _, err := os.Stat(f.file); err != nil {
+			return fmt.Errorf("%s: %w", f.flag, err)
 		}
 	}
 	if e.dialTimeout <= 0 {
 		return errors.New("--etcd-dial-timeout must be positive")
 	}
-	for flag, p := range map[string]string{"--block-prefix": e.blockPrefix, "--hosts-prefix": e.hostsPrefix} {
-		if !strings.HasPrefix(p, "/") || !strings.HasSuffix(p, "/") {
-			return fmt.Errorf("%s: %q must start and end with '/'", flag, p)
+	for _, p := range []struct{ flag, prefix string }{{"--block-prefix", e.blockPrefix}, {"--hosts-prefix", e.hostsPrefix}} {
+		if !strings.HasPrefix(p.prefix, "/") || !strings.HasSuffix(p.prefix, "/") {
+			return fmt.Errorf("%s: %q must start and end with '/'", p.flag, p.prefix)
 		}
 	}
 	if _, err := e.pools(); err != nil {

@@ -256,9 +256,16 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	g, gctx := errgroup.WithContext(runCtx)
-	g.Go(func() error { return vpp.Run(gctx) })
+	// The VPP connection outlives the reconciler: --withdraw-on-exit deletes the routes after a.Run
+	// has seen the cancellation, so the connection closes only once a.Run has returned.
+	vppCtx, stopVPP := context.WithCancel(context.Background())
+	defer stopVPP()
+	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
-	g.Go(func() error { return a.Run(gctx) })
+	g.Go(func() error {
+		defer stopVPP()
+		return a.Run(gctx)
+	})
 	if registrar != nil {
 		g.Go(func() error { return registrar.Run(gctx) })
 	}
