@@ -100,7 +100,8 @@ func (r *Registrar) Run(ctx context.Context) error {
 		}
 	}
 	if r.cfg.Deregister && lease != 0 {
-		rctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+		// Bounded well inside the daemon's shutdown limit, even when etcd is down.
+		rctx, cancel := context.WithTimeout(context.Background(), min(r.cfg.RequestTimeout, 2*time.Second))
 		defer cancel()
 		if _, err := r.cfg.Client.Revoke(rctx, lease); err != nil {
 			return fmt.Errorf("deregister: revoke lease %x: %w", int64(lease), err)

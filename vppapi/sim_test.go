@@ -730,8 +730,10 @@ func TestHangUpMidApply(t *testing.T) {
 	if took := time.Since(t0); took > 4*testReplyTimeout {
 		t.Errorf("Apply took %v after a hang-up", took)
 	}
-	if res.Added > 20 || res.Added < 15 || len(res.Failed) != len(routes)-res.Added {
-		t.Fatalf("Apply = added %d failed %d of %d, want about 20 added before the hang-up", res.Added, len(res.Failed), len(routes))
+	// At most 20 requests fit before the hang-up; health probes (every 100 ms) sent between Connected
+	// and Apply take some of them, more on a loaded machine, so the lower bound is loose.
+	if res.Added > 20 || res.Added < 5 || len(res.Failed) != len(routes)-res.Added {
+		t.Fatalf("Apply = added %d failed %d of %d, want 5-20 added before the hang-up", res.Added, len(res.Failed), len(routes))
 	}
 	for i, f := range res.Failed {
 		if f.Route != routes[res.Added+i] {

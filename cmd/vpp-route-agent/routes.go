@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
@@ -81,9 +84,32 @@ func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockw
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w", strings.Join(ef.endpoints, ","), ef.dialTimeout, err)
+		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w%s", strings.Join(ef.endpoints, ","), ef.dialTimeout, err,
+			dialProbe(ef.endpoints))
 	}
 	return snap, nil
+}
+
+// dialProbe says why each endpoint cannot be reached at the TCP level ("" if all accept connections),
+// since a request that never got an answer only reports its deadline.
+func dialProbe(endpoints []string) string {
+	var out []string
+	for _, ep := range endpoints {
+		u, err := url.Parse(ep)
+		if err != nil {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", u.Host, 500*time.Millisecond)
+		if err != nil {
+			out = append(out, err.Error())
+			continue
+		}
+		c.Close()
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(out, "; ") + ")"
 }
 
 type routeJSON struct {
