@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -87,7 +89,9 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			return nil, fmt.Errorf("create IP pool %s: %w", p.Name, err)
 		}
 	}
-	l.cni = libcni.NewCNIConfigWithCacheDir([]string{o.binDir}, filepath.Join(o.dataDir, "cni-cache"), nil)
+	// An explicit exec: libcni creates its default one lazily, racing when ADDs run concurrently.
+	l.cni = libcni.NewCNIConfigWithCacheDir([]string{o.binDir}, filepath.Join(o.dataDir, "cni-cache"),
+		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}})
 	for i := 1; i <= o.nodes; i++ {
 		n := &labNode{
 			name:    fmt.Sprintf("node-%d", i),

@@ -13,7 +13,13 @@ import (
 // every node's FIB against the desired state computed from etcd.
 func (l *lab) scenario(ctx context.Context) int {
 	first, last := l.nodes[0], l.nodes[len(l.nodes)-1]
+	// The node whose agent is stopped must still own blocks: not the one whose blocks are released.
 	second := l.nodes[1]
+	if second == last {
+		second = first
+	}
+	// Enough pods to overflow the lab's /28 IPv4 blocks whatever --pods is.
+	scaleUp := max(3*l.o.pods, 1<<(32-labPoolV4.BlockSize))
 
 	l.step(ctx, fmt.Sprintf("start %d agents and wait for /readyz", len(l.nodes)), func() (string, error) {
 		for _, n := range l.nodes {
@@ -33,12 +39,12 @@ func (l *lab) scenario(ctx context.Context) int {
 		return l.blockCounts(ctx)
 	})
 
-	l.step(ctx, fmt.Sprintf("scale up: %d more pods on %s (new blocks)", 3*l.o.pods, first.name), func() (string, error) {
+	l.step(ctx, fmt.Sprintf("scale up: %d more pods on %s (new blocks)", scaleUp, first.name), func() (string, error) {
 		before, err := l.ownedBlocks(ctx, first)
 		if err != nil {
 			return "", err
 		}
-		if err := l.addPods(ctx, first, 3*l.o.pods); err != nil {
+		if err := l.addPods(ctx, first, scaleUp); err != nil {
 			return "", err
 		}
 		after, err := l.ownedBlocks(ctx, first)
