@@ -216,6 +216,11 @@ func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
 
 func (w *Watcher) failed(err error) {
 	w.log.Warn("etcd list or watch failed; relisting", "err", err)
+	w.lostSync(err)
+}
+
+// lostSync records that the view is no longer known to be current, and why.
+func (w *Watcher) lostSync(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.status.Synced = false
@@ -231,10 +236,7 @@ func (w *Watcher) setSynced(synced bool) {
 // unsynced reports a watch stream that has gone quiet: the client is probably reconnecting.
 func (w *Watcher) unsynced(err error) {
 	w.log.Warn("etcd watch not in sync", "err", err)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.status.Synced = false
-	w.status.LastError = err.Error()
+	w.lostSync(err)
 }
 
 // watch watches the three prefixes from the revision after the Full snapshot full until a watch

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -239,28 +240,16 @@ func TestKillMidOperation(t *testing.T) {
 	// Common-path ADD into the existing block: killed, the block is untouched.
 	before := dump()
 	killDuring("ADD", "c2")
-	if after := dump(); !mapsEqualInt64(before, after) {
+	if after := dump(); !maps.Equal(before, after) {
 		t.Fatalf("killed ADD changed etcd: %v -> %v", before, after)
 	}
 	// DEL killed: c1 keeps its address and handle.
 	killDuring("DEL", "c1")
-	if after := dump(); !mapsEqualInt64(before, after) {
+	if after := dump(); !maps.Equal(before, after) {
 		t.Fatalf("killed DEL changed etcd: %v -> %v", before, after)
 	}
 	e.mustAdd(list, rt("c2", "eth0"))
 	e.mustDel(list, rt("c1", "eth0"))
-}
-
-func mapsEqualInt64(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 var roundTripsRe = regexp.MustCompile(`msg=(ADD|DEL) .*etcd_round_trips=(\d+)`)

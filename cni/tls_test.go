@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -62,12 +63,11 @@ func writeCert(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecds
 }
 
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := etcdtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // TestEtcdTLS: https endpoints with a CA and a client certificate, configured as a user would, reach

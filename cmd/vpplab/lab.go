@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -100,7 +99,7 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			peer6:   netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i)),
 			logPath: filepath.Join(o.dataDir, fmt.Sprintf("agent-node-%d.log", i)),
 		}
-		port, err := freePort()
+		port, err := etcdtest.FreePort()
 		if err != nil {
 			l.close()
 			return nil, err
@@ -403,13 +402,4 @@ func (l *lab) converge(ctx context.Context, since time.Time) (time.Duration, err
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -5,6 +5,7 @@ package calicotest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"strconv"
 	"time"
@@ -41,7 +42,7 @@ func Allocate(b *calico.Block, handle string, secondary map[string]string) int {
 	b.Unallocated = b.Unallocated[1:]
 	idx := -1
 	for i, a := range b.Attributes {
-		if a.Handle() == handle && equalAttrs(a.Secondary, secondary) {
+		if a.Handle() == handle && maps.Equal(a.Secondary, secondary) {
 			idx = i
 			break
 		}
@@ -58,18 +59,6 @@ func Allocate(b *calico.Block, handle string, secondary map[string]string) int {
 	b.SequenceNumberForAllocation[strconv.Itoa(ord)] = b.SequenceNumber
 	b.SequenceNumber++
 	return ord
-}
-
-func equalAttrs(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // PodAttrs returns the secondary attributes Calico's CNI plugin writes for a pod on node.

@@ -51,12 +51,12 @@ func New(opts Options) (*Server, error) {
 	cp, pp := opts.ClientPort, opts.PeerPort
 	var err error
 	if cp == 0 {
-		if cp, err = freePort(); err != nil {
+		if cp, err = FreePort(); err != nil {
 			return nil, err
 		}
 	}
 	if pp == 0 {
-		if pp, err = freePort(); err != nil {
+		if pp, err = FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -168,7 +168,9 @@ func Start(t testing.TB) (*Server, *clientv3.Client) {
 	return s, c
 }
 
-func freePort() (int, error) {
+// FreePort returns a loopback TCP port that was free a moment ago (for servers that need a port
+// before they start).
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
