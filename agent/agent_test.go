@@ -8,6 +8,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+	"go.fd.io/govpp/binapi/ip"
 )
 
 const settle = 10 * time.Second
@@ -229,3 +230,33 @@ func merge(ms ...map[string]string) map[string]string {
 }
 
 var _ = agent.KindBlock
+
+// TestOwnerChangeIsOneReplace moves a block from b to c and checks on node a that the route changed
+// next hop through a single add (replace), with no delete of the prefix in between.
+func TestOwnerChangeIsOneReplace(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b", "c")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "b"}), settle)
+	sim := c.nodes["a"].sim
+	sim.ResetRequests()
+	c.putBlock("10.244.2.0/26", "c", nil)
+	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "c"}), settle)
+	adds, dels := 0, 0
+	for _, r := range sim.Requests() {
+		m, ok := r.Msg.(*ip.IPRouteAddDel)
+		if !ok || m.Route.Prefix.String() != "10.244.2.0/26" {
+			continue
+		}
+		if m.IsAdd {
+			adds++
+			if m.IsMultipath {
+				t.Error("the replace was sent as a multipath add")
+			}
+		} else {
+			dels++
+		}
+	}
+	if adds != 1 || dels != 0 {
+		t.Errorf("owner change sent %d adds and %d deletes for the prefix, want 1 add (replace) and no delete", adds, dels)
+	}
+}
