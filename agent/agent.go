@@ -67,7 +67,8 @@ type Config struct {
 	Uplink vppapi.Uplink
 	// ResyncInterval is the period of the full resync that repairs drift.
 	ResyncInterval time.Duration
-	// PeerLossGrace is how long routes to a node whose registration vanished are kept.
+	// PeerLossGrace is how long routes to a node whose registration vanished are kept; 0 withdraws
+	// them at once (the daemon's default is DefaultPeerLossGrace).
 	PeerLossGrace time.Duration
 	// SyncTimeout bounds one full resync (dump and apply).
 	SyncTimeout time.Duration
@@ -100,9 +101,6 @@ func (c *Config) Validate() error {
 	}
 	if c.ResyncInterval == 0 {
 		c.ResyncInterval = DefaultResyncInterval
-	}
-	if c.PeerLossGrace == 0 {
-		c.PeerLossGrace = DefaultPeerLossGrace
 	}
 	if c.SyncTimeout == 0 {
 		c.SyncTimeout = DefaultSyncTimeout

@@ -204,9 +204,6 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	pools, _ := ef.pools()
 	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink,
 		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
-	if *grace == 0 {
-		cfg.agent.PeerLossGrace = time.Nanosecond // 0 means "no grace", not "default"
-	}
 	if err := cfg.agent.Validate(); err != nil {
 		return bad(err)
 	}
