@@ -84,6 +84,8 @@ const (
 	DefaultResyncInterval = 90 * time.Second
 	DefaultPeerLossGrace  = 60 * time.Second
 	DefaultSyncTimeout    = 2 * time.Minute
+	// WithdrawTimeout bounds the removal of owned routes on exit (WithdrawOnExit).
+	WithdrawTimeout = 10 * time.Second
 )
 
 // Validate checks the configuration and fills in defaults.
@@ -558,7 +560,7 @@ func (a *Agent) withdrawAll() {
 	if !a.vppUp || !a.uplinkReady || a.cfg.DryRun {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), WithdrawTimeout)
 	defer cancel()
 	entries, err := a.dp.DumpRoutes(ctx, a.cfg.TableID)
 	if err != nil {

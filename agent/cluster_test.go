@@ -16,6 +16,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
@@ -177,11 +178,10 @@ func (c *cluster) stop(name string) {
 }
 
 func (c *cluster) putPool(name string, cidr netip.Prefix, blockSize int) {
-	v, err := calico.EncodeIPPool(calico.IPPool{Name: name, CIDR: cidr, BlockSize: blockSize})
-	if err != nil {
+	c.t.Helper()
+	if err := calicotest.PutPool(c.ctx(), c.cli, calico.IPPool{Name: name, CIDR: cidr, BlockSize: blockSize}); err != nil {
 		c.t.Fatal(err)
 	}
-	c.put(calico.IPPoolKey(name), string(v))
 }
 
 func (c *cluster) put(k, v string) {

@@ -129,6 +129,7 @@ type desiredSet struct {
 	targets map[netip.Prefix]target
 
 	ownerCounts     map[string]int
+	ownersChanged   bool // ownerCounts changed since the metrics last read it
 	unresolvedCount int
 	resolved        int // targets with resolved == true
 }
@@ -146,6 +147,7 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.byNode = make(map[string]map[netip.Prefix]struct{})
 	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
 	d.ownerCounts = make(map[string]int)
+	d.ownersChanged = true
 	d.unresolvedCount = 0
 	d.resolved = 0
 	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
@@ -205,6 +207,7 @@ func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[
 	d.perBlock[cidr] = r
 	if b.Owner.IsNode() {
 		d.ownerCounts[b.Owner.Node]++
+		d.ownersChanged = true
 		d.link(b.Owner.Node, cidr)
 	}
 	for _, br := range b.Borrowed {
@@ -225,6 +228,7 @@ func (d *desiredSet) forget(cidr netip.Prefix, old *blockResult, dirty map[netip
 		if d.ownerCounts[old.block.Owner.Node]--; d.ownerCounts[old.block.Owner.Node] <= 0 {
 			delete(d.ownerCounts, old.block.Owner.Node)
 		}
+		d.ownersChanged = true
 		d.unlink(old.block.Owner.Node, cidr)
 	}
 	for _, br := range old.block.Borrowed {
@@ -330,7 +334,7 @@ func betterTarget(a, b target) bool {
 // node unless that is this node; each borrowed address via its borrower unless that is this node.
 func (d *desiredSet) compute(b *blockwatch.Block) *blockResult {
 	r := &blockResult{block: b}
-	if !d.managed(b.CIDR) {
+	if !inPools(d.pools, b.CIDR) {
 		if b.Owner.IsNode() && b.Owner.Node != d.node {
 			r.unresolved = append(r.unresolved, Unresolved{Prefix: b.CIDR, Owner: b.Owner.Node, Kind: KindBlock, Block: b.CIDR,
 				Reason: "block is outside the managed pools"})
@@ -362,15 +366,6 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 		return
 	}
 	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block})
-}
-
-func (d *desiredSet) managed(p netip.Prefix) bool {
-	for _, pool := range d.pools {
-		if pool.Bits() <= p.Bits() && pool.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
 }
 
 // prefixesOf returns the route prefixes that depend on node's peer IPs.

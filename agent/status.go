@@ -90,7 +90,10 @@ func (a *Agent) publish() {
 	if a.snap != nil {
 		a.m.peers.Set(float64(len(a.snap.Peers)))
 	}
-	a.m.setBlocks(a.desired.ownerCounts)
+	if a.desired.ownersChanged { // O(nodes): only when an owner's count changed
+		a.m.setBlocks(a.desired.ownerCounts)
+		a.desired.ownersChanged = false
+	}
 }
 
 func (a *Agent) setView(f func(v *readiness)) {

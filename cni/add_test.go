@@ -3,6 +3,7 @@ package cni_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -298,7 +299,7 @@ func TestCalicoWrittenBlock(t *testing.T) {
 		if was == nil {
 			continue
 		}
-		if now == nil || now.Handle() != was.Handle() || !mapsEqual(now.Secondary, was.Secondary) {
+		if now == nil || now.Handle() != was.Handle() || !maps.Equal(now.Secondary, was.Secondary) {
 			t.Errorf("ordinal %d changed: %+v -> %+v", ord, was, now)
 		}
 	}
@@ -310,18 +311,6 @@ func TestCalicoWrittenBlock(t *testing.T) {
 	if !slices.Equal(b.Unallocated, append(slices.Clone(orig.Unallocated[1:]), orig.Unallocated[0])) {
 		t.Errorf("unallocated after ADD+DEL = %v, want the head moved to the tail of %v", b.Unallocated, orig.Unallocated)
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // cniEnv is the environment a runtime gives the plugin.

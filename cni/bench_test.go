@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -54,8 +55,7 @@ func BenchmarkAddDel(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	pool := calico.IPPool{Name: "default-ipv4-ippool", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}
-	data, _ := calico.EncodeIPPool(pool)
-	if _, err := cli.Put(ctx, calico.IPPoolKey(pool.Name), string(data)); err != nil {
+	if err := calicotest.PutPool(ctx, cli, pool); err != nil {
 		b.Fatal(err)
 	}
 

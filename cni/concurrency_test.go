@@ -82,26 +82,32 @@ func (e *env) checkAccounted(res []*current.Result, errs []error, cids, nodes []
 	return ok
 }
 
+// addConcurrently runs n ADDs of list on node at once, each its own process, requires every one to
+// succeed with its own address, and returns the wall time.
+func (e *env) addConcurrently(list *libcni.NetworkConfigList, node string, n int) time.Duration {
+	e.t.Helper()
+	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
+	for i := range n {
+		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("c%03d", i), node
+	}
+	res, errs, wall := e.addAll(lists, cids)
+	for i, err := range errs {
+		if err != nil {
+			e.t.Errorf("ADD %s: %v", cids[i], err)
+		}
+	}
+	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n {
+		e.t.Fatalf("%d of %d ADDs succeeded", ok, n)
+	}
+	return wall
+}
+
 // TestConcurrentAdds100: 100 ADDs at once on one node, each its own process: all succeed, no
 // address twice, every one accounted for.
 func TestConcurrentAdds100(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
-	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
-	const n = 100
-	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
-	for i := range n {
-		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("c%03d", i), "node1"
-	}
-	res, errs, wall := e.addAll(lists, cids)
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("ADD %s: %v", cids[i], err)
-		}
-	}
-	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n {
-		t.Fatalf("%d of %d ADDs succeeded", ok, n)
-	}
+	wall := e.addConcurrently(e.list(netOpts{ipam: e.ipam("node1", nil)}), "node1", 100)
 	t.Logf("100 concurrent ADDs on one node: %s wall, %d blocks", wall.Round(time.Millisecond), len(e.snapshot().Blocks))
 }
 
@@ -110,21 +116,8 @@ func TestConcurrentAdds100(t *testing.T) {
 func TestConcurrentWithoutLock(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 28)
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"lock_file": "none"})})
 	const n = 30
-	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
-	for i := range n {
-		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("c%02d", i), "node1"
-	}
-	res, errs, wall := e.addAll(lists, cids)
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("ADD %s: %v", cids[i], err)
-		}
-	}
-	if ok := e.checkAccounted(res, errs, cids, nodes); ok != n {
-		t.Fatalf("%d of %d ADDs succeeded", ok, n)
-	}
+	wall := e.addConcurrently(e.list(netOpts{ipam: e.ipam("node1", map[string]any{"lock_file": "none"})}), "node1", n)
 	t.Logf("%d lock-free concurrent ADDs: %s wall", n, wall.Round(time.Millisecond))
 }
 

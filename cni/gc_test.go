@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -54,7 +55,7 @@ func TestGC(t *testing.T) {
 	if err := fresh().GCNetworkList(ctx, net1, nil); err != nil {
 		t.Fatalf("GC without valid-attachments: %v", err)
 	}
-	if got := e.held(); !mapsEqualInt(got, before) {
+	if got := e.held(); !maps.Equal(got, before) {
 		t.Fatalf("GC without the key released something: %v -> %v", before, got)
 	}
 
@@ -63,7 +64,7 @@ func TestGC(t *testing.T) {
 		t.Fatalf("GC: %v", err)
 	}
 	want := map[string]int{"net1.c1/eth0@node1": 1, "net1.c2/eth0@node1": 1, "net2.c9/eth0@node1": 1, "net1.x.c1/eth0@node1": 1, "net1.c5/eth0@node2": 1}
-	if got := e.held(); !mapsEqualInt(got, want) {
+	if got := e.held(); !maps.Equal(got, want) {
 		t.Fatalf("after GC keeping c1 and c2/eth0: %v, want %v", got, want)
 	}
 	if h := e.snapshot().Handles["net1.c2"]; h == nil || h.Count() != 1 {
@@ -75,21 +76,9 @@ func TestGC(t *testing.T) {
 		t.Fatalf("GC: %v", err)
 	}
 	want = map[string]int{"net2.c9/eth0@node1": 1, "net1.x.c1/eth0@node1": 1, "net1.c5/eth0@node2": 1}
-	if got := e.held(); !mapsEqualInt(got, want) {
+	if got := e.held(); !maps.Equal(got, want) {
 		t.Fatalf("after GC with nothing valid: %v, want %v", got, want)
 	}
-}
-
-func mapsEqualInt(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestGCRevalidates: an allocation GC found stale in its snapshot but that was released and

@@ -50,8 +50,7 @@ func TestDaemonNotifiesSystemdAfterFirstResync(t *testing.T) {
 	if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", "other", netip.MustParseAddr("192.0.2.2")); err != nil {
 		t.Fatal(err)
 	}
-	pool, _ := calico.EncodeIPPool(calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/8"), BlockSize: 26})
-	if _, err := cli.Put(ctx, calico.IPPoolKey("p"), string(pool)); err != nil {
+	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/8"), BlockSize: 26}); err != nil {
 		t.Fatal(err)
 	}
 

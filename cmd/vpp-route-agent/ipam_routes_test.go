@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
 
@@ -33,16 +34,11 @@ func TestRoutesReadsWhatBlockIPAMWrites(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pool := calico.IPPool{Name: "tiny", CIDR: netip.MustParsePrefix("10.244.0.0/27"), BlockSize: 28}
-	v, _ := calico.EncodeIPPool(pool)
-	for k, val := range map[string]string{
-		calico.IPPoolKey(pool.Name):              "",
-		"/vpp-calico/hosts/node-a/peerip/ipv4/1": "192.0.2.1",
-		"/vpp-calico/hosts/node-b/peerip/ipv4/1": "192.0.2.2",
-	} {
-		if val == "" {
-			val = string(v)
-		}
-		if _, err := cli.Put(ctx, k, val); err != nil {
+	if err := calicotest.PutPool(ctx, cli, pool); err != nil {
+		t.Fatal(err)
+	}
+	for node, ip := range map[string]string{"node-a": "192.0.2.1", "node-b": "192.0.2.2"} {
+		if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", node, netip.MustParseAddr(ip)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -299,19 +299,16 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	log.Info("stopping", "withdraw_on_exit", cfg.agent.WithdrawOnExit, "deregister_on_exit", cfg.deregisterOnExit)
 	sdnotify.Notify("STOPPING=1")
 	cancelRun()
+	limit := shutdownLimit
+	if cfg.agent.WithdrawOnExit {
+		limit += agent.WithdrawTimeout
+	}
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(shutdownLimit + 10*time.Second*boolInt(cfg.agent.WithdrawOnExit)):
-		return fmt.Errorf("shutdown did not finish within %s", shutdownLimit)
+	case <-time.After(limit):
+		return fmt.Errorf("shutdown did not finish within %s", limit)
 	}
-}
-
-func boolInt(b bool) time.Duration {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // signalLoop turns SIGHUP into a relist and full resync.

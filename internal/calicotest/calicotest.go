@@ -153,3 +153,15 @@ func PutPeer(ctx context.Context, cli *clientv3.Client, prefix, node string, add
 	}
 	return nil
 }
+
+// PutPool stores p as the Calico IPPool resource calicoctl would write.
+func PutPool(ctx context.Context, cli *clientv3.Client, p calico.IPPool) error {
+	v, err := calico.EncodeIPPool(p)
+	if err != nil {
+		return err
+	}
+	if _, err := cli.Put(ctx, calico.IPPoolKey(p.Name), string(v)); err != nil {
+		return fmt.Errorf("put IP pool %s: %w", p.Name, err)
+	}
+	return nil
+}

@@ -481,11 +481,9 @@ func (c *cluster) ctx() context.Context {
 
 func (c *cluster) putPool(name string, cidr string, blockSize int) {
 	c.t.Helper()
-	v, err := calico.EncodeIPPool(calico.IPPool{Name: name, CIDR: netip.MustParsePrefix(cidr), BlockSize: blockSize})
-	if err != nil {
+	if err := calicotest.PutPool(c.ctx(), c.cli, calico.IPPool{Name: name, CIDR: netip.MustParsePrefix(cidr), BlockSize: blockSize}); err != nil {
 		c.t.Fatal(err)
 	}
-	c.put(calico.IPPoolKey(name), string(v))
 }
 
 func (c *cluster) put(k, v string) {
