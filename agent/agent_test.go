@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"go.fd.io/govpp/binapi/ip"
@@ -228,8 +227,6 @@ func merge(ms ...map[string]string) map[string]string {
 	}
 	return out
 }
-
-var _ = agent.KindBlock
 
 // TestOwnerChangeIsOneReplace moves a block from b to c and checks on node a that the route changed
 // next hop through a single add (replace), with no delete of the prefix in between.
