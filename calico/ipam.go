@@ -123,6 +123,8 @@ type IPPool struct {
 	Disabled  bool
 	// NodeSelector is the pool's Calico selector; "" and "all()" select every node.
 	NodeSelector string
+	// NamespaceSelector (v3.31+) selects the pods' namespaces; "" selects every namespace.
+	NamespaceSelector string
 	// AllowedUses lists "Workload", "Tunnel", "LoadBalancer"; empty means Workload and Tunnel.
 	AllowedUses []string
 	// AssignmentMode is "Automatic" (or empty) or "Manual" (v3.30+: never chosen automatically).
@@ -140,6 +142,7 @@ type ipPoolJSON struct {
 		BlockSize      int      `json:"blockSize,omitempty"`
 		Disabled       bool     `json:"disabled,omitempty"`
 		NodeSelector   string   `json:"nodeSelector,omitempty"`
+		NSSelector     string   `json:"namespaceSelector,omitempty"`
 		AllowedUses    []string `json:"allowedUses,omitempty"`
 		AssignmentMode string   `json:"assignmentMode,omitempty"`
 		IPIPMode       string   `json:"ipipMode,omitempty"`
@@ -157,7 +160,8 @@ func DecodeIPPool(data []byte) (IPPool, error) {
 	}
 	p := IPPool{
 		Name: j.Metadata.Name, BlockSize: j.Spec.BlockSize, Disabled: j.Spec.Disabled,
-		NodeSelector: j.Spec.NodeSelector, AllowedUses: j.Spec.AllowedUses, AssignmentMode: j.Spec.AssignmentMode,
+		NodeSelector: j.Spec.NodeSelector, NamespaceSelector: j.Spec.NSSelector, AllowedUses: j.Spec.AllowedUses,
+		AssignmentMode: j.Spec.AssignmentMode,
 	}
 	cidr, err := netip.ParsePrefix(j.Spec.CIDR)
 	if err != nil {
@@ -207,6 +211,7 @@ func EncodeIPPool(p IPPool) ([]byte, error) {
 	if j.Spec.NodeSelector == "" {
 		j.Spec.NodeSelector = "all()"
 	}
+	j.Spec.NSSelector = p.NamespaceSelector
 	j.Spec.AllowedUses = p.AllowedUses
 	j.Spec.AssignmentMode = p.AssignmentMode
 	j.Spec.IPIPMode, j.Spec.VXLANMode = "Never", "Never"
