@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -226,3 +227,14 @@ func (a *AllocationAttribute) Handle() string {
 	}
 	return *a.HandleID
 }
+
+// SanitizeHandle returns a handle ID as Calico compares it: up to its first carriage return. Host-local
+// to Calico IPAM migrations wrote such malformed handles into blocks (sanitizeHandle in libcalico-go
+// lib/ipam/ipam_block.go, cni-plugin issue 821).
+func SanitizeHandle(id string) string {
+	id, _, _ = strings.Cut(id, "\r")
+	return id
+}
+
+// HeldBy reports whether the attribute's handle is id, as Calico compares handles (SanitizeHandle).
+func (a *AllocationAttribute) HeldBy(id string) bool { return a != nil && SanitizeHandle(a.Handle()) == id }

@@ -23,10 +23,13 @@ const (
 	UseLoadBalancer = "LoadBalancer"
 )
 
-// SelectsNode reports whether the pool's nodeSelector selects a node with these labels. An empty
-// selector and all() select every node without looking at labels; any other selector needs them:
-// node nil (the node has no Calico Node resource) is then an error, as is a selector this package
-// cannot parse (Calico's determinePools fails the assignment on both).
+// SelectsNode reports whether the pool's nodeSelector selects the node. An empty selector and all()
+// select every node without looking at labels; any other selector is matched against the labels of
+// the node's Calico Node resource. Without one (node nil) such a pool selects nothing: Calico fails
+// every automatic assignment of a node without a Node resource (prepareAffinityBlocksForHost in
+// ipam.go), this package only withholds the pools whose choice needs the labels, so that nodes that
+// run no calico/node still use the pools meant for every node. A selector that does not parse is an
+// error (Calico's determinePools fails the assignment on it).
 func (p IPPool) SelectsNode(node *Node) (bool, error) {
 	if s := strings.TrimSpace(p.NodeSelector); s == "" || s == "all()" {
 		return true, nil
@@ -35,11 +38,7 @@ func (p IPPool) SelectsNode(node *Node) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("IP pool %q: nodeSelector: %w", p.Name, err)
 	}
-	if node == nil {
-		return false, fmt.Errorf("IP pool %q has nodeSelector %q, and the node has no Calico Node resource (%s) whose labels it could match",
-			p.Name, p.NodeSelector, NodePrefix+"<node>")
-	}
-	return sel.Matches(node.Labels), nil
+	return node != nil && sel.Matches(node.Labels), nil
 }
 
 // SelectsNamespace reports whether the pool's namespaceSelector selects a namespace without labels:

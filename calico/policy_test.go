@@ -94,9 +94,10 @@ func TestWorkloadPools(t *testing.T) {
 	if err != nil || names(got) != "v6" {
 		t.Errorf("v6 pools = %s, %v", names(got), err)
 	}
-	// A node selector without the Node resource, or one that does not parse, is an error naming the pool.
-	if _, err := WorkloadPools(pools, false, nil); err == nil || !strings.Contains(err.Error(), `"f-zone-a"`) {
-		t.Errorf("no Node resource: err = %v", err)
+	// Without the Node resource, pools whose selector needs labels select nothing.
+	got, err = WorkloadPools(pools, false, nil)
+	if err != nil || names(got) != "a-default,i-ns-all" {
+		t.Errorf("v4 pools of a node without Node resource = %s, %v", names(got), err)
 	}
 	bad := []IPPool{pool("bad", "10.1.0.0/16", func(p *IPPool) { p.NodeSelector = "zone = 'a'" })}
 	if _, err := WorkloadPools(bad, false, &Node{}); err == nil || !strings.Contains(err.Error(), "nodeSelector") {

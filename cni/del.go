@@ -38,7 +38,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 		// changed) the same transaction reads the current state instead.
 		guess := calico.NewHandle()
 		for cidr, e := range fast.blocks {
-			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.Handle() == handle })); n > 0 {
+			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })); n > 0 {
 				guess.Add(cidr, n)
 			}
 		}
@@ -61,7 +61,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 				if !errors.Is(err, errConflict) {
 					return err
 				}
-				if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+				if v, err = c.viewFrom(handle, r, res); err != nil {
 					return err
 				}
 			}
@@ -113,7 +113,7 @@ func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribu
 			changed = true
 			continue
 		}
-		mine := func(a *calico.AllocationAttribute) bool { return a.Handle() == handle }
+		mine := func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) }
 		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
 			if err := e.b.Release(ords...); err != nil {
 				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)
