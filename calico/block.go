@@ -237,4 +237,6 @@ func SanitizeHandle(id string) string {
 }
 
 // HeldBy reports whether the attribute's handle is id, as Calico compares handles (SanitizeHandle).
-func (a *AllocationAttribute) HeldBy(id string) bool { return a != nil && SanitizeHandle(a.Handle()) == id }
+func (a *AllocationAttribute) HeldBy(id string) bool {
+	return a != nil && SanitizeHandle(a.Handle()) == id
+}
