@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X $(PKG)/internal/buildinfo.Version=$(VERSION)
 GOFLAGS_B := -trimpath -ldflags '$(LDFLAGS)'
 BINARIES  := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
-.PHONY: all build test race bench lab lint fuzz clean
+.PHONY: all build test test-calico race bench lab lint fuzz clean
 
 all: build
 
@@ -18,6 +18,15 @@ build:
 # The full suite: unit, conformance, embedded-etcd and multi-process tests, with the race detector.
 test: lint
 	$(GO) test -race -count=1 -timeout 12m ./...
+
+# Interoperability with Project Calico's own calico-ipam and calicoctl v3.31.0 on one etcd (needs root:
+# calico-ipam runs in a private mount namespace). Calico is built once into CALICO_DIR (2-6 min cold).
+CALICO_SRC ?= ../shared/calico
+CALICO_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/vpp-route-agent/calico-v3.31.0
+test-calico:
+	@test -x $(CALICO_SRC)/build-calico.sh || { echo "make test-calico: $(CALICO_SRC)/build-calico.sh not found (set CALICO_SRC)" >&2; exit 2; }
+	$(CALICO_SRC)/build-calico.sh $(CALICO_DIR)
+	CALICO_BIN_DIR=$(CALICO_DIR) $(GO) test -race -count=1 -timeout 8m ./test/calicointerop/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m ./...
