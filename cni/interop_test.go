@@ -272,3 +272,30 @@ func TestPoolRulesOfCalico(t *testing.T) {
 	_, err = bad.add(bad.list(netOpts{ipam: bad.ipam("node1", nil)}), rt("c", "eth0"))
 	wantCode(t, err, cni.ErrDatastore, "nodeSelector")
 }
+
+// TestReleaseWhereBlockMoved: DEL releases by the block the handle names, not by where the pool's
+// current block size would put the address (Calico's ReleaseIPs looks there and misses); a handle
+// naming a block that no longer exists is corrected (Calico's releaseByHandle leaves it, and
+// `calicoctl ipam check` then reports it as leaked).
+func TestReleaseWhereBlockMoved(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.69.0.0/16", 26)
+	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	a := addrs(e.mustAdd(l, rt("c1", "eth0")))[0]
+	e.mustAdd(l, rt("c2", "eth0"))
+	e.putPool("p", "10.69.0.0/16", 28) // the pool's block size changed since
+	e.mustDel(l, rt("c1", "eth0"))
+	if b := e.block(netip.PrefixFrom(a.Addr(), 26).Masked().String()); b.Allocated() != 1 {
+		t.Fatalf("after DEL the /26 holds %d, want 1 (c2)", b.Allocated())
+	}
+
+	// A handle naming a block that is gone.
+	h := calico.NewHandle()
+	h.Add(mustPrefix("10.69.255.0/26"), 1)
+	data, _ := calico.EncodeHandle(h)
+	e.put(calico.HandleKey("net1.gone"), data)
+	e.mustDel(l, rt("gone", "eth0"))
+	if _, ok := e.snapshot().Handles["net1.gone"]; ok {
+		t.Fatal("handle of a vanished block kept after DEL")
+	}
+}
