@@ -101,13 +101,9 @@ func EncodeIPAMConfig(c IPAMConfig) ([]byte, error) {
 	return json.Marshal(ipamConfigJSON{StrictAffinity: c.StrictAffinity, AutoAllocateBlocks: &auto, MaxBlocksPerHost: c.MaxBlocksPerHost})
 }
 
-// BlockCap returns the effective maximum number of blocks per host.
-func (c IPAMConfig) BlockCap() int {
-	if c.MaxBlocksPerHost <= 0 {
-		return DefaultMaxBlocksPerHost
-	}
-	return c.MaxBlocksPerHost
-}
+// BlockCap returns the effective maximum number of blocks per host when the request sets no limit of
+// its own (see BlockLimit).
+func (c IPAMConfig) BlockCap() int { return c.BlockLimit(0) }
 
 // Default block sizes of IP pools.
 const (

@@ -3,6 +3,7 @@ package calico
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -181,6 +182,25 @@ func (s AffinityStep) String() string {
 		return "stale"
 	}
 	return "use"
+}
+
+// SortAffinities orders a node's affinity CIDRs the way an allocator tries them: those not confirmed
+// first, so that a claim Calico left half done is finished before anything else and none stays behind
+// (Calico tries them in listing order), then by address.
+func SortAffinities(cidrs []netip.Prefix, state func(netip.Prefix) string) {
+	confirmed := func(c netip.Prefix) bool { s := state(c); return s == AffinityConfirmed || s == "" }
+	slices.SortFunc(cidrs, func(a, b netip.Prefix) int {
+		if ca, cb := confirmed(a), confirmed(b); ca != cb {
+			if cb {
+				return -1
+			}
+			return 1
+		}
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
 }
 
 // StepFor decides what node does with its affinity in the given state to a block b (nil when the

@@ -228,3 +228,21 @@ func TestDeleteWhenReleasedAndStepFor(t *testing.T) {
 		}
 	}
 }
+
+func TestSortAffinities(t *testing.T) {
+	state := map[netip.Prefix]string{
+		mustPrefix("10.0.0.0/26"): AffinityConfirmed, mustPrefix("10.0.1.0/26"): AffinityPending,
+		mustPrefix("10.0.0.64/26"): "", mustPrefix("10.0.2.0/26"): AffinityPendingDeletion,
+	}
+	var cidrs []netip.Prefix
+	for c := range state {
+		cidrs = append(cidrs, c)
+	}
+	SortAffinities(cidrs, func(c netip.Prefix) string { return state[c] })
+	want := []string{"10.0.1.0/26", "10.0.2.0/26", "10.0.0.0/26", "10.0.0.64/26"}
+	for i, w := range want {
+		if cidrs[i] != mustPrefix(w) {
+			t.Fatalf("order %v, want %v", cidrs, want)
+		}
+	}
+}

@@ -249,8 +249,7 @@ func inPools(p netip.Prefix, pools []calico.IPPool) bool {
 }
 
 // affineCIDRs returns the CIDRs of the node's affinities inside the given pools, in the order ADD
-// tries them: those not confirmed first (a claim Calico left half done is finished before anything
-// else, so none stays behind), then by address.
+// tries them (calico.SortAffinities).
 func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
 	var out []netip.Prefix
 	for cidr := range v.affinity {
@@ -258,19 +257,7 @@ func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
 			out = append(out, cidr)
 		}
 	}
-	confirmed := func(c netip.Prefix) bool {
-		s := v.affinity[c].state
-		return s == calico.AffinityConfirmed || s == ""
-	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if ca, cb := confirmed(a), confirmed(b); ca != cb {
-			if cb {
-				return -1
-			}
-			return 1
-		}
-		return a.Addr().Compare(b.Addr())
-	})
+	calico.SortAffinities(out, func(c netip.Prefix) string { return v.affinity[c].state })
 	return out
 }
 

@@ -483,6 +483,9 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 			continue
 		}
 		e := v.blocks[c]
+		if e.created {
+			v.affinity[c] = affinityEntry{state: calico.AffinityConfirmed, rev: res.Revision}
+		}
 		e.rev, e.dirty, e.created = res.Revision, false, false
 	}
 	for c, step := range v.affinityWrites {
