@@ -253,38 +253,7 @@ func TestCheck(t *testing.T) {
 // allocations and attributes already in it.
 func TestCalicoWrittenBlock(t *testing.T) {
 	e := newEnv(t)
-	raw, err := os.ReadFile(filepath.Join("..", "calico", "testdata", "mixed-borrowed-v4.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Key   string          `json:"key"`
-		Value json.RawMessage `json:"value"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
-	orig, err := calico.DecodeBlock(f.Value)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.put(f.Key, f.Value)
-	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
-	e.put(calico.HostAffinityKey("node-a", orig.CIDR), aff)
-	// The handles Calico would have written for its allocations.
-	handles := map[string]*calico.Handle{}
-	for ord := range orig.Allocations {
-		if a := orig.AttributeOf(ord); a != nil && a.Handle() != "" {
-			if handles[a.Handle()] == nil {
-				handles[a.Handle()] = calico.NewHandle()
-			}
-			handles[a.Handle()].Add(orig.CIDR, 1)
-		}
-	}
-	for id, h := range handles {
-		data, _ := calico.EncodeHandle(h)
-		e.put(calico.HandleKey(id), data)
-	}
+	orig := e.putCalicoBlock("mixed-borrowed-v4.json")
 	e.putPool("p", "10.244.0.0/16", 26)
 
 	list := e.list(netOpts{ipam: e.ipam("node-a", nil)})

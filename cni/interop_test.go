@@ -18,8 +18,8 @@ import (
 // Tests of what block-ipam does with data Calico's own IPAM writes (issue 10). Each scenario is built
 // from the form calico-ipam v3.31 leaves in etcd; test/calicointerop runs the real calico-ipam.
 
-// putCalicoBlock stores a block from ../calico/testdata with the handles its allocations name, as
-// calico-ipam leaves them.
+// putCalicoBlock stores a block from ../calico/testdata with the handles its allocations name and
+// the confirmed affinity of its owner, as calico-ipam leaves them.
 func (e *env) putCalicoBlock(file string) *calico.Block {
 	e.t.Helper()
 	raw, err := os.ReadFile(filepath.Join("..", "calico", "testdata", file))
@@ -40,7 +40,7 @@ func (e *env) putCalicoBlock(file string) *calico.Block {
 	e.put(f.Key, f.Value)
 	handles := map[string]*calico.Handle{}
 	for ord := range b.Allocations {
-		if a := b.AttributeOf(ord); a != nil {
+		if a := b.AttributeOf(ord); a != nil && a.Handle() != "" {
 			if handles[a.Handle()] == nil {
 				handles[a.Handle()] = calico.NewHandle()
 			}
