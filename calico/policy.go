@@ -133,6 +133,21 @@ func NextFreeBlock(pool IPPool, node string, used []netip.Prefix, reserved Reser
 	}
 }
 
+// ReleaseWhenUnselected reports whether node, when it allocates, lets go of its affinity to block b of
+// pool p (the enabled pool holding b, not one the allocation uses): b is the node's and empty, and p's
+// nodeSelector no longer selects the node; the block is then deleted with the affinity
+// (prepareAffinityBlocksForHost in ipam.go). Without the node's labels (n nil) it never does.
+func ReleaseWhenUnselected(p IPPool, n *Node, b *Block, node string) bool {
+	if n == nil || b == nil || !b.Empty() {
+		return false
+	}
+	if o := OwnerOf(b, false); o.Kind != OwnerHost || o.Node != node {
+		return false
+	}
+	ok, err := p.SelectsNode(n)
+	return err == nil && !ok
+}
+
 // Empty reports whether no address of the block is in use: every allocation, if any, is held by the
 // Windows reserved handle (allocationBlock.empty in ipam_block.go).
 func (b *Block) Empty() bool {

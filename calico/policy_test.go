@@ -246,3 +246,27 @@ func TestSortAffinities(t *testing.T) {
 		}
 	}
 }
+
+func TestReleaseWhenUnselected(t *testing.T) {
+	p := IPPool{Name: "a", CIDR: mustPrefix("10.0.0.0/24"), BlockSize: 26, NodeSelector: "rack == 'a'"}
+	empty := NewBlock(mustPrefix("10.0.0.0/26"), "host:n1", 1)
+	rackA, rackB := &Node{Labels: map[string]string{"rack": "a"}}, &Node{Labels: map[string]string{"rack": "b"}}
+	if !ReleaseWhenUnselected(p, rackB, empty, "n1") {
+		t.Error("an empty block of a pool that no longer selects the node is released")
+	}
+	for name, tc := range map[string]struct {
+		n    *Node
+		b    *Block
+		node string
+	}{"still selected": {rackA, empty, "n1"}, "no labels": {nil, empty, "n1"}, "another node's": {rackB, empty, "n2"}} {
+		if ReleaseWhenUnselected(p, tc.n, tc.b, tc.node) {
+			t.Errorf("%s: released", name)
+		}
+	}
+	h := "x"
+	full := NewBlock(mustPrefix("10.0.0.0/26"), "host:n1", 1)
+	full.AutoAssign(1, AllocationAttribute{HandleID: &h}, nil)
+	if ReleaseWhenUnselected(p, rackB, full, "n1") {
+		t.Error("a block holding an address is released")
+	}
+}

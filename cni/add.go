@@ -100,7 +100,8 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	if err != nil {
 		return nil, err
 	}
-	if err := v.loadBlocks(ctx, append(handleBlocks(v.handle), v.affineCIDRs(auto)...)); err != nil {
+	unselected := v.unselected(auto)
+	if err := v.loadBlocks(ctx, slices.Concat(handleBlocks(v.handle), v.affineCIDRs(auto), unselected)); err != nil {
 		return nil, err
 	}
 	if held := v.held(handle, ifname); len(held) > 0 {
@@ -136,6 +137,7 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 				used[f] = a.block
 			}
 		}
+		v.releaseUnselected(unselected)
 	}
 	if _, err := v.commit(ctx, handleWith(v.handle, got), nil); err != nil {
 		return nil, err
@@ -259,6 +261,52 @@ func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
 	}
 	calico.SortAffinities(out, func(c netip.Prefix) string { return v.affinity[c].state })
 	return out
+}
+
+// unselected returns the node's affinities, in the families ADD assigns, to blocks of enabled pools
+// that are not among the pools ADD uses and no longer select the node (candidates for
+// releaseUnselected; none without the node's labels).
+func (v *view) unselected(using [2][]calico.IPPool) []netip.Prefix {
+	if v.node == nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for cidr := range v.affinity {
+		f := familyOf(cidr.Addr())
+		if !v.conf.Assign[f] || inPools(cidr, using[f]) {
+			continue
+		}
+		if p := v.poolOf(cidr); p != nil && !p.Disabled {
+			if ok, err := p.SelectsNode(v.node); err == nil && !ok {
+				out = append(out, cidr)
+			}
+		}
+	}
+	return out
+}
+
+// releaseUnselected marks for deletion, with their affinities, the empty blocks of the node among
+// cidrs (from unselected), as Calico's allocator does on every assignment.
+func (v *view) releaseUnselected(cidrs []netip.Prefix) {
+	for _, cidr := range cidrs {
+		e, p := v.blocks[cidr], v.poolOf(cidr)
+		if e == nil || e.dirty || p == nil || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
+			continue
+		}
+		v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
+		e.release, e.dirty = true, true
+		v.affinityWrites[cidr] = calico.AffinityStale
+	}
+}
+
+// poolOf returns the IPPool holding the prefix, nil when none does.
+func (v *view) poolOf(p netip.Prefix) *calico.IPPool {
+	for i := range v.pools {
+		if inPools(p, v.pools[i:i+1]) {
+			return &v.pools[i]
+		}
+	}
+	return nil
 }
 
 // excluded reports whether automatic assignment must pass over an address: excluded by the

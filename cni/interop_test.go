@@ -299,3 +299,39 @@ func TestReleaseWhereBlockMoved(t *testing.T) {
 		t.Fatal("handle of a vanished block kept after DEL")
 	}
 }
+
+// TestReleaseWhenPoolNoLongerSelects: after the node's labels change, its next ADD uses the pool that
+// now selects it and releases (deletes with its affinity) its empty block of the pool that no longer
+// does; a block still holding an address stays the node's.
+func TestReleaseWhenPoolNoLongerSelects(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("a", "10.70.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'a'" })
+	e.putPool("b", "10.71.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'b'" })
+	label := func(rack string) {
+		e.put(calico.NodeKey("node1"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1","labels":{"rack":"`+rack+`"}},"spec":{}}`))
+	}
+	label("a")
+	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	a1 := addrs(e.mustAdd(l, rt("c1", "eth0")))[0]
+	blockA := netip.PrefixFrom(a1.Addr(), 26).Masked()
+	e.mustDel(l, rt("c1", "eth0"))
+	// A second node1 block in pool a that keeps an address (requested explicitly).
+	keep, _ := calico.OrdinalAddr(netip.PrefixFrom(blockA.Addr(), 25).Masked(), 0)
+	if netip.PrefixFrom(keep, 26).Masked() == blockA {
+		keep, _ = calico.OrdinalAddr(netip.PrefixFrom(blockA.Addr(), 25).Masked(), 64)
+	}
+	e.mustAdd(l, rt("k", "eth0", [2]string{"IP", keep.String()}))
+	blockKeep := netip.PrefixFrom(keep, 26).Masked()
+
+	label("b")
+	if got := addrs(e.mustAdd(l, rt("c2", "eth0")))[0]; !mustPrefix("10.71.0.0/24").Contains(got.Addr()) {
+		t.Fatalf("after relabelling got %s, want pool b", got)
+	}
+	s := e.snapshot()
+	if s.Blocks[blockA] != nil {
+		t.Fatalf("empty block %s of the pool that no longer selects node1 kept", blockA)
+	}
+	if b := s.Blocks[blockKeep]; b == nil || calico.OwnerOf(b, false).Node != "node1" {
+		t.Fatalf("block %s holding an address: %+v, want kept by node1", blockKeep, b)
+	}
+}

@@ -21,6 +21,9 @@ type blockEntry struct {
 	dirty bool
 	// created marks a block claimed by this operation (written with its affinity, if absent).
 	created bool
+	// release marks an empty block of the node whose pool no longer selects it: deleted with its
+	// affinity (calico.ReleaseWhenUnselected).
+	release bool
 	// encoded is the block's value as read or last written (nil once changed in memory).
 	encoded []byte
 }
@@ -388,7 +391,7 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 	for _, c := range cidrs {
 		e := v.blocks[c]
 		key := calico.BlockKey(c)
-		if !e.created && e.b.DeleteWhenReleased() {
+		if !e.created && (e.release || e.b.DeleteWhenReleased()) {
 			cmps = append(cmps, modRevisionIs(key, e.rev))
 			ops = append(ops, deleteOp(key))
 			deleted = append(deleted, c)

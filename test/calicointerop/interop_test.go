@@ -407,6 +407,30 @@ func TestPoolSelection(t *testing.T) {
 			t.Errorf("%s (%s on %s) got %s, want an address of %s", cid, pd.by, pd.node, pd.addrs[0], want[pd.node])
 		}
 	}
+	// nodena moves to rack b: once its pods are gone, the next ADD (block-ipam's here) releases its
+	// empty block of rack-a, as calico-ipam's would, and both then allocate from rack-b.
+	var dels []op
+	for cid, pd := range w.pods {
+		if pd.node == "nodena" {
+			dels = append(dels, op{del: true, p: pd.by, node: "nodena", cid: cid, f: v4only})
+		}
+	}
+	w.run(dels)
+	w.apply(nodeRes("nodena", map[string]string{"rack": "b"}))
+	moved := w.mustAdd(blockIPAM, "nodena", "bmoved", v4only)
+	for c, b := range w.snapshot().Blocks {
+		if want["nodena"].Contains(c.Addr()) {
+			t.Errorf("block %s of rack-a (%v) kept after nodena left the rack", c, *b.Affinity)
+		}
+	}
+	movedC := w.mustAdd(calicoIPAM, "nodena", "cmoved", v4only)
+	for _, pd := range []*pod{moved, movedC} {
+		if !want["nodenb"].Contains(pd.addrs[0]) {
+			t.Errorf("%s on nodena after relabelling got %s, want rack-b's %s", pd.by, pd.addrs[0], want["nodenb"])
+		}
+	}
+	w.check()
+
 	// A node no pool selects: both refuse.
 	w.apply(nodeRes("nodenc", map[string]string{"rack": "c", "drain": "yes"}))
 	for _, p := range []plugin{calicoIPAM, blockIPAM} {
