@@ -60,7 +60,7 @@ func TestTestdataBlocks(t *testing.T) {
 			owner: Owner{OwnerVirtual, "load-balancer"}, legacy: Owner{OwnerVirtual, "load-balancer"}, allocated: 1},
 		{file: "deleted-kdd.json", cidr: "10.244.9.192/26", owner: Owner{}, legacy: Owner{}, deleted: true},
 		// After calico-ipam v3.31 deleted the pod at ordinal 1: its sequence entry stays.
-		{file: "calico-del-stale-seq.json", cidr: "10.50.12.0/26", owner: Owner{OwnerHost, "node-y"}, legacy: Owner{OwnerHost, "node-y"}, allocated: 2},
+		{file: "ipam/calico-del-stale-seq.json", cidr: "10.50.12.0/26", owner: Owner{OwnerHost, "node-y"}, legacy: Owner{OwnerHost, "node-y"}, allocated: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {

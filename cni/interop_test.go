@@ -70,7 +70,7 @@ func (e *env) putAffinity(node, cidr, state string) {
 func TestCalicoDeletedPodBlock(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.50.0.0/16", 26)
-	e.putCalicoBlock("calico-del-stale-seq.json") // node-y's 10.50.12.0/26: c0 at 0, c2 at 2, 1 freed by Calico
+	e.putCalicoBlock("ipam/calico-del-stale-seq.json") // node-y's 10.50.12.0/26: c0 at 0, c2 at 2, 1 freed by Calico
 	nodeY := e.list(netOpts{name: "k8s-pod-network", ipam: e.ipam("node-y", nil)})
 
 	// DEL of a pod calico-ipam allocated (no ifname attribute: it is eth0's).
@@ -101,7 +101,7 @@ func TestCalicoDeletedPodBlock(t *testing.T) {
 	// Borrowing: a node whose pool has no other subnet borrows from such a block.
 	e2 := newEnv(t)
 	e2.putPool("p", "10.50.12.0/26", 26)
-	e2.putCalicoBlock("calico-del-stale-seq.json")
+	e2.putCalicoBlock("ipam/calico-del-stale-seq.json")
 	got := addrs(e2.mustAdd(e2.list(netOpts{ipam: e2.ipam("node-z", nil)}), rt("z1", "eth0")))[0]
 	if !mustPrefix("10.50.12.0/26").Contains(got.Addr()) {
 		t.Fatalf("node-z got %s, want an address borrowed from node-y's block", got)
