@@ -1,7 +1,6 @@
 package calicointerop_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -398,12 +397,7 @@ func (w *world) check() {
 	if m == nil || mh == nil || m[1] != "0" || mh[1] != "0" {
 		w.t.Fatalf("calicoctl ipam check found problems:\n%s", out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, _, err := ipamcheck.Read(ctx, w.cli)
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	s := w.snapshot()
 	byPlugin := map[plugin]int{}
 	for _, a := range s.Allocations {
 		// block-ipam's allocations carry its network attribute; calico-ipam's do not.
@@ -444,18 +438,12 @@ func (w *world) check() {
 // snapshot reads the IPAM state.
 func (w *world) snapshot() *ipamcheck.Snapshot {
 	w.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, _, err := ipamcheck.Read(ctx, w.cli)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return s
+	return ipamcheck.MustRead(w.t, w.cli)
 }
 
 // blockOf returns the block holding a (the most specific), invalid when none.
-func (s0 *world) blockOf(a netip.Addr) (netip.Prefix, *calico.Block) {
-	s := s0.snapshot()
+func (w *world) blockOf(a netip.Addr) (netip.Prefix, *calico.Block) {
+	s := w.snapshot()
 	var best netip.Prefix
 	for c := range s.Blocks {
 		if c.Contains(a) && (!best.IsValid() || c.Bits() > best.Bits()) {
@@ -465,7 +453,7 @@ func (s0 *world) blockOf(a netip.Addr) (netip.Prefix, *calico.Block) {
 	return best, s.Blocks[best]
 }
 
-// owners returns the set of block owners ("" for none) holding the pods' addresses.
+// ownersOf returns the set of block owners ("" for none) holding the pods' addresses.
 func (w *world) ownersOf(pods ...*pod) []string {
 	var out []string
 	for _, pd := range pods {
@@ -482,10 +470,4 @@ func (w *world) ownersOf(pods ...*pod) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// out returns the plugin stderr so far (for diagnostics).
-func (w *world) pluginLog() string {
-	data, _ := os.ReadFile(w.log.Name())
-	return string(bytes.TrimSpace(tail(data, 2048)))
 }
