@@ -122,9 +122,9 @@ func NextFreeBlock(pool IPPool, node string, used []netip.Prefix, reserved Reser
 			used = append(used, r)
 		}
 	}
-	start := BlockStartIndex(node, pool.CIDR, pool.BlockSize)
+	start := startIndex(node, pool.CIDR, pool.BlockSize)
 	for {
-		cidr, ok := FreeBlock(pool.CIDR, pool.BlockSize, start, used)
+		cidr, ok := freeBlock(pool.CIDR, pool.BlockSize, start, used)
 		if !ok || !reserved.CoversWhole(cidr) {
 			return cidr, ok
 		}

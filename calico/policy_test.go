@@ -270,3 +270,24 @@ func TestReleaseWhenUnselected(t *testing.T) {
 		t.Error("a block holding an address is released")
 	}
 }
+
+// TestBlockStartIndexIsCalicos: the start indexes calico-ipam v3.31 was seen to claim first for these
+// node names in 10.100.0.0/16 with /26 blocks (test/calicointerop checks it against the real binary).
+func TestBlockStartIndexIsCalicos(t *testing.T) {
+	pool := mustPrefix("10.100.0.0/16")
+	for node, want := range map[string]string{"nodea": "10.100.149.0/26", "nodeb": "10.100.248.128/26", "nodec": "10.100.176.192/26"} {
+		got, ok := NextFreeBlock(IPPool{CIDR: pool, BlockSize: 26}, node, nil, nil)
+		if !ok || got != mustPrefix(want) {
+			t.Errorf("%s claims %s first, calico-ipam claims %s", node, got, want)
+		}
+	}
+	// A pool of more than 2^64 subnets: the index is taken whole.
+	v6 := IPPool{CIDR: mustPrefix("fd00:10:244::/48"), BlockSize: 122}
+	got, ok := NextFreeBlock(v6, "nodea", nil, nil)
+	if !ok || !v6.CIDR.Contains(got.Addr()) || got.Bits() != 122 {
+		t.Fatalf("v6 claim %s %v", got, ok)
+	}
+	if again, _ := NextFreeBlock(v6, "nodea", nil, nil); again != got {
+		t.Errorf("v6 start is not stable: %s then %s", got, again)
+	}
+}

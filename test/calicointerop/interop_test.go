@@ -440,3 +440,30 @@ func TestPoolSelection(t *testing.T) {
 	}
 	w.check()
 }
+
+// TestClaimsTheSubnetCalicoWould: for the same node names, block-ipam claims first the very subnets
+// calico-ipam claims (each on its own etcd), in an IPv4 pool and in an IPv6 /48 of 2^74 subnets.
+func TestClaimsTheSubnetCalicoWould(t *testing.T) {
+	nodes := []string{"nodeq", "noder", "nodes", "nodet"}
+	both := families{v4: true, v6: true}
+	first := map[plugin]map[string][]netip.Prefix{}
+	for _, p := range []plugin{calicoIPAM, blockIPAM} {
+		w := newWorld(t)
+		w.apply(poolRes("v4", "10.112.0.0/16", 26, ""), poolRes("v6", "fd00:112::/48", 122, ""))
+		first[p] = map[string][]netip.Prefix{}
+		for _, n := range nodes {
+			w.apply(nodeRes(n, nil))
+			pd := w.mustAdd(p, n, "p"+n, both)
+			for _, a := range pd.addrs {
+				c, _ := w.blockOf(a)
+				first[p][n] = append(first[p][n], c)
+			}
+		}
+		w.check()
+	}
+	for _, n := range nodes {
+		if !slices.Equal(first[calicoIPAM][n], first[blockIPAM][n]) {
+			t.Errorf("%s: calico-ipam claimed %v, block-ipam %v", n, first[calicoIPAM][n], first[blockIPAM][n])
+		}
+	}
+}
