@@ -133,6 +133,41 @@ func NextFreeBlock(pool IPPool, node string, used []netip.Prefix, reserved Reser
 	}
 }
 
+// BorrowOrder returns, of the given block CIDRs, those Calico's allocator visits when node borrows
+// from pool, in the order it visits them: the pool's block-sized subnets from the node's start index
+// upwards, wrapping around (autoAssign in ipam.go walks randomBlockGenerator again); blocks of
+// another size are not visited. The first with a free address that is not reserved serves.
+func BorrowOrder(pool IPPool, node string, cidrs []netip.Prefix) []netip.Prefix {
+	p := Canonical(pool.CIDR)
+	n := pool.BlockSize - p.Bits()
+	if n < 0 || n > 127 {
+		return nil
+	}
+	hostBits := p.Addr().BitLen() - pool.BlockSize
+	start, base := startIndex(node, p, pool.BlockSize), toU128(p.Addr())
+	type visit struct {
+		cidr netip.Prefix
+		key  u128
+	}
+	var vs []visit
+	for _, c := range cidrs {
+		c = Canonical(c)
+		if c.Bits() != pool.BlockSize || !p.Contains(c.Addr()) {
+			continue
+		}
+		idx := shr(toU128(c.Addr()).sub(base), hostBits)
+		// (idx - start) modulo the number of subnets: the distance walked from the start.
+		key := shr(idx.sub(start).shl(128-n), 128-n)
+		vs = append(vs, visit{c, key})
+	}
+	slices.SortFunc(vs, func(a, b visit) int { return a.key.cmp(b.key) })
+	out := make([]netip.Prefix, len(vs))
+	for i, v := range vs {
+		out[i] = v.cidr
+	}
+	return out
+}
+
 // ReleaseWhenUnselected reports whether node, when it allocates, lets go of its affinity to block b of
 // pool p (the enabled pool holding b, not one the allocation uses): b is the node's and empty, and p's
 // nodeSelector no longer selects the node; the block is then deleted with the affinity

@@ -291,3 +291,22 @@ func TestBlockStartIndexIsCalicos(t *testing.T) {
 		t.Errorf("v6 start is not stable: %s then %s", got, again)
 	}
 }
+
+func TestBorrowOrder(t *testing.T) {
+	pool := IPPool{CIDR: mustPrefix("10.0.0.0/24"), BlockSize: 26}
+	start := BlockStartIndex("n1", pool.CIDR, 26)
+	var cidrs []netip.Prefix
+	for i := range 4 {
+		cidrs = append(cidrs, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(64 * i)}), 26))
+	}
+	cidrs = append(cidrs, mustPrefix("10.0.0.0/28"), mustPrefix("10.9.0.0/26")) // another size; outside
+	got := BorrowOrder(pool, "n1", cidrs)
+	if len(got) != 4 {
+		t.Fatalf("BorrowOrder = %v, want the four /26 of the pool", got)
+	}
+	for i, c := range got {
+		if want := cidrs[(int(start)+i)%4]; c != want {
+			t.Errorf("visit %d = %s, want %s (walk from index %d)", i, c, want, start)
+		}
+	}
+}

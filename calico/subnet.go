@@ -45,6 +45,13 @@ func (u u128) add(v u128) (u128, bool) {
 	return u128{hi, lo}, c != 0
 }
 
+// sub returns u - v modulo 2^128.
+func (u u128) sub(v u128) u128 {
+	lo, b := bits.Sub64(u.lo, v.lo, 0)
+	hi, _ := bits.Sub64(u.hi, v.hi, b)
+	return u128{hi, lo}
+}
+
 func (u u128) cmp(v u128) int {
 	switch {
 	case u.hi < v.hi || (u.hi == v.hi && u.lo < v.lo):

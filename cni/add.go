@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -366,17 +365,28 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 	if err := v.loadFamily(ctx, f); err != nil {
 		return allocation{}, err
 	}
-	var cands []*blockEntry
+	// Calico's order: pool by pool, each walked from the node's start index (calico.BorrowOrder).
+	var family []netip.Prefix
 	for cidr, e := range v.blocks {
-		if e != nil && familyOf(cidr.Addr()) == f && inPools(cidr, pools) && !v.ownedByNode(e.b) && e.b.Free(v.excluded) > 0 {
-			cands = append(cands, e)
+		if e != nil && familyOf(cidr.Addr()) == f {
+			family = append(family, cidr)
 		}
 	}
-	if len(cands) == 0 {
+	var e *blockEntry
+	for _, pool := range pools {
+		for _, cidr := range calico.BorrowOrder(pool, v.conf.Node, family) {
+			if c := v.blocks[cidr]; !v.reserved.CoversWhole(cidr) && c.b.Free(v.excluded) > 0 {
+				e = c
+				break
+			}
+		}
+		if e != nil {
+			break
+		}
+	}
+	if e == nil {
 		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
 	}
-	// A random block spreads borrowing nodes over the pool (Calico does the same).
-	e := cands[rand.N(len(cands))]
 	a, _ = v.assignFrom(e, attr)
 	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.addr, "why", why)
 	return a, nil

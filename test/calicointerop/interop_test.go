@@ -467,3 +467,34 @@ func TestClaimsTheSubnetCalicoWould(t *testing.T) {
 		}
 	}
 }
+
+// TestBorrowsWhereCalicoWould: a pool of eight /30 blocks, all claimed and filled by one node, an
+// address freed in three of them; three other nodes borrow one address each. block-ipam borrows from
+// the same blocks, in the same order, as calico-ipam on an identical etcd.
+func TestBorrowsWhereCalicoWould(t *testing.T) {
+	borrowers := []string{"nodeu", "nodev", "nodew"}
+	got := map[plugin][]netip.Prefix{}
+	for _, p := range []plugin{calicoIPAM, blockIPAM} {
+		w := newWorld(t)
+		w.apply(poolRes("pool", "10.113.0.0/27", 30, ""), nodeRes("nodefill", nil), nodeRes("nodeu", nil),
+			nodeRes("nodev", nil), nodeRes("nodew", nil))
+		for i := range 32 {
+			w.mustAdd(blockIPAM, "nodefill", fmt.Sprintf("f%d", i), v4only)
+		}
+		for cid, pd := range w.pods {
+			if a := pd.addrs[0].As4(); a[3] == 4 || a[3] == 16 || a[3] == 24 {
+				w.mustDel(blockIPAM, "nodefill", cid, v4only)
+			}
+		}
+		for _, n := range borrowers {
+			pd := w.mustAdd(p, n, "b"+n, v4only)
+			c, _ := w.blockOf(pd.addrs[0])
+			got[p] = append(got[p], c)
+		}
+		w.check()
+	}
+	t.Logf("borrowed from, in order: calico-ipam %v, block-ipam %v", got[calicoIPAM], got[blockIPAM])
+	if !slices.Equal(got[calicoIPAM], got[blockIPAM]) {
+		t.Errorf("borrowed from: calico-ipam %v, block-ipam %v", got[calicoIPAM], got[blockIPAM])
+	}
+}
