@@ -53,7 +53,7 @@ func (c *Client) DumpRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, er
 			if !ok {
 				return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
 			}
-			e, err := entryFromAPI(&d.Route)
+			e, err := entryFromAPI(d.Route.TableID, d.Route.Prefix, d.Route.Paths)
 			if err != nil {
 				return err
 			}
@@ -62,6 +62,46 @@ func (c *Client) DumpRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, er
 		})
 		if err != nil {
 			return nil, fmt.Errorf("dump %s routes of table %d: %w", family(ip6), tableID, err)
+		}
+	}
+	return out, nil
+}
+
+// fibSourceAPI is VPP's FIB_SOURCE_API: routes added over the binary API, by any client.
+const fibSourceAPI = 8
+
+// DumpAPIRoutes dumps the IPv4 and then the IPv6 routes of table tableID that were added over the binary
+// API (by any client: ours and others'), with their API paths, through ip_route_v2_dump filtered on the
+// API source. VPP's own entries (special, interface, recursive-resolution and adjacency /32s) and CLI
+// routes are left out. A VPP without ip_route_v2_dump fails with an error wrapping ErrUnsupported.
+func (c *Client) DumpAPIRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, error) {
+	sess, err := c.current()
+	if err != nil {
+		return nil, fmt.Errorf("dump API routes of table %d: %w", tableID, err)
+	}
+	if !sess.routeSource {
+		return nil, fmt.Errorf("dump API routes of table %d: ip_route_v2_dump: %w", tableID, ErrUnsupported)
+	}
+	var out []FIBEntry
+	for _, ip6 := range []bool{false, true} {
+		req := &ip.IPRouteV2Dump{Src: fibSourceAPI, Table: ip.IPTable{TableID: tableID, IsIP6: ip6}}
+		err := c.dump(ctx, sess, req, func(m api.Message) error {
+			d, ok := m.(*ip.IPRouteV2Details)
+			if !ok {
+				return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
+			}
+			if d.Route.Src != fibSourceAPI {
+				return nil // a VPP that ignores the filter
+			}
+			e, err := entryFromAPI(d.Route.TableID, d.Route.Prefix, d.Route.Paths)
+			if err != nil {
+				return err
+			}
+			out = append(out, e)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("dump %s API routes of table %d: %w", family(ip6), tableID, err)
 		}
 	}
 	return out, nil
