@@ -245,8 +245,10 @@ type fibTable struct {
 	name    string
 	entries map[netip.Prefix]*entry
 	// rrRefs counts, per next hop, the recursive API paths that need its
-	// recursive-resolution /32 (/128).
-	rrRefs map[netip.Addr]int
+	// recursive-resolution /32 (/128); rrEntries are the entries with a
+	// recursive-resolution contribution.
+	rrRefs    map[netip.Addr]int
+	rrEntries map[netip.Prefix]*entry
 }
 
 var (
@@ -273,7 +275,8 @@ func comparePrefixes(a, b netip.Prefix) int {
 
 // newTable creates a table with the routes VPP puts in every table.
 func (s *Sim) newTable(key tableKey, name string) *fibTable {
-	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry), rrRefs: make(map[netip.Addr]int)}
+	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry), rrRefs: make(map[netip.Addr]int),
+		rrEntries: make(map[netip.Prefix]*entry)}
 	if key.ip6 {
 		for _, p := range defaultV6 {
 			s.getEntry(t, p).deflt = []fibPath{dropPath(true)}
@@ -353,12 +356,11 @@ func (p fibPath) recursive() bool {
 // 10.1.7.1 makes "10.1.7.1/32 via 192.0.2.9 if 1" under the covering
 // "10.1.7.0/26 via 192.0.2.9 if 1").
 func (s *Sim) syncRR(t *fibTable) {
-	for _, e := range t.entries {
-		if e.rr != nil {
-			if _, ok := t.rrRefs[e.prefix.Addr()]; !ok || e.prefix.Bits() != e.prefix.Addr().BitLen() {
-				e.rr = nil
-				t.gc(e)
-			}
+	for p, e := range t.rrEntries {
+		if _, ok := t.rrRefs[p.Addr()]; !ok {
+			e.rr = nil
+			delete(t.rrEntries, p)
+			t.gc(e)
 		}
 	}
 	for nh := range t.rrRefs {
@@ -375,7 +377,9 @@ func (s *Sim) syncRR(t *fibTable) {
 		if cover == nil {
 			cover = []fibPath{dropPath(nh.Is6())}
 		}
-		s.getEntry(t, host).rr = slices.Clone(cover)
+		e := s.getEntry(t, host)
+		e.rr = slices.Clone(cover)
+		t.rrEntries[host] = e
 	}
 }
 
