@@ -153,13 +153,13 @@ type Agent struct {
 	uplinkReady   bool
 	waitingUplink bool
 	vppUp         bool
-	needFull        string                   // reason of a full resync that is due as soon as it can run
-	missingSince    map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
-	legacyLogged    map[netip.Prefix]struct{}
-	retry           *time.Timer
-	retryKind       string // the resync kind the retry timer runs
-	grace           *time.Timer
-	graceAt         time.Time // when grace fires; zero when not armed
+	needFull      string                   // reason of a full resync that is due as soon as it can run
+	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
+	legacyLogged  map[netip.Prefix]struct{}
+	retry         *time.Timer
+	retryKind     string // the resync kind the retry timer runs
+	grace         *time.Timer
+	graceAt       time.Time // when grace fires; zero when not armed
 
 	heartbeat atomic.Int64 // UnixNano of the loop's last turn
 	// busyUntil is the deadline (UnixNano) of the VPP work the loop is doing now, 0 when idle: the loop
