@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -155,7 +154,6 @@ type Agent struct {
 	vppUp         bool
 	needFull      string                   // reason of a full resync that is due as soon as it can run
 	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
-	legacyLogged  map[netip.Prefix]struct{}
 	retry         *time.Timer
 	retryKind     string // the resync kind the retry timer runs
 	grace         *time.Timer
@@ -193,7 +191,6 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		deleted:      map[netip.Prefix]vppapi.Route{},
 		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
-		legacyLogged: map[netip.Prefix]struct{}{},
 		debugReq:     make(chan chan Debug),
 		m:            m.orNop(),
 	}
@@ -246,7 +243,6 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
 	first := a.snap == nil
 	a.snap = snap
-	a.noteLegacy(snap)
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
 		a.pools = pools
@@ -657,27 +653,6 @@ func (a *Agent) conflicts() int {
 		}
 	}
 	return n
-}
-
-// noteLegacy logs once per block that legacy hostAffinity made a node its owner.
-func (a *Agent) noteLegacy(snap *blockwatch.Snapshot) {
-	check := func(cidr netip.Prefix, b *blockwatch.Block) {
-		if b != nil && b.Owner.Kind == calico.OwnerLegacyHost {
-			if _, done := a.legacyLogged[cidr]; !done {
-				a.legacyLogged[cidr] = struct{}{}
-				a.log.Info("block has only the legacy hostAffinity field; routing it to that node", "block", cidr, "node", b.Owner.Node)
-			}
-		}
-	}
-	if snap.Full {
-		for cidr, b := range snap.Blocks {
-			check(cidr, b)
-		}
-		return
-	}
-	for _, cidr := range snap.ChangedBlocks {
-		check(cidr, snap.Blocks[cidr])
-	}
 }
 
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -62,6 +63,35 @@ func TestVPPRestartLateUplink(t *testing.T) {
 		}
 	}
 	a.stop()
+	checkLogLines(t, a.proc, map[string]int{"connected to VPP": 2, "lost connection to VPP": 1,
+		"VPP has no uplink interface yet; waiting for it": 2, "uplink interface appeared": 2})
+}
+
+// checkLogLines checks what an operator reads in the --log-format json output: nothing but JSON lines,
+// at most one component key on each, and each connection change logged once (by one package): the
+// given messages exactly as many times as given.
+func checkLogLines(t *testing.T, p *proc, want map[string]int) {
+	t.Helper()
+	got := map[string]int{}
+	for _, l := range strings.Split(p.output(), "\n") {
+		if l == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Errorf("a log line that is not JSON: %q", l)
+			continue
+		}
+		if n := strings.Count(l, `"component":`); n > 1 {
+			t.Errorf("%d component keys: %s", n, l)
+		}
+		got[rec["msg"].(string)]++
+	}
+	for msg, n := range want {
+		if got[msg] != n {
+			t.Errorf("%q logged %d times, want %d", msg, got[msg], n)
+		}
+	}
 }
 
 // TestRecursiveResolutionInPool: another client's route recursive via a pod address makes VPP add a
