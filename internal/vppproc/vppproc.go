@@ -12,12 +12,20 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"go.fd.io/govpp/adapter/socketclient"
+	"go.fd.io/govpp/api"
+	"go.fd.io/govpp/binapi/fib_types"
+	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/ip_types"
+	"go.fd.io/govpp/core"
 )
 
 // EnvPackage names the environment variable with the unpacked VPP package directory.
@@ -233,4 +241,89 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Route is one route of a table as VPP dumps it for a source.
+type Route struct {
+	Prefix netip.Prefix // masked
+	// Source is VPP's fib_source_t (8: API).
+	Source uint8
+	Paths  []Path
+}
+
+// Path is one path of a dumped route: its next hop (the zero Addr if none) and interface (~0 if none).
+type Path struct {
+	NextHop   netip.Addr
+	SwIfIndex uint32
+}
+
+// SourceAPI is VPP's FIB_SOURCE_API.
+const SourceAPI = 8
+
+// Routes dumps table 0, IPv4 then IPv6, with ip_route_v2_dump for source src (0: every entry with its
+// best source), over a connection of its own.
+func (v *VPP) Routes(ctx context.Context, src uint8) ([]Route, error) {
+	var out []Route
+	err := v.Call(ctx, func(ch api.Channel) error {
+		for _, ip6 := range []bool{false, true} {
+			req := ch.SendMultiRequest(&ip.IPRouteV2Dump{Src: src, Table: ip.IPTable{IsIP6: ip6}})
+			for {
+				d := new(ip.IPRouteV2Details)
+				last, err := req.ReceiveReply(d)
+				if err != nil {
+					return err
+				}
+				if last {
+					break
+				}
+				r := Route{Prefix: netip.PrefixFrom(fromAPI(d.Route.Prefix.Address), int(d.Route.Prefix.Len)).Masked(), Source: d.Route.Src}
+				for _, p := range d.Route.Paths {
+					var nh netip.Addr
+					switch p.Proto {
+					case fib_types.FIB_API_PATH_NH_PROTO_IP4:
+						nh = netip.AddrFrom4(p.Nh.Address.GetIP4())
+					case fib_types.FIB_API_PATH_NH_PROTO_IP6:
+						nh = netip.AddrFrom16(p.Nh.Address.GetIP6())
+					}
+					if nh.IsUnspecified() {
+						nh = netip.Addr{}
+					}
+					r.Paths = append(r.Paths, Path{NextHop: nh, SwIfIndex: p.SwIfIndex})
+				}
+				out = append(out, r)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Call runs f on a GoVPP channel of a connection of its own, every reply within 5 s.
+func (v *VPP) Call(ctx context.Context, f func(api.Channel) error) error {
+	conn, err := core.Connect(socketclient.NewVppClient(v.Socket()))
+	if err != nil {
+		return fmt.Errorf("connect to VPP at %s: %w", v.Socket(), err)
+	}
+	defer conn.Disconnect()
+	ch, err := conn.NewAPIChannel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	ch.SetReplyTimeout(5 * time.Second)
+	done := make(chan error, 1)
+	go func() { done <- f(ch) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func fromAPI(a ip_types.Address) netip.Addr {
+	if a.Af == ip_types.ADDRESS_IP6 {
+		return netip.AddrFrom16(a.Un.GetIP6())
+	}
+	return netip.AddrFrom4(a.Un.GetIP4())
 }

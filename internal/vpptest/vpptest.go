@@ -6,7 +6,6 @@ package vpptest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -14,14 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.fd.io/govpp/adapter/socketclient"
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/binapi/fib_types"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_types"
-	"go.fd.io/govpp/core"
 
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
@@ -236,45 +233,40 @@ type Route struct {
 	Paths  []vppsim.Path
 }
 
-// Routes dumps table 0 (IPv4 then IPv6) with ip_route_v2_dump for source src (0: every entry, with its
-// best source), over a connection of its own.
+// Routes dumps table 0 (IPv4 then IPv6) for source src (0: every entry, with its best source), with
+// ip_route_v2_dump over a connection of its own.
 func (v *VPP) Routes(src vppsim.Source) []Route {
 	v.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var out []Route
-	v.with(func(ch api.Channel) error {
+	if v.sim != nil {
 		for _, ip6 := range []bool{false, true} {
-			req := ch.SendMultiRequest(&ip.IPRouteV2Dump{Src: uint8(src), Table: ip.IPTable{IsIP6: ip6}})
-			for {
-				d := new(ip.IPRouteV2Details)
-				last, err := req.ReceiveReply(d)
-				if err != nil {
-					return err
+			for _, r := range v.sim.Routes(0, ip6) {
+				if src == 0 || r.Source == src {
+					out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 				}
-				if last {
-					break
-				}
-				addr := netip.AddrFrom4(d.Route.Prefix.Address.Un.GetIP4())
-				if d.Route.Prefix.Address.Af == ip_types.ADDRESS_IP6 {
-					addr = netip.AddrFrom16(d.Route.Prefix.Address.Un.GetIP6())
-				}
-				r := Route{Prefix: netip.PrefixFrom(addr, int(d.Route.Prefix.Len)).Masked(), Source: vppsim.Source(d.Route.Src)}
-				for _, p := range d.Route.Paths {
-					var nh netip.Addr
-					if p.Proto == fib_types.FIB_API_PATH_NH_PROTO_IP4 {
-						nh = netip.AddrFrom4(p.Nh.Address.GetIP4())
-					} else if p.Proto == fib_types.FIB_API_PATH_NH_PROTO_IP6 {
-						nh = netip.AddrFrom16(p.Nh.Address.GetIP6())
-					}
-					if nh.IsUnspecified() {
-						nh = netip.Addr{}
-					}
-					r.Paths = append(r.Paths, vppsim.Path{NextHop: nh, SwIfIndex: p.SwIfIndex})
-				}
-				out = append(out, r)
 			}
 		}
-		return nil
-	})
+		if src == vppsim.SourceAPI { // shadowed API routes too, as ip_route_v2_dump returns them
+			out = out[:0]
+			for _, r := range v.sim.APIRoutes(0) {
+				out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
+			}
+		}
+		return out
+	}
+	routes, err := v.proc.Routes(ctx, uint8(src))
+	if err != nil {
+		v.t.Fatalf("vpptest: %v", err)
+	}
+	for _, r := range routes {
+		vr := Route{Prefix: r.Prefix, Source: vppsim.Source(r.Source)}
+		for _, p := range r.Paths {
+			vr.Paths = append(vr.Paths, vppsim.Path{NextHop: p.NextHop, SwIfIndex: p.SwIfIndex})
+		}
+		out = append(out, vr)
+	}
 	return out
 }
 
@@ -290,25 +282,12 @@ func (v *VPP) APIRoutes(pool netip.Prefix) map[netip.Prefix]netip.Addr {
 	return out
 }
 
-// with runs f on a fresh GoVPP channel to the VPP, with a deadline.
+// with runs f on a fresh GoVPP channel to the real VPP.
 func (v *VPP) with(f func(api.Channel) error) {
 	v.t.Helper()
-	conn, err := core.Connect(socketclient.NewVppClient(v.sock))
-	if err != nil {
-		v.t.Fatalf("vpptest: connect to %s: %v", v.sock, err)
-	}
-	defer conn.Disconnect()
-	ch, err := conn.NewAPIChannel()
-	if err != nil {
-		v.t.Fatal(err)
-	}
-	defer ch.Close()
-	ch.SetReplyTimeout(5 * time.Second)
-	if err := f(ch); err != nil {
-		var verr api.VPPApiError
-		if errors.As(err, &verr) {
-			v.t.Fatalf("vpptest: VPP answered %v", err)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := v.proc.Call(ctx, f); err != nil {
 		v.t.Fatalf("vpptest: %v", err)
 	}
 }
