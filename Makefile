@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X $(PKG)/internal/buildinfo.Version=$(VERSION)
 GOFLAGS_B := -trimpath -ldflags '$(LDFLAGS)'
 BINARIES  := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
-.PHONY: all build test race bench lab lint fuzz clean
+.PHONY: all build test test-vpp race bench lab lint fuzz clean
 
 all: build
 
@@ -18,6 +18,18 @@ build:
 # The full suite: unit, conformance, embedded-etcd and multi-process tests, with the race detector.
 test: lint
 	$(GO) test -race -count=1 -timeout 12m ./...
+
+# The same tests against real VPP processes, one per node, instead of the simulator (the helpers in
+# internal/vpptest read VPP_TEST_BACKEND): the vppapi tests, the process-level e2e and the lab scenario.
+# Tests that need the simulator's faults are skipped. VPP comes from VPP_PKG (an unpacked package
+# directory such as ../shared/vpp's) or a vpp on PATH.
+test-vpp:
+	@if [ -z "$$VPP_PKG" ] && ! command -v vpp >/dev/null 2>&1; then \
+		echo "make test-vpp: no VPP. Unpack one and point VPP_PKG at it:" >&2; \
+		echo "  zstd -dc ../shared/vpp/vpp-v26.06-minimal.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=/opt/vpp-v26.06-minimal" >&2; \
+		echo "or put fd.io's vpp and vppctl on PATH." >&2; exit 2; \
+	fi
+	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m ./...
