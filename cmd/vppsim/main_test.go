@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/binapi/memclnt"
 	"go.fd.io/govpp/core"
+
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
 
 // TestMain runs the command itself when the test binary is re-executed with
@@ -45,6 +48,8 @@ func TestFlagErrors(t *testing.T) {
 		{"--socket", "/tmp/x.sock", "--interface", "eth0", "--interface", "eth0"},
 		{"--socket", "/tmp/" + strings.Repeat("s", 120)},
 		{"--socket", "/tmp/x.sock", "extra"},
+		{"--socket", "/tmp/x.sock", "--reply-delay", "-1s"},
+		{"--socket", "/tmp/x.sock", "--hang-up-after", "-2"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(args, &stdout, &stderr)
@@ -54,6 +59,19 @@ func TestFlagErrors(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Errorf("run(%q) printed %q on stdout", args, stdout.String())
 		}
+	}
+}
+
+// TestFaultFlags: the faults a process-level test needs are flags.
+func TestFaultFlags(t *testing.T) {
+	o, cfg, err := parseFlags([]string{"--socket", "/tmp/x.sock", "--interfaces-after", "2s", "--reply-delay", "5ms",
+		"--hang-up-after", "7", "--stall"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := vppsim.Faults{HangUpAfter: 7, NoReply: true, NoPingReply: true, ReplyDelay: 5 * time.Millisecond}
+	if cfg.InterfaceDelay != 2*time.Second || o.faults != want {
+		t.Errorf("interface delay %v, faults %+v; want 2s and %+v", cfg.InterfaceDelay, o.faults, want)
 	}
 }
 
