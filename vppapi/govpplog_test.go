@@ -16,6 +16,8 @@ func TestLogrusBridge(t *testing.T) {
 	lr := newLogrusBridge(l)
 	lr.WithField("msg_id", 42).Warn("reply channel full, dropping reply")
 	lr.Debug("not shown at info")
+	dbg := newLogrusBridge(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	dbg.Debug("GoVPP's per-message debug lines only with DEBUG_GOVPP")
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 1 {
 		t.Fatalf("%d lines, want 1:\n%s", len(lines), buf.String())
