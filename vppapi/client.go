@@ -230,15 +230,18 @@ func (c *Client) Run(ctx context.Context) error {
 			c.emit(ctx, Event{Kind: Disconnected, PID: sess.pid, Version: sess.version, Err: err})
 		} else if ctx.Err() == nil {
 			c.setLastError(err)
+			// Logged when the reason changes, not on every retry while VPP is down or incompatible.
+			msg := err.Error()
 			var incompat *IncompatibleError
 			if errors.As(err, &incompat) {
-				c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
+				if msg != lastFailure {
+					c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
+				}
 				c.emit(ctx, Event{Kind: Incompatible, Version: incompat.Version, Err: err})
-			} else if msg := err.Error(); msg != lastFailure {
-				// Logged when the reason changes, not on every retry while VPP is down.
+			} else if msg != lastFailure {
 				c.log.Warn("connecting to VPP failed, retrying", "error", err)
-				lastFailure = msg
 			}
+			lastFailure = msg
 		}
 		if ctx.Err() != nil {
 			return nil

@@ -4,16 +4,19 @@ package vppapi_test
 // unmodified socketclient.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -771,7 +774,8 @@ func TestHangUpMidApply(t *testing.T) {
 
 func TestIncompatible(t *testing.T) {
 	sim := startSim(t, vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
-	h := start(t, sim.SocketPath(), nil)
+	var logs syncBuffer
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	for i := range 2 { // reported, then reported again after the backoff: it keeps retrying
 		ev := h.expect(vppapi.Incompatible)
 		var ie *vppapi.IncompatibleError
@@ -795,6 +799,27 @@ func TestIncompatible(t *testing.T) {
 	if !errors.Is(res.Err(), vppapi.ErrNotConnected) {
 		t.Errorf("Apply against an incompatible VPP: %v", res.Err())
 	}
+	if n := strings.Count(logs.String(), "VPP is incompatible"); n != 1 {
+		t.Errorf("the incompatibility was logged %d times over two attempts, want once", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestRunStopsWithoutLeaks(t *testing.T) {

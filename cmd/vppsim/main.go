@@ -13,8 +13,10 @@
 // " http=ADDR" when --http is set) to stdout once the socket accepts, runs
 // until SIGTERM or SIGINT, and simulates a VPP restart on SIGHUP, printing
 // "vppsim restarted pid=N". With --http it serves GET /fib (JSON array of
-// every table's routes; ?source=api keeps only API routes), GET /interfaces
-// and GET /requests (JSON object: message name -> count).
+// every table's routes; ?source=api keeps only API routes), GET /interfaces,
+// GET /requests (JSON object: message name -> count) and
+// POST /neighbor?sw_if_index=N&address=A (a resolved neighbour: VPP's
+// adjacency /32).
 package main
 
 import (
@@ -26,8 +28,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -212,6 +216,24 @@ func newHandler(sim *vppsim.Sim) http.Handler {
 	})
 	mux.HandleFunc("GET /requests", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, sim.RequestCounts())
+	})
+	// POST /neighbor?sw_if_index=N&address=A plays a resolved ARP/ND entry: VPP's adjacency /32 (/128).
+	mux.HandleFunc("POST /neighbor", func(w http.ResponseWriter, r *http.Request) {
+		idx, err := strconv.ParseUint(r.URL.Query().Get("sw_if_index"), 10, 32)
+		if err != nil {
+			http.Error(w, "sw_if_index: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		a, err := netip.ParseAddr(r.URL.Query().Get("address"))
+		if err != nil {
+			http.Error(w, "address: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := sim.ResolveNeighbor(uint32(idx), a); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
 }

@@ -201,6 +201,16 @@ func TestProcess(t *testing.T) {
 	if len(fib) != 8 { // 5 IPv4 specials, the API route, ::/0, fe80::/10
 		t.Errorf("/fib has %d routes: %+v", len(fib), fib)
 	}
+	resp, err := http.Post("http://"+httpAddr+"/neighbor?sw_if_index=1&address=172.16.0.9", "", nil)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("POST /neighbor: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	fib = nil
+	getJSON(t, "http://"+httpAddr+"/fib?source=adjacency", &fib)
+	if len(fib) != 1 || fib[0].Prefix != "172.16.0.9/32" || fib[0].Paths[0].NextHop != "172.16.0.9" || fib[0].Paths[0].SwIfIndex != 1 {
+		t.Errorf("/fib?source=adjacency after POST /neighbor = %+v", fib)
+	}
 	var counts map[string]int
 	getJSON(t, "http://"+httpAddr+"/requests", &counts)
 	if counts["ip_route_add_del"] != 1 || counts["control_ping"] != 1 {
