@@ -582,7 +582,7 @@ func TestDryRun(t *testing.T) {
 			t.Errorf("a dry run sent %d %s", counts[msg], msg)
 		}
 	}
-	if counts["ip_route_dump"] == 0 || counts["sw_interface_dump"] == 0 {
+	if counts["ip_route_v2_dump"] == 0 || counts["sw_interface_dump"] == 0 {
 		t.Errorf("a dry run did not read VPP: requests %v", counts)
 	}
 	if got := sim.APIRoutes(0); len(got) != 1 || got[0].Prefix != stale.Prefix {
