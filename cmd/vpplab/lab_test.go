@@ -36,7 +36,9 @@ func TestLabScenarioPasses(t *testing.T) {
 		if pkg == "" {
 			t.Fatal("the lab runs a real VPP from VPP_PKG (an unpacked package directory)")
 		}
+		// Three nodes: the restarted VPP (node-1's) then still has routes to bring back, to node-2's blocks.
 		args = append(args, "--vpp", pkg)
+		args[1] = "3"
 	}
 	err := run(ctx, args, &out, &out)
 	t.Log(out.String())
