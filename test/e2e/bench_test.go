@@ -147,6 +147,46 @@ func BenchmarkColdStart20k(b *testing.B) {
 		n, coldS, listS, coldS/listS)
 }
 
+// BenchmarkRestartLateUplink20k measures, with the daemon converged on 20,000 remote blocks, the time
+// from a restarted VPP's uplink appearing (VPP creates it from its startup-config 2 s after it starts)
+// to the daemon's first full resync after the restart being done: every route acknowledged by VPP. The
+// uplink is looked for every 10ms over the API; the daemon looks for it every 100ms.
+func BenchmarkRestartLateUplink20k(b *testing.B) {
+	const n, nodes = 20000, 200
+	c := benchCluster(b, n, nodes)
+	v := vpptest.New(b, vpptest.Options{LateUplink: true})
+	cfg := benchAgent(c, v.Socket())
+	cfg.uplinkIf = v.Uplink()
+	p := startProc(b, "agent", agentBin, nil, nil, cfg.args()...)
+	p.waitLog("full resync done", time.Minute)
+	var total time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		seen := len(p.records())
+		v.Restart()
+		appeared := v.WaitUplink(10 * time.Second)
+		var done time.Time
+		for deadline := time.Now().Add(time.Minute); done.IsZero(); time.Sleep(5 * time.Millisecond) {
+			for _, r := range p.records()[seen:] {
+				if r.str("msg") == "full resync done" && r.str("kind") == "vpp-restart" {
+					done = r.time()
+				}
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("no full resync after the VPP restart within a minute")
+			}
+		}
+		if got := len(v.APIRoutes(pool)); got != n {
+			b.Fatalf("%d routes after the restart, want %d", got, n)
+		}
+		total += done.Sub(appeared)
+		b.StartTimer()
+	}
+	avg := total.Seconds() / float64(b.N)
+	b.ReportMetric(avg, "uplink-to-routes-s")
+	b.Logf("VPP restart, uplink 2s late: all %d routes back %.3fs after the uplink appeared", n, avg)
+}
+
 // coldStartBreakdown reads the daemon's log and says when, after exec, each stage of the cold start
 // ended.
 func coldStartBreakdown(p *proc, done time.Time) string {
