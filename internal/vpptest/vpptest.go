@@ -109,9 +109,6 @@ func New(t testing.TB, opts Options) *VPP {
 	return v
 }
 
-// Sim returns the simulator, nil against a real VPP.
-func (v *VPP) Sim() *vppsim.Sim { return v.sim }
-
 // Socket returns the binary API socket.
 func (v *VPP) Socket() string { return v.sock }
 
@@ -126,7 +123,8 @@ func (v *VPP) PID() uint32 {
 	return uint32(v.proc.PID())
 }
 
-// Restart restarts VPP: new pid, empty FIB; with LateUplink the uplink is missing again for 2 s.
+// Restart restarts VPP: new pid, empty FIB. A real VPP's uplink is missing again for 2 s, the
+// simulator's only with LateUplink.
 func (v *VPP) Restart() {
 	v.t.Helper()
 	if v.sim != nil {
