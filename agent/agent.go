@@ -6,9 +6,9 @@
 // whose prefix lies in a managed pool, and adds, replaces, then deletes until owned == desired. VPP tells
 // the API source apart with ip_route_v2_dump; a VPP without it is dumped with ip_route_dump, and a route
 // that stays after the agent deleted it (VPP's own recursive-resolution or adjacency /32) is foreign from
-// then on. Full resyncs run at
-// start, after every VPP (re)connect, after every etcd relist and every ResyncInterval; between them each
-// etcd change updates only the route prefixes it touches.
+// then on. Full resyncs run at start, after every VPP (re)connect, after every etcd relist and every
+// ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
+// that VPP has not created yet is waited for, polled every 100ms.
 //
 // Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down), and
 // a route whose owner's registration disappeared is kept for PeerLossGrace before it is withdrawn.
