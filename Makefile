@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X $(PKG)/internal/buildinfo.Version=$(VERSION)
 GOFLAGS_B := -trimpath -ldflags '$(LDFLAGS)'
 BINARIES  := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
-.PHONY: all build test test-vpp race bench lab lint fuzz clean
+.PHONY: all build test race bench lab lint fuzz clean
 
 all: build
 
@@ -23,6 +23,7 @@ test: lint
 # internal/vpptest read VPP_TEST_BACKEND): the vppapi tests, the process-level e2e and the lab scenario.
 # Tests that need the simulator's faults are skipped. VPP comes from VPP_PKG (an unpacked package
 # directory such as ../shared/vpp's) or a vpp on PATH.
+.PHONY: test-vpp
 test-vpp:
 	@if [ -z "$$VPP_PKG" ] && ! command -v vpp >/dev/null 2>&1; then \
 		echo "make test-vpp: no VPP. Unpack one and point VPP_PKG at it:" >&2; \
