@@ -335,3 +335,38 @@ func TestReleaseWhenPoolNoLongerSelects(t *testing.T) {
 		t.Fatalf("block %s holding an address: %+v, want kept by node1", blockKeep, b)
 	}
 }
+
+// TestDelReleasesWhenPoolNoLongerSelects: the DEL that empties a block whose pool no longer selects
+// the block's node deletes the block and the node's affinity (Calico's ensureConsistentAffinity); a
+// block emptied in a pool that still selects its node stays.
+func TestDelReleasesWhenPoolNoLongerSelects(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("a", "10.72.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'a'" })
+	label := func(rack string) {
+		e.put(calico.NodeKey("node1"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1","labels":{"rack":"`+rack+`"}},"spec":{}}`))
+	}
+	label("a")
+	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
+	a := addrs(e.mustAdd(l, rt("c1", "eth0")))[0]
+	e.mustAdd(l, rt("c2", "eth0"))
+	block := netip.PrefixFrom(a.Addr(), 26).Masked()
+	e.mustDel(l, rt("c1", "eth0"))
+	label("b")
+	e.mustDel(l, rt("c2", "eth0"))
+	s := e.snapshot()
+	if s.Blocks[block] != nil {
+		t.Fatalf("emptied block %s of a pool that no longer selects node1 kept", block)
+	}
+	for key := range s.Affinities {
+		if strings.HasSuffix(key, calico.EncodeCIDR(block)) {
+			t.Fatalf("affinity %s kept", key)
+		}
+	}
+	// Still selected: emptied and kept.
+	label("a")
+	a = addrs(e.mustAdd(l, rt("c3", "eth0")))[0]
+	e.mustDel(l, rt("c3", "eth0"))
+	if b := e.snapshot().Blocks[netip.PrefixFrom(a.Addr(), 26).Masked()]; b == nil {
+		t.Fatal("emptied block of a pool that still selects node1 deleted")
+	}
+}

@@ -407,22 +407,26 @@ func TestPoolSelection(t *testing.T) {
 			t.Errorf("%s (%s on %s) got %s, want an address of %s", cid, pd.by, pd.node, pd.addrs[0], want[pd.node])
 		}
 	}
-	// nodena moves to rack b: once its pods are gone, the next ADD (block-ipam's here) releases its
-	// empty block of rack-a, as calico-ipam's would, and both then allocate from rack-b.
+	// nodena moves to rack b; its pods go, released by either plugin at once: whichever DEL empties
+	// nodena's block of rack-a deletes it with its affinity (both do what Calico's
+	// ensureConsistentAffinity does), and both then allocate from rack-b.
+	w.apply(nodeRes("nodena", map[string]string{"rack": "b"}))
 	var dels []op
+	i := 0
 	for cid, pd := range w.pods {
 		if pd.node == "nodena" {
-			dels = append(dels, op{del: true, p: pd.by, node: "nodena", cid: cid, f: v4only})
+			p := []plugin{calicoIPAM, blockIPAM}[i%2]
+			i++
+			dels = append(dels, op{del: true, p: p, node: "nodena", cid: cid, f: v4only})
 		}
 	}
 	w.run(dels)
-	w.apply(nodeRes("nodena", map[string]string{"rack": "b"}))
-	moved := w.mustAdd(blockIPAM, "nodena", "bmoved", v4only)
 	for c, b := range w.snapshot().Blocks {
 		if want["nodena"].Contains(c.Addr()) {
-			t.Errorf("block %s of rack-a (%v) kept after nodena left the rack", c, *b.Affinity)
+			t.Errorf("block %s of rack-a (%v) kept after nodena left the rack and its pods were deleted", c, *b.Affinity)
 		}
 	}
+	moved := w.mustAdd(blockIPAM, "nodena", "bmoved", v4only)
 	movedC := w.mustAdd(calicoIPAM, "nodena", "cmoved", v4only)
 	for _, pd := range []*pod{moved, movedC} {
 		if !want["nodenb"].Contains(pd.addrs[0]) {
