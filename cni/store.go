@@ -482,7 +482,7 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 	for _, c := range cidrs {
 		if slices.Contains(deleted, c) {
 			v.blocks[c] = nil
-			v.log.Info("deleted a block left empty and without affinity", "block", c)
+			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects this node)", "block", c)
 			continue
 		}
 		e := v.blocks[c]
