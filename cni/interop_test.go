@@ -58,6 +58,12 @@ func (e *env) putCalicoBlock(file string) *calico.Block {
 	return b
 }
 
+// putNode stores node's Calico Node resource with the label rack.
+func (e *env) putNode(node, rack string) {
+	e.t.Helper()
+	e.put(calico.NodeKey(node), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"`+node+`","labels":{"rack":"`+rack+`"}},"spec":{}}`))
+}
+
 func (e *env) putAffinity(node, cidr, state string) {
 	e.t.Helper()
 	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: state})
@@ -242,8 +248,8 @@ func TestPoolRulesOfCalico(t *testing.T) {
 	e.putPool("a-rack-a", "10.65.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'a' && !has(drain)" })
 	e.putPool("b-rack-b", "10.66.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack in {'b', 'c'}" })
 	e.putPool("c-tunnel", "10.67.0.0/24", 26, func(p *calico.IPPool) { p.AllowedUses = []string{calico.UseTunnel} })
-	e.put(calico.NodeKey("node-a"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-a","labels":{"rack":"a"}},"spec":{}}`))
-	e.put(calico.NodeKey("node-b"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-b","labels":{"rack":"b"}},"spec":{}}`))
+	e.putNode("node-a", "a")
+	e.putNode("node-b", "b")
 	for node, want := range map[string]string{"node-a": "10.65.0.0/24", "node-b": "10.66.0.0/24"} {
 		got := addrs(e.mustAdd(e.list(netOpts{ipam: e.ipam(node, nil)}), rt("c-"+node, "eth0")))[0]
 		if !mustPrefix(want).Contains(got.Addr()) {
@@ -307,9 +313,7 @@ func TestReleaseWhenPoolNoLongerSelects(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("a", "10.70.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'a'" })
 	e.putPool("b", "10.71.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'b'" })
-	label := func(rack string) {
-		e.put(calico.NodeKey("node1"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1","labels":{"rack":"`+rack+`"}},"spec":{}}`))
-	}
+	label := func(rack string) { e.putNode("node1", rack) }
 	label("a")
 	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
 	a1 := addrs(e.mustAdd(l, rt("c1", "eth0")))[0]
@@ -342,9 +346,7 @@ func TestReleaseWhenPoolNoLongerSelects(t *testing.T) {
 func TestDelReleasesWhenPoolNoLongerSelects(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("a", "10.72.0.0/24", 26, func(p *calico.IPPool) { p.NodeSelector = "rack == 'a'" })
-	label := func(rack string) {
-		e.put(calico.NodeKey("node1"), []byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1","labels":{"rack":"`+rack+`"}},"spec":{}}`))
-	}
+	label := func(rack string) { e.putNode("node1", rack) }
 	label("a")
 	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
 	a := addrs(e.mustAdd(l, rt("c1", "eth0")))[0]
