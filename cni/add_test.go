@@ -18,6 +18,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 )
 
 var k8sArgs = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "ns1"}, {"K8S_POD_NAME", "pod1"}, {"K8S_POD_INFRA_CONTAINER_ID", "c1"}}
@@ -60,7 +61,7 @@ func TestAddDelLifecycle(t *testing.T) {
 	}
 	a := b.AttributeOf(0)
 	if a.Handle() != "net1.c1" || a.Secondary["namespace"] != "ns1" || a.Secondary["pod"] != "pod1" ||
-		a.Secondary["node"] != "node1" || a.Secondary[cni.AttrIfname] != "eth0" || a.Secondary[cni.AttrNetwork] != "net1" {
+		a.Secondary["node"] != "node1" || a.Secondary[ipamd.AttrIfname] != "eth0" || a.Secondary[ipamd.AttrNetwork] != "net1" {
 		t.Errorf("attribute %+v", a)
 	}
 	ts, err := time.Parse("2006-01-02 15:04:05.999999999 -0700 MST", a.Secondary["timestamp"])

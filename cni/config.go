@@ -1,27 +1,24 @@
-// Package cni is block-ipam, a CNI IPAM plugin that hands pods addresses from Calico IPAM blocks
-// affine to the node and claims new blocks in etcd, writing exactly the keys and values Calico writes
-// (see ../calico), so that Calico's own tools and the route agent on every node read the result.
-//
-// Every change is one conditional etcd transaction: a block and the handle that holds its addresses,
-// a new block and its confirmed affinity, are written together or not at all, and a lost race is
-// retried with jittered backoff under the operation's deadline. A per-node file lock serialises the
-// plugin's own processes so that they do not race each other; correctness never depends on it.
+// Package cni is block-ipam's CNI side: the network configuration, the request the shim sends the
+// node daemon (package cni/ipamd) over a unix socket and its reply, and the CNI verbs of the thin
+// plugin the runtime executes. It holds no etcd code: the shim starts in about 2 ms, where a binary
+// linking the etcd client takes 5 ms to start.
 package cni
 
 import (
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -30,29 +27,23 @@ import (
 
 // Defaults of the configuration.
 const (
-	// DefaultNodenameFile is where calico/node records the node name.
-	DefaultNodenameFile = "/var/lib/calico/nodename"
-	// DefaultLockDir holds the per-node lock files (<dir>/<node>.lock).
-	DefaultLockDir = "/var/run/block-ipam"
-	// DefaultTimeout bounds one plugin call, retries included.
+	// DefaultTimeout bounds one plugin call, the daemon's retries included.
 	DefaultTimeout = 30 * time.Second
-	// statusTimeout bounds STATUS's reachability probe of etcd.
-	statusTimeout = 2 * time.Second
-	// callTimeout bounds one etcd round trip.
-	callTimeout = 5 * time.Second
+	// StatusTimeout bounds STATUS.
+	StatusTimeout = 2 * time.Second
+	// maxResolvConf bounds the resolvConf file read at every ADD.
+	maxResolvConf = 64 << 10
 )
 
 // IPAMConf is the "ipam" section of the network configuration. Field names follow calico-ipam where
-// it has one.
+// it has one. The etcd settings calico-ipam reads (etcd_endpoints, etcd_*_file) are accepted and
+// ignored: the node daemon owns the connection to etcd.
 type IPAMConf struct {
 	Type string `json:"type"`
 
-	EtcdEndpoints  string `json:"etcd_endpoints"`
-	EtcdCACertFile string `json:"etcd_ca_cert_file"`
-	EtcdCertFile   string `json:"etcd_cert_file"`
-	EtcdKeyFile    string `json:"etcd_key_file"`
-	Nodename       string `json:"nodename"`
-	NodenameFile   string `json:"nodename_file"`
+	// Socket is the daemon's unix socket (default DefaultSocket).
+	Socket   string `json:"socket"`
+	Nodename string `json:"nodename"`
 
 	IPv4Pools  []string        `json:"ipv4_pools"`
 	IPv6Pools  []string        `json:"ipv6_pools"`
@@ -72,22 +63,16 @@ type IPAMConf struct {
 
 	LogFile  string `json:"log_file"`
 	LogLevel string `json:"log_level"`
-	LockFile string `json:"lock_file"`
 	Timeout  string `json:"timeout"`
 }
 
-// NetConf is the network configuration block-ipam reads on stdin. The etcd and node settings may
-// also stand at the top level, as calico-ipam reads them.
+// NetConf is the network configuration block-ipam reads on stdin. The node name may also stand at
+// the top level, as calico-ipam reads it.
 type NetConf struct {
 	types.PluginConf
 	IPAM *IPAMConf `json:"ipam"`
 
-	EtcdEndpoints  string `json:"etcd_endpoints"`
-	EtcdCACertFile string `json:"etcd_ca_cert_file"`
-	EtcdCertFile   string `json:"etcd_cert_file"`
-	EtcdKeyFile    string `json:"etcd_key_file"`
-	Nodename       string `json:"nodename"`
-	NodenameFile   string `json:"nodename_file"`
+	Nodename string `json:"nodename"`
 
 	RuntimeConfig struct {
 		IPs []string `json:"ips"`
@@ -137,15 +122,16 @@ func (f Family) String() string {
 	return "ipv4"
 }
 
-func familyOf(a netip.Addr) Family {
+// FamilyOf returns the family of an address.
+func FamilyOf(a netip.Addr) Family {
 	if a.Unmap().Is4() {
 		return V4
 	}
 	return V6
 }
 
-// families returns the families ADD assigns.
-func (c *Config) families() []Family {
+// Families returns the families ADD assigns.
+func (c *Request) Families() []Family {
 	var out []Family
 	for _, f := range []Family{V4, V6} {
 		if c.Assign[f] {
@@ -155,57 +141,27 @@ func (c *Config) families() []Family {
 	return out
 }
 
-// PoolRef names a pool in the configuration: a CIDR or the name of a Calico IPPool.
-type PoolRef struct {
-	CIDR netip.Prefix // set when the reference is a CIDR
-	Name string       // set when it is a pool name
-}
-
-// Config is a validated configuration with every default and fall-back applied.
+// Config is a validated configuration with every default applied: the Request the daemon serves
+// (without the per-call verb, container and interface) and what only the shim uses.
 type Config struct {
-	Network    string
+	Request
 	CNIVersion string
+	// Socket is the daemon's unix socket.
+	Socket string
 
-	Endpoints []string
-	// TLS names the etcd client's PEM files; tls is what LoadConfig built from them (nil: none).
-	TLS  TLSFiles
-	tls  *tls.Config
-	Node string
-
-	// Assign says which families ADD allocates automatically.
-	Assign [2]bool
-	// Pools lists the configured pools of each family; nil means every enabled, automatic pool.
-	Pools [2][]PoolRef
-	// Exclude are ranges never handed out.
-	Exclude []netip.Prefix
-
-	Routes       []*types.Route
-	DNS          types.DNS
-	Gateways     [2]netip.Addr
-	ResultBlock  bool // result_prefix "block"
-	MaxBlocks    int  // 0: from Calico's IPAM config
-	LogFile      string
-	LogLevel     string
-	LockFile     string // "" disables the lock
-	Timeout      time.Duration
-	RequestedIPs []netip.Addr
-
-	// PrevResult is CHECK's prevResult, nil when absent.
-	PrevResult types.Result
-	// ValidAttachments is GC's list, nil when the key is absent.
-	ValidAttachments []types.GCAttachment
-	// HaveAttachments tells an absent GC list from an empty one.
-	HaveAttachments bool
-
-	// Namespace and Pod come from CNI_ARGS.
-	Namespace, Pod string
+	Routes      []*types.Route
+	DNS         types.DNS
+	Gateways    [2]netip.Addr
+	ResultBlock bool // result_prefix "block"
+	LogFile     string
+	LogLevel    string
+	Timeout     time.Duration
 }
 
 // LoadConfig parses and validates the network configuration and the CNI_ARGS of one call. It opens
-// no connection; it reads only local files (TLS material, the node name file, resolvConf). getenv
-// supplies environment fall-backs; hostname is the last resort for the node name. Errors are
-// *types.Error with code 7 naming the field (4 for a malformed CNI_ARGS).
-func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostname func() (string, error)) (*Config, error) {
+// no connection and reads no file but resolvConf. Errors are *types.Error with code 7 naming the field
+// (4 for a malformed CNI_ARGS).
+func LoadConfig(stdin []byte, cniArgs string) (*Config, error) {
 	var n NetConf
 	err := json.Unmarshal(stdin, &n)
 	if err != nil {
@@ -219,7 +175,7 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		return nil, configError("ipam", "missing: block-ipam reads its settings from the ipam section")
 	}
 	im := n.IPAM
-	c := &Config{Network: n.Name, CNIVersion: n.CNIVersion}
+	c := &Config{Request: Request{Network: n.Name}, CNIVersion: n.CNIVersion}
 	if c.Network == "" {
 		return nil, configError("name", "missing network name")
 	}
@@ -227,58 +183,22 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		return nil, configError("name", "%s", err.Msg)
 	}
 
-	// etcd: ipam section, then top level, then environment.
-	pick := func(vals ...string) string {
-		for _, v := range vals {
-			if v = strings.TrimSpace(v); v != "" {
-				return v
-			}
+	c.Socket = strings.TrimSpace(im.Socket)
+	switch {
+	case c.Socket == "":
+		c.Socket = DefaultSocket
+	case !strings.HasPrefix(c.Socket, "/") || strings.ContainsRune(c.Socket, 0):
+		return nil, configError("ipam.socket", "%q is not an absolute path", im.Socket)
+	}
+	// A node name in the configuration (calico-ipam's field) must be the daemon's: the daemon checks.
+	field := "ipam.nodename"
+	if c.Node = strings.TrimSpace(im.Nodename); c.Node == "" {
+		field, c.Node = "nodename", strings.TrimSpace(n.Nodename)
+	}
+	if c.Node != "" {
+		if err := calico.CheckNodeName(c.Node); err != nil {
+			return nil, configError(field, "%v", err)
 		}
-		return ""
-	}
-	eps := pick(im.EtcdEndpoints, n.EtcdEndpoints, getenv("ETCD_ENDPOINTS"))
-	if eps == "" {
-		return nil, configError("etcd_endpoints", "missing (set it in ipam, at the top level, or in ETCD_ENDPOINTS)")
-	}
-	for i, e := range strings.Split(eps, ",") {
-		e = strings.TrimRight(strings.TrimSpace(e), "/")
-		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return nil, configError("etcd_endpoints", "entry %d %q is not an http:// or https:// URL", i, e)
-		}
-		c.Endpoints = append(c.Endpoints, e)
-	}
-	c.TLS = TLSFiles{
-		CACertFile: pick(im.EtcdCACertFile, n.EtcdCACertFile, getenv("ETCD_CA_CERT_FILE")),
-		CertFile:   pick(im.EtcdCertFile, n.EtcdCertFile, getenv("ETCD_CERT_FILE")),
-		KeyFile:    pick(im.EtcdKeyFile, n.EtcdKeyFile, getenv("ETCD_KEY_FILE")),
-	}
-	if c.TLS != (TLSFiles{}) {
-		// Load the files now, so that a bad one fails as configuration before any etcd call.
-		if c.tls, err = loadTLS(c.TLS); err != nil {
-			return nil, err
-		}
-	}
-
-	// Node name: nodename, NODENAME, the node name file, the lower-cased hostname.
-	c.Node = pick(im.Nodename, n.Nodename, getenv("NODENAME"))
-	nodeField := "nodename"
-	if c.Node == "" {
-		file := pick(im.NodenameFile, n.NodenameFile, DefaultNodenameFile)
-		if data, err := os.ReadFile(file); err == nil {
-			c.Node = strings.TrimSpace(string(data))
-			nodeField = "nodename_file"
-		}
-	}
-	if c.Node == "" {
-		h, err := hostname()
-		if err != nil {
-			return nil, configError("nodename", "not set and the hostname is unknown: %v", err)
-		}
-		c.Node, nodeField = strings.ToLower(strings.TrimSpace(h)), "nodename (from the hostname)"
-	}
-	if c.Node == "" || strings.ContainsAny(c.Node, "/\x00 ") || c.Node == "." || c.Node == ".." {
-		return nil, configError(nodeField, "%q is not a valid node name", c.Node)
 	}
 
 	// Pools and families.
@@ -340,10 +260,10 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 			return nil, configError(field, "%q is not an IP address", g)
 		}
 		a = a.Unmap()
-		if c.Gateways[familyOf(a)].IsValid() {
-			return nil, configError(field, "a second %s gateway", familyOf(a))
+		if c.Gateways[FamilyOf(a)].IsValid() {
+			return nil, configError(field, "a second %s gateway", FamilyOf(a))
 		}
-		c.Gateways[familyOf(a)] = a
+		c.Gateways[FamilyOf(a)] = a
 	}
 	switch im.ResultPrefix {
 	case "", "host":
@@ -368,13 +288,6 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 	default:
 		return nil, configError("ipam.log_level", "%q is not one of debug, info, warn, error", im.LogLevel)
 	}
-	switch im.LockFile {
-	case "":
-		c.LockFile = DefaultLockDir + "/" + c.Node + ".lock"
-	case "none":
-	default:
-		c.LockFile = im.LockFile
-	}
 	c.Timeout = DefaultTimeout
 	if im.Timeout != "" {
 		d, err := time.ParseDuration(im.Timeout)
@@ -383,6 +296,7 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		}
 		c.Timeout = d
 	}
+	c.Request.Timeout = c.Timeout
 
 	// Specific addresses: capability ips, then args.cni.ips, then CNI_ARGS IP=.
 	var args map[string]string
@@ -400,6 +314,10 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 	}
 	for i, s := range req {
 		p, err := calico.ParsePrefixOrAddr(s)
+		if reqField == "CNI_ARGS IP" && err == nil && strings.Contains(s, "/") {
+			// calico-ipam's IP= is an address; a prefix length here is a typo that must not pass.
+			err = fmt.Errorf("%q has a prefix length: IP= takes addresses only", s)
+		}
 		if err != nil {
 			if reqField == "CNI_ARGS IP" {
 				return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("CNI_ARGS IP: %v", err)}
@@ -425,7 +343,15 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		if err := version.ParsePrevResult(&n.PluginConf); err != nil {
 			return nil, configError("prevResult", "%v", err)
 		}
-		c.PrevResult = n.PrevResult
+		prev, err := current.NewResultFromResult(n.PrevResult)
+		if err != nil {
+			return nil, configError("prevResult", "%v", err)
+		}
+		for _, ip := range prev.IPs {
+			if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
+				c.PrevIPs = append(c.PrevIPs, a.Unmap())
+			}
+		}
 	}
 	for _, a := range []struct {
 		field string
@@ -457,7 +383,7 @@ func parsePoolRef(s string, f Family) (PoolRef, error) {
 		if p != p.Masked() {
 			return PoolRef{}, fmt.Errorf("%q has host bits set (the pool is %s)", s, p.Masked())
 		}
-		if familyOf(p.Addr()) != f {
+		if FamilyOf(p.Addr()) != f {
 			return PoolRef{}, fmt.Errorf("%q is not an %s prefix", s, f)
 		}
 		return PoolRef{CIDR: p}, nil
@@ -480,14 +406,34 @@ func parseCNIArgs(s string) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("CNI_ARGS: %q is not KEY=VALUE", pair)}
 		}
+		if _, dup := out[k]; dup {
+			return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("CNI_ARGS: %s given twice", k)}
+		}
 		out[k] = v
 	}
 	return out, nil
 }
 
 // parseResolvConf reads nameserver, domain, search and options from a resolv.conf file.
+// The file must be a regular file of at most maxResolvConf bytes: it is opened without blocking (a
+// FIFO would hang the ADD) and checked before it is read.
 func parseResolvConf(path string) (types.DNS, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return types.DNS{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return types.DNS{}, err
+	}
+	if !st.Mode().IsRegular() {
+		return types.DNS{}, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	}
+	if st.Size() > maxResolvConf {
+		return types.DNS{}, fmt.Errorf("%s is %d bytes, more than a resolv.conf (%d)", path, st.Size(), maxResolvConf)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxResolvConf+1))
 	if err != nil {
 		return types.DNS{}, err
 	}

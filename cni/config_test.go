@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // overrides them (nil deletes a key).
 func confJSON(t *testing.T, ipam map[string]any, top map[string]any) []byte {
 	t.Helper()
-	im := map[string]any{"type": "block-ipam", "etcd_endpoints": "http://127.0.0.1:1", "nodename": "n1"}
+	im := map[string]any{"type": "block-ipam", "etcd_endpoints": "http://127.0.0.1:1"}
 	for k, v := range ipam {
 		if v == nil {
 			delete(im, k)
@@ -43,15 +44,17 @@ func confJSON(t *testing.T, ipam map[string]any, top map[string]any) []byte {
 	return data
 }
 
-func noEnv(string) string       { return "" }
-func hostname() (string, error) { return "Host-A", nil }
-func envOf(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
-}
-
 // TestConfigErrors: every invalid setting fails with code 7 (4 for CNI_ARGS) naming the field.
 func TestConfigErrors(t *testing.T) {
 	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, make([]byte, 100<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		ipam    map[string]any
@@ -61,12 +64,10 @@ func TestConfigErrors(t *testing.T) {
 		field   string
 	}{
 		{"no ipam", nil, map[string]any{"ipam": nil}, "", 7, "ipam"},
-		{"no endpoints", map[string]any{"etcd_endpoints": nil}, nil, "", 7, "etcd_endpoints"},
-		{"endpoint without scheme", map[string]any{"etcd_endpoints": "127.0.0.1:2379"}, nil, "", 7, "etcd_endpoints"},
-		{"second endpoint bad", map[string]any{"etcd_endpoints": "http://a:1,ftp://b:2"}, nil, "", 7, "etcd_endpoints"},
-		{"cert without key", map[string]any{"etcd_cert_file": filepath.Join(dir, "c.pem")}, nil, "", 7, "etcd_key_file"},
-		{"missing ca", map[string]any{"etcd_ca_cert_file": filepath.Join(dir, "none.pem")}, nil, "", 7, "etcd_ca_cert_file"},
-		{"bad node", map[string]any{"nodename": "a/b"}, nil, "", 7, "nodename"},
+		{"relative socket", map[string]any{"socket": "run/block-ipam.sock"}, nil, "", 7, "ipam.socket"},
+		{"node with slash", map[string]any{"nodename": "a/b"}, nil, "", 7, "ipam.nodename"},
+		{"node with control character", nil, map[string]any{"nodename": "node\u00071"}, "", 7, "nodename"},
+		{"node with newline", map[string]any{"nodename": "node1\nnode2"}, nil, "", 7, "ipam.nodename"},
 		{"v6 in v4 pools", map[string]any{"ipv4_pools": []string{"10.0.0.0/16", "fd00::/64"}}, nil, "", 7, "ipam.ipv4_pools[1]"},
 		{"pool host bits", map[string]any{"ipv6_pools": []string{"fd00::1/64"}}, nil, "", 7, "ipam.ipv6_pools[0]"},
 		{"pool bad cidr", map[string]any{"ipv4_pools": []string{"10.0.0.0/33"}}, nil, "", 7, "ipam.ipv4_pools[0]"},
@@ -75,6 +76,9 @@ func TestConfigErrors(t *testing.T) {
 		{"exclude bad", map[string]any{"exclude": []string{"10.0.0.0/8", "nope"}}, nil, "", 7, "ipam.exclude[1]"},
 		{"route without dst", map[string]any{"routes": []any{map[string]any{"gw": "10.0.0.1"}}}, nil, "", 7, "ipam.routes[0]"},
 		{"resolvConf missing", map[string]any{"resolvConf": filepath.Join(dir, "nope")}, nil, "", 7, "ipam.resolvConf"},
+		{"resolvConf a directory", map[string]any{"resolvConf": dir}, nil, "", 7, "not a regular file"},
+		{"resolvConf a FIFO", map[string]any{"resolvConf": fifo}, nil, "", 7, "not a regular file"},
+		{"resolvConf too big", map[string]any{"resolvConf": big}, nil, "", 7, "more than a resolv.conf"},
 		{"gateway bad", map[string]any{"gateway": "10.0.0.300"}, nil, "", 7, "ipam.gateway"},
 		{"two v4 gateways", map[string]any{"gateways": []string{"10.0.0.1", "10.0.0.2"}}, nil, "", 7, "ipam.gateways[1]"},
 		{"result_prefix", map[string]any{"result_prefix": "net"}, nil, "", 7, "ipam.result_prefix"},
@@ -88,11 +92,13 @@ func TestConfigErrors(t *testing.T) {
 		{"duplicate ip", nil, map[string]any{"args": map[string]any{"cni": map[string]any{"ips": []string{"10.0.0.1", "10.0.0.1/24"}}}}, "", 7, "args.cni.ips[1]"},
 		{"CNI_ARGS IP", nil, nil, "IgnoreUnknown=1;IP=10.0.0.x", 4, "CNI_ARGS IP"},
 		{"CNI_ARGS pair", nil, nil, "K8S_POD_NAME", 4, "CNI_ARGS"},
+		{"CNI_ARGS two IP", nil, nil, "IP=10.0.0.1;IgnoreUnknown=1;IP=10.0.0.2", 4, "IP given twice"},
+		{"CNI_ARGS IP with prefix", nil, nil, "IP=10.0.0.1/24", 4, "prefix length"},
 		{"bad network name", nil, map[string]any{"name": "a b"}, "", 7, "name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := cni.LoadConfig(confJSON(t, tc.ipam, tc.top), tc.cniArgs, noEnv, hostname)
+			_, err := cni.LoadConfig(confJSON(t, tc.ipam, tc.top), tc.cniArgs)
 			var te *types.Error
 			if !errors.As(err, &te) {
 				t.Fatalf("err = %v, want *types.Error", err)
@@ -106,44 +112,29 @@ func TestConfigErrors(t *testing.T) {
 
 func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	dir := t.TempDir()
-	nodeFile := filepath.Join(dir, "nodename")
-	if err := os.WriteFile(nodeFile, []byte("node-from-file\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	resolv := filepath.Join(dir, "resolv.conf")
 	if err := os.WriteFile(resolv, []byte("# comment\nnameserver 10.96.0.10\nsearch a.svc b.svc\ndomain cluster.local\noptions ndots:5\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	// Defaults.
-	c, err := cni.LoadConfig(confJSON(t, nil, nil), "", noEnv, hostname)
+	// Defaults: the default socket, no node name (the daemon's), etcd settings ignored.
+	c, err := cni.LoadConfig(confJSON(t, nil, nil), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.Assign[cni.V4] || c.Assign[cni.V6] || c.Timeout != cni.DefaultTimeout || c.ResultBlock || c.MaxBlocks != 0 ||
-		c.LockFile != cni.DefaultLockDir+"/n1.lock" || c.LogLevel != "info" || c.HaveAttachments || c.Pools[0] != nil {
+	if !c.Assign[cni.V4] || c.Assign[cni.V6] || c.Timeout != cni.DefaultTimeout || c.Request.Timeout != cni.DefaultTimeout ||
+		c.ResultBlock || c.MaxBlocks != 0 || c.Socket != cni.DefaultSocket || c.Node != "" || c.LogLevel != "info" ||
+		c.HaveAttachments || c.Pools[0] != nil {
 		t.Errorf("defaults: %+v", c)
 	}
-
-	// etcd: ipam wins over top level, top level over the environment.
-	env := envOf(map[string]string{"ETCD_ENDPOINTS": "http://env:2379", "NODENAME": "env-node"})
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"etcd_endpoints": nil, "nodename": nil}, map[string]any{"etcd_endpoints": "https://top:2379, https://top2:2379/"}), "", env, hostname)
-	if !slices.Equal(c.Endpoints, []string{"https://top:2379", "https://top2:2379"}) || c.Node != "env-node" {
-		t.Errorf("top level: endpoints %v node %q", c.Endpoints, c.Node)
+	// Calico's nodename: in ipam, else at the top level.
+	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"socket": "/run/x.sock"}, map[string]any{"nodename": "top-node"}), "")
+	if c.Node != "top-node" || c.Socket != "/run/x.sock" {
+		t.Errorf("top-level nodename %q, socket %q", c.Node, c.Socket)
 	}
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"etcd_endpoints": nil, "nodename": nil}, nil), "", env, hostname)
-	if !slices.Equal(c.Endpoints, []string{"http://env:2379"}) {
-		t.Errorf("env endpoints %v", c.Endpoints)
-	}
-
-	// Node name: nodename file, then the lower-cased hostname.
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"nodename": nil, "nodename_file": nodeFile}, nil), "", noEnv, hostname)
-	if c.Node != "node-from-file" {
-		t.Errorf("node from file = %q", c.Node)
-	}
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"nodename": nil, "nodename_file": filepath.Join(dir, "none")}, nil), "", noEnv, hostname)
-	if c.Node != "host-a" {
-		t.Errorf("node from hostname = %q", c.Node)
+	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"nodename": "ipam-node"}, map[string]any{"nodename": "top-node"}), "")
+	if c.Node != "ipam-node" {
+		t.Errorf("ipam nodename %q", c.Node)
 	}
 
 	// Calico's string booleans and JSON booleans; pools; exclude; result; requested addresses.
@@ -151,12 +142,12 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 		"assign_ipv4": false, "assign_ipv6": "true",
 		"ipv6_pools": []string{"fd00:10::/64", "my-pool"}, "exclude": []string{"fd00:10::/126", "fd00:10::9"},
 		"resolvConf": resolv, "gateways": []string{"fd00:10::1"}, "gateway": "10.0.0.1", "result_prefix": "block",
-		"max_blocks_per_host": 3, "timeout": "3s", "lock_file": "none",
+		"max_blocks_per_host": 3, "timeout": "3s",
 	}, map[string]any{
 		"runtimeConfig":             map[string]any{"ips": []string{"fd00:10::5/64"}},
 		"args":                      map[string]any{"cni": map[string]any{"ips": []string{"10.0.0.9"}}},
 		"cni.dev/valid-attachments": []any{},
-	}), "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID=abc;IP=10.0.0.7", noEnv, hostname)
+	}), "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID=abc;IP=10.0.0.7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +165,7 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if c.Gateways[cni.V4] != netip.MustParseAddr("10.0.0.1") || c.Gateways[cni.V6] != netip.MustParseAddr("fd00:10::1") {
 		t.Errorf("gateways %v", c.Gateways)
 	}
-	if !c.ResultBlock || c.MaxBlocks != 3 || c.Timeout != 3*time.Second || c.LockFile != "" {
+	if !c.ResultBlock || c.MaxBlocks != 3 || c.Timeout != 3*time.Second {
 		t.Errorf("result_prefix/max/timeout/lock: %+v", c)
 	}
 	// runtimeConfig.ips wins over args.cni.ips, which wins over CNI_ARGS IP.
@@ -187,12 +178,12 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if !c.HaveAttachments || len(c.ValidAttachments) != 0 {
 		t.Errorf("an empty valid-attachments list must be present and empty: %v %v", c.HaveAttachments, c.ValidAttachments)
 	}
-	c, _ = cni.LoadConfig(confJSON(t, nil, nil), "IP=10.0.0.7,10.0.0.8", noEnv, hostname)
+	c, _ = cni.LoadConfig(confJSON(t, nil, nil), "IP=10.0.0.7,10.0.0.8")
 	if len(c.RequestedIPs) != 2 {
 		t.Errorf("CNI_ARGS IP list: %v", c.RequestedIPs)
 	}
 	// libcni's legacy key is honoured too.
-	c, _ = cni.LoadConfig(confJSON(t, nil, map[string]any{"cni.dev/attachments": []any{map[string]string{"containerID": "a", "ifname": "eth0"}}}), "", noEnv, hostname)
+	c, _ = cni.LoadConfig(confJSON(t, nil, map[string]any{"cni.dev/attachments": []any{map[string]string{"containerID": "a", "ifname": "eth0"}}}), "")
 	if !c.HaveAttachments || len(c.ValidAttachments) != 1 {
 		t.Errorf("legacy attachments: %v", c.ValidAttachments)
 	}

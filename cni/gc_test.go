@@ -1,13 +1,13 @@
 package cni_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"maps"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,13 +16,14 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 )
 
 // held returns "handle/ifname" of every allocation, for compact comparisons.
 func (e *env) held() map[string]int {
 	out := map[string]int{}
 	for _, a := range e.snapshot().Allocations {
-		out[a.Handle+"/"+a.Secondary[cni.AttrIfname]+"@"+a.Node]++
+		out[a.Handle+"/"+a.Secondary[ipamd.AttrIfname]+"@"+a.Node]++
 	}
 	return out
 }
@@ -90,53 +91,43 @@ func TestGCRevalidates(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		e.mustAdd(list, rt(fmt.Sprintf("c%d", i), "eth0"))
 	}
-	gcList := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"lock_file": filepath.Join(e.tmp, "gc.lock")})})
-	conf, err := libcni.InjectConf(gcList.Plugins[0], map[string]any{"name": "net1", "cniVersion": "1.1.0",
-		"cni.dev/valid-attachments": []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c2", IfName: "eth0"}, {ContainerID: "c3", IfName: "eth0"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// GC runs on a second daemon of node1 whose first write pauses, so that node1's own daemon
+	// serves the DEL and ADD meanwhile.
+	var armed atomic.Bool
+	armed.Store(true)
+	paused, release := make(chan struct{}), make(chan struct{})
+	gcd := e.startDaemon("node1-gc", "node1", func(ctx context.Context) {
+		if armed.CompareAndSwap(true, false) {
+			close(paused)
+			<-release
+		}
+	})
+	defer gcd.stop()
+	gcIPAM := e.ipam("node1", nil)
+	gcIPAM["socket"] = gcd.socket
+	valid := []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c2", IfName: "eth0"}, {ContainerID: "c3", IfName: "eth0"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(pluginDir, "block-ipam"))
-	cmd.Env = append(cniEnv("GC", "", "", "", ""), cni.PauseEnv+"=3s")
-	cmd.Stdin = strings.NewReader(string(conf.Bytes))
-	stderr, _ := cmd.StderrPipe()
-	var stdout strings.Builder
-	cmd.Stdout = &stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitMarker(t, stderr)
+	gcErr := make(chan error, 1)
+	go func() {
+		gcErr <- newRuntime(t.TempDir()).GCNetworkList(ctx, e.list(netOpts{ipam: gcIPAM}), &libcni.GCArgs{ValidAttachments: valid})
+	}()
+	<-paused
 	// While GC pauses with c4 in its snapshot: c4 goes and comes back on the same (only free) address.
 	e.mustDel(list, rt("c4", "eth0"))
 	e.mustAdd(list, rt("c4", "eth0"))
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("GC: %v: %s", err, stdout.String())
+	close(release)
+	if err := <-gcErr; err != nil {
+		t.Fatalf("GC: %v", err)
 	}
 	if got := e.held(); got["net1.c4/eth0@node1"] != 1 {
 		t.Fatalf("GC released c4's new allocation: %v", got)
 	}
 }
 
-// waitMarker reads the plugin's stderr until the test pause marker, then drains the rest.
-func waitMarker(t *testing.T, r interface{ Read([]byte) (int, error) }) {
-	t.Helper()
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "test pause before commit") {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			return
-		}
-	}
-	t.Fatal("plugin exited before its test pause")
-}
-
 // TestStatus: STATUS succeeds when ADD can be served, and fails with 50 naming the endpoint within its
-// 2 s budget when etcd is down.
+// 2 s budget when etcd is down, and naming the socket when no daemon answers; ADD and DEL then fail
+// with 11.
 func TestStatus(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
@@ -162,6 +153,13 @@ func TestStatus(t *testing.T) {
 	if err := e.cni.GetStatusNetworkList(ctx, list); err != nil {
 		t.Fatalf("STATUS after etcd restart: %v", err)
 	}
+
+	nowhere := filepath.Join(e.sockDir, "nowhere.sock")
+	gone := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"socket": nowhere})})
+	wantCode(t, e.cni.GetStatusNetworkList(ctx, gone), cni.ErrPluginNotAvailable, nowhere)
+	_, err = e.add(gone, rt("c1", "eth0"))
+	wantCode(t, err, 11, nowhere)
+	wantCode(t, e.del(gone, rt("c1", "eth0")), 11, nowhere)
 }
 
 // TestErrorCodes runs the binary directly, as a runtime does, into every error it can give.
@@ -193,12 +191,12 @@ func TestErrorCodes(t *testing.T) {
 	}
 	add := func(cid string) []string { return cniEnv("ADD", cid, "eth0", "/var/run/netns/x", "") }
 
-	// 7 before any etcd call: the endpoint is unroutable, a call would hang for seconds.
-	err, d := run(add("c1"), conf(map[string]any{"etcd_endpoints": "http://192.0.2.1:2379", "assign_ipv4": "maybe"}, nil))
+	// 7 before the daemon is asked: the socket leads nowhere, a call would fail with 11.
+	err, _ := run(add("c1"), conf(map[string]any{"socket": "/nonexistent/block-ipam.sock", "assign_ipv4": "maybe"}, nil))
 	wantCode(t, err, 7, "assign_ipv4")
-	if d > 2*time.Second {
-		t.Errorf("config error took %s: etcd was contacted first", d)
-	}
+	// 7: a nodename that is not the daemon's, naming both.
+	err, _ = run(add("c1"), conf(map[string]any{"nodename": "node9"}, nil))
+	wantCode(t, err, 7, `names node "node9", but the block-ipam daemon at this socket serves node "node1"`)
 	// 6: undecodable configuration (skel).
 	err, _ = run(add("c1"), []byte("{not json"))
 	wantCode(t, err, 6, "")
@@ -216,9 +214,16 @@ func TestErrorCodes(t *testing.T) {
 	if n := len(e.snapshot().Allocations); n != 0 {
 		t.Fatalf("ADD into the plugin's own netns leaked %d allocations", n)
 	}
-	// 11: etcd unreachable until the deadline.
-	err, _ = run(add("c1"), conf(map[string]any{"etcd_endpoints": "http://127.0.0.1:1", "timeout": "1s"}, nil))
+	// 11: etcd unreachable until the deadline (a daemon whose only endpoint is dead).
+	dead := e.startDaemonWith("dead", "node1", []string{"http://127.0.0.1:1"}, nil)
+	defer dead.stop()
+	err, _ = run(add("c1"), conf(map[string]any{"socket": dead.socket, "timeout": "1s"}, nil))
 	wantCode(t, err, 11, "127.0.0.1:1")
+	// VERSION answers without a daemon.
+	out, _, verr := execPlugin(ctx, cniEnv("VERSION", "", "", "", ""), nil)
+	if verr != nil || !strings.Contains(string(out), `"1.1.0"`) || !strings.Contains(string(out), `"0.3.1"`) {
+		t.Errorf("VERSION: %v %s", verr, out)
+	}
 
 	// 11: every attempt loses its race (the test rewrites the node's block continuously).
 	e.mustAdd(e.list(netOpts{ipam: e.ipam("node1", nil)}), rt("c0", "eth0"))
@@ -245,8 +250,16 @@ func TestErrorCodes(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	// The pause widens each attempt's read-to-write window so that every attempt loses.
-	err, _ = run(append(add("c2"), cni.PauseEnv+"=100ms"), conf(map[string]any{"timeout": "1500ms", "lock_file": "none"}, nil))
+	// A daemon whose writes pause widens each attempt's read-to-write window so that every attempt
+	// loses.
+	slow := e.startDaemon("slow", "node1", func(ctx context.Context) {
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	})
+	defer slow.stop()
+	err, _ = run(add("c2"), conf(map[string]any{"timeout": "1500ms", "socket": slow.socket}, nil))
 	close(stop)
 	<-done
 	wantCode(t, err, 11, "gave up")
@@ -260,18 +273,16 @@ func TestErrorCodes(t *testing.T) {
 	// CHECK needs cniVersion >= 0.4.0 (skel: 1); VERSION answers without stdin.
 	err, _ = run(cniEnv("CHECK", "c0", "eth0", "/x", ""), conf(nil, map[string]any{"cniVersion": "0.3.1"}))
 	wantCode(t, err, 1, "")
-	out, _, verr := execPlugin(ctx, cniEnv("VERSION", "", "", "", ""), nil)
-	if verr != nil || !strings.Contains(string(out), `"1.1.0"`) || !strings.Contains(string(out), `"0.3.1"`) {
-		t.Errorf("VERSION: %v %s", verr, out)
-	}
 	e.mustDel(e.list(netOpts{ipam: e.ipam("node1", nil)}), rt("c0", "eth0"))
 }
 
-// TestEndpointFailover: an unreachable first endpoint is passed over.
+// TestEndpointFailover: the daemon's client passes over an unreachable first endpoint.
 func TestEndpointFailover(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"etcd_endpoints": "http://127.0.0.1:1," + e.srv.Endpoint()})})
+	d := e.startDaemonWith("failover", "node1", []string{"http://127.0.0.1:1", e.srv.Endpoint()}, nil)
+	defer d.stop()
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"socket": d.socket})})
 	e.mustAdd(list, rt("c1", "eth0"))
 	e.mustDel(list, rt("c1", "eth0"))
 }

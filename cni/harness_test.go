@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,9 +21,12 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -63,7 +68,8 @@ func buildPlugin(dir string) error {
 	return nil
 }
 
-// env is one test's world: an embedded etcd, a client of it, and a libcni runtime.
+// env is one test's world: an embedded etcd, a client of it, one block-ipam daemon per node (started
+// on first use, in this process), and a libcni runtime.
 type env struct {
 	t    *testing.T
 	srv  *etcdtest.Server
@@ -71,16 +77,103 @@ type env struct {
 	cni  *libcni.CNIConfig
 	tmp  string
 	opts ipamcheck.Options
+	// sockDir holds the daemons' sockets (short: a unix socket path has at most 107 bytes).
+	sockDir string
+
+	mu      sync.Mutex // guards daemons
+	daemons map[string]*daemon
 }
 
-// newEnv starts etcd and, when the test ends, checks every IPAM invariant of what is left in it.
+// daemon is a block-ipam daemon running in the test process.
+type daemon struct {
+	srv    *ipamd.Server
+	socket string
+	reg    *prometheus.Registry
+	stop   func()
+}
+
+// newEnv starts etcd and, when the test ends, stops the daemons and checks every IPAM invariant of
+// what is left in etcd.
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	srv, cli := etcdtest.Start(t)
-	e := &env{t: t, srv: srv, cli: cli, tmp: t.TempDir()}
+	e := &env{t: t, srv: srv, cli: cli, tmp: t.TempDir(), daemons: map[string]*daemon{}}
+	var err error
+	if e.sockDir, err = os.MkdirTemp("", "bi"); err != nil {
+		t.Fatal(err)
+	}
 	e.cni = newRuntime(filepath.Join(e.tmp, "cache"))
-	t.Cleanup(func() { e.checkInvariants() })
+	t.Cleanup(func() {
+		e.mu.Lock()
+		for _, d := range e.daemons {
+			d.stop()
+		}
+		e.mu.Unlock()
+		os.RemoveAll(e.sockDir)
+		e.checkInvariants()
+	})
 	return e
+}
+
+// socket returns the socket of node's daemon, starting the daemon on first use.
+func (e *env) socket(node string) string {
+	e.t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if d := e.daemons[node]; d != nil {
+		return d.socket
+	}
+	d := e.startDaemon(node, node, nil)
+	e.daemons[node] = d
+	return d.socket
+}
+
+// startDaemon starts a daemon for node on the socket <name>.sock, with an optional pause hook. The
+// caller stops it (newEnv's cleanup stops those in e.daemons).
+func (e *env) startDaemon(name, node string, pause func(context.Context)) *daemon {
+	e.t.Helper()
+	return e.startDaemonWith(name, node, []string{e.srv.Endpoint()}, pause)
+}
+
+// startDaemonWith is startDaemon with the etcd endpoints of the daemon's client.
+func (e *env) startDaemonWith(name, node string, endpoints []string, pause func(context.Context)) *daemon {
+	e.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := ipamd.New(ipamd.Config{Node: node, Client: cli, Endpoints: strings.Join(endpoints, ","), Registerer: reg, Pause: pause,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sock := filepath.Join(e.sockDir, name+".sock")
+	l, err := ipamd.Listen(sock, -1)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); srv.Run(ctx) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	return &daemon{srv: srv, socket: sock, reg: reg, stop: func() {
+		cancel()
+		wg.Wait()
+		cli.Close()
+	}}
+}
+
+// restartDaemon stops node's daemon; the next socket(node) starts a new one with empty caches.
+func (e *env) restartDaemon(node string) {
+	e.mu.Lock()
+	d := e.daemons[node]
+	delete(e.daemons, node)
+	e.mu.Unlock()
+	if d != nil {
+		d.stop()
+	}
 }
 
 // checkInvariants fails the test when the datastore breaks any invariant (see ipamcheck), and checks
@@ -162,14 +255,15 @@ type netOpts struct {
 	caps       map[string]bool
 }
 
-// ipam returns the ipam section every test starts from: this etcd, node "node1", a per-node lock in
-// the test's temp dir, warnings only.
+// ipam returns the ipam section every test starts from: the socket of node's daemon, warnings only,
+// and Calico's etcd_endpoints and nodename as a calico-ipam configuration carries them (the shim
+// ignores the former and the daemon checks the latter).
 func (e *env) ipam(node string, extra map[string]any) map[string]any {
 	m := map[string]any{
 		"type":           "block-ipam",
+		"socket":         e.socket(node),
 		"etcd_endpoints": e.srv.Endpoint(),
 		"nodename":       node,
-		"lock_file":      filepath.Join(e.tmp, node+".lock"),
 		"log_level":      "warn",
 		"timeout":        "20s",
 	}

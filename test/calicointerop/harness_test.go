@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -22,8 +23,10 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -109,8 +112,10 @@ type world struct {
 	kubecfg string
 	log     *os.File
 	cni     map[string]*libcni.CNIConfig // per node: each node's runtime has its own cache
+	sockDir string
+	daemons map[string]string // node -> socket of its block-ipam daemon
 
-	mu   sync.Mutex // guards pods and cni
+	mu   sync.Mutex // guards pods, cni and daemons
 	pods map[string]*pod
 }
 
@@ -120,8 +125,13 @@ func newWorld(t *testing.T) *world {
 		t.Skipf("%s not set: run `make test-calico`, which builds Calico v3.31.0's calico-ipam and calicoctl", EnvCalicoDir)
 	}
 	srv, cli := etcdtest.Start(t)
-	w := &world{t: t, cli: cli, ep: srv.Endpoint(), tmp: t.TempDir(), cni: map[string]*libcni.CNIConfig{}, pods: map[string]*pod{}}
+	w := &world{t: t, cli: cli, ep: srv.Endpoint(), tmp: t.TempDir(), cni: map[string]*libcni.CNIConfig{}, pods: map[string]*pod{},
+		daemons: map[string]string{}}
 	var err error
+	if w.sockDir, err = os.MkdirTemp("", "bi"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(w.sockDir) })
 	if w.log, err = os.Create(filepath.Join(w.tmp, "plugins.log")); err != nil {
 		t.Fatal(err)
 	}
@@ -223,13 +233,50 @@ func (w *world) runtime(node string) *libcni.CNIConfig {
 	return c
 }
 
+// daemon returns the socket of node's block-ipam daemon (in this process), starting it on first use;
+// it stops when the test ends.
+func (w *world) daemon(node string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s, ok := w.daemons[node]; ok {
+		return s
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{w.ep}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	srv, err := ipamd.New(ipamd.Config{Node: node, Client: cli, Endpoints: w.ep,
+		Logger: slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	sock := filepath.Join(w.sockDir, node+".sock")
+	l, err := ipamd.Listen(sock, -1)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); srv.Run(ctx) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	w.t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		cli.Close()
+	})
+	w.daemons[node] = sock
+	return sock
+}
+
 // families says which families an ADD assigns.
 type families struct{ v4, v6 bool }
 
 var v4only = families{v4: true}
 
-// netList is the network configuration of plugin p on node: the same network name for both, each
-// plugin its own per-node lock, as on a node where one of them is installed.
+// netList is the network configuration of plugin p on node: the same network name for both,
+// calico-ipam with its per-node lock, block-ipam with its node's daemon, as on a node where one of them
+// is installed.
 func (w *world) netList(p plugin, node string, f families) *libcni.NetworkConfigList {
 	w.t.Helper()
 	b := func(v bool) string { return fmt.Sprint(v) }
@@ -244,7 +291,7 @@ func (w *world) netList(p plugin, node string, f families) *libcni.NetworkConfig
 		conf = map[string]any{
 			"type": "block-ipam",
 			"ipam": map[string]any{"type": "block-ipam", "etcd_endpoints": w.ep, "nodename": node,
-				"lock_file": filepath.Join(w.tmp, node+".block-ipam.lock"), "log_level": "warn", "timeout": "60s",
+				"socket": w.daemon(node), "log_level": "warn", "timeout": "60s",
 				"assign_ipv4": b(f.v4), "assign_ipv6": b(f.v6)},
 		}
 	}

@@ -1,4 +1,4 @@
-package cni
+package ipamd
 
 import (
 	"context"
@@ -9,73 +9,44 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/ns"
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
-
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
 // add allocates the addresses of (container, ifname), or returns those it already holds.
 //
 // Common path, one etcd round trip: a transaction assigning from the node cache's block, conditional
-// on it (see nodeCache). Otherwise: (1) one read transaction of the handle, IPAM config, pools, the
-// node's affinities and blocks (the failure branch of the first, when there was one); (2) a read of
-// blocks not yet read, if any; (3) one transaction writing the block(s) and the handle, conditional on
-// both. Claiming a block adds a keys-only listing of the family's blocks; borrowing reads the family's
-// blocks. ADDs queued behind the node lock may be served by another's write (see batch.go).
-func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, error) {
-	// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
-	// allocation: refuse it first.
-	if o := strings.ToUpper(args.NetnsOverride); o != "TRUE" && o != "1" {
-		if own, err := ns.CheckNetNS(args.Netns); err != nil {
-			return nil, err
-		} else if own {
-			return nil, cniError(types.ErrInvalidNetNS, "CNI_NETNS %s is the plugin's own network namespace", args.Netns)
-		}
-	}
-	handle := handleID(c.conf.Network, args.ContainerID)
-	req := c.enqueue(handle, args.IfName)
-	defer req.withdraw()
-	lock, err := c.lock(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.release()
-	if req != nil {
-		if got, ok := req.served(); ok {
-			c.log.Debug("allocated by another ADD's group commit", "handle", handle)
-			c.attempts = 0
-			return c.result(got), nil
-		}
-	}
+// on it (see nodeCache), which also serves the ADDs waiting behind this one (c.others) when they fit.
+// Otherwise: (1) one read transaction of the handle, IPAM config, pools, the node's affinities and
+// blocks (the failure branch of the first, when there was one); (2) a read of blocks not yet read, if
+// any; (3) one transaction writing the block(s) and the handle, conditional on both. Claiming a block
+// adds a keys-only listing of the family's blocks; borrowing reads the family's blocks.
+func (c *call) add(ctx context.Context, containerID, ifname string) ([]allocation, error) {
+	handle := handleID(c.conf.Network, containerID)
 	var got []allocation
-	err = c.retry(ctx, "ADD "+handle, func(ctx context.Context) error {
+	err := c.retry(ctx, "ADD "+handle, func(ctx context.Context) error {
 		var err error
-		got, err = c.addAttempt(ctx, handle, args.IfName)
+		got, err = c.addAttempt(ctx, handle, ifname)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return c.result(got), nil
+	return got, err
 }
 
 func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
 	spec := readSpec{handle: true, config: true, pools: true, affinity: true, resources: true, hint: c.cache.hint()}
-	attr := c.attribute(handle, ifname)
+	attr := attribute(c.conf, handle, ifname)
 	var v *view
 	if fast := c.cachedView(handle, true); fast != nil && len(c.conf.RequestedIPs) == 0 {
 		// One round trip: assign from the remembered blocks, or read the current state instead.
 		if got, used, ok := fast.assignCurrent(attr); ok {
 			if c.attempts == 1 {
-				fast.others = fast.serveBatch(c.pending())
+				fast.others = fast.serveBatch(c.waiting)
 			}
 			r := c.reads(handle, spec)
 			res, err := fast.commit(ctx, handleWith(nil, got), r.ops)
 			if err == nil {
-				c.answer(fast.others)
+				for _, r := range fast.others {
+					r.allocs = r.assigned
+				}
 				c.batched = len(fast.others)
 				c.remember(fast, used)
 				return got, nil
@@ -132,8 +103,8 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 				return nil, err
 			}
 			got = append(got, a)
-			if v.ownedByNode(v.blocks[a.block].b) {
-				used[f] = a.block
+			if v.ownedByNode(v.blocks[a.Block].b) {
+				used[f] = a.Block
 			}
 		}
 		v.releaseUnselected(unselected)
@@ -146,6 +117,22 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	return got, nil
 }
 
+// serveBatch assigns, after the leader's own assignment, one address per family to as many waiting
+// ADDs as the view's blocks have room for, and returns those it served (their addresses in assigned,
+// until the write commits).
+func (v *view) serveBatch(reqs []*batchRequest) []*batchRequest {
+	var served []*batchRequest
+	for _, r := range reqs {
+		allocs, _, ok := v.assignCurrent(r.Attr)
+		if !ok {
+			break
+		}
+		r.assigned = allocs
+		served = append(served, r)
+	}
+	return served
+}
+
 // handleWith returns a copy of h (nil: a new handle) that also counts the allocations.
 func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
 	out := calico.NewHandle()
@@ -155,7 +142,7 @@ func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
 		}
 	}
 	for _, a := range allocs {
-		out.Add(a.block, 1)
+		out.Add(a.Block, 1)
 	}
 	return out
 }
@@ -388,7 +375,7 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
 	}
 	a, _ = v.assignFrom(e, attr)
-	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.addr, "why", why)
+	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.Addr, "why", why)
 	return a, nil
 }
 
@@ -440,7 +427,7 @@ func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (alloc
 	}
 	e.dirty = true
 	addr, _ := calico.OrdinalAddr(e.b.CIDR, ords[0])
-	return allocation{block: e.b.CIDR, addr: addr}, true
+	return allocation{Block: e.b.CIDR, Addr: addr}, true
 }
 
 // claim picks the first free block-sized subnet of the pools, walking each pool from the node's start
@@ -528,7 +515,7 @@ func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip net
 		return allocation{}, withCode(ErrDatastore, "requested address %s: %w", ip, err)
 	}
 	e.dirty = true
-	return allocation{block: e.b.CIDR, addr: ip}, nil
+	return allocation{Block: e.b.CIDR, Addr: ip}, nil
 }
 
 // blockHolding returns the block that contains ip (loading it), or nil when there is none.

@@ -1,4 +1,4 @@
-package cni
+package ipamd
 
 import (
 	"context"
@@ -38,14 +38,9 @@ func (c *call) gc(ctx context.Context) (int, error) {
 	for _, a := range c.conf.ValidAttachments {
 		valid[a] = true
 	}
-	lock, err := c.lock(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer lock.release()
 
 	// Snapshot: every block of both families in one read.
-	res, err := c.etcd.txn(ctx, nil, []op{
+	res, err := c.txn(ctx, nil, []op{
 		prefixOp(calico.BlockPrefix+"ipv4/block/", false),
 		prefixOp(calico.BlockPrefix+"ipv6/block/", false),
 	}, nil)
@@ -136,7 +131,7 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	for _, h := range handles {
 		ops = append(ops, getOp(calico.HandleKey(h)))
 	}
-	res, err := c.etcd.txn(ctx, nil, ops, nil)
+	res, err := c.txn(ctx, nil, ops, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -205,14 +200,14 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 			writes = append(writes, putOp(key, data))
 		}
 	}
-	tr, err := c.etcd.txn(ctx, cmps, writes, nil)
+	tr, err := c.txn(ctx, cmps, writes, nil)
 	if err != nil {
 		return 0, err
 	}
 	if !tr.Succeeded {
 		return 0, errConflict
 	}
-	c.forget()
+	c.forgetAll()
 	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
 	return len(ords), nil
 }
@@ -221,6 +216,6 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 // are all transient).
 func gcError(errs []error) error {
 	joined := errors.Join(errs...)
-	te := toCNIError(errs[0]).(*types.Error)
+	te := toCNIError(errs[0])
 	return &types.Error{Code: te.Code, Msg: "GC finished with errors: " + strings.ReplaceAll(joined.Error(), "\n", "; ")}
 }

@@ -1,4 +1,4 @@
-package cni
+package ipamd
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/containernetworking/cni/pkg/skel"
-
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
@@ -16,15 +14,10 @@ import (
 // when its cache is gone) and without the netns. Released ordinals go to the tail of their block's
 // FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
 // transaction. Nothing to release is success, and an emptied block keeps its affinity.
-func (c *call) del(ctx context.Context, args *skel.CmdArgs) error {
-	lock, err := c.lock(ctx)
-	if err != nil {
-		return err
-	}
-	defer lock.release()
-	handle := handleID(c.conf.Network, args.ContainerID)
+func (c *call) del(ctx context.Context, containerID, ifname string) error {
+	handle := handleID(c.conf.Network, containerID)
 	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
-		return c.delAttempt(ctx, handle, args.IfName)
+		return c.delAttempt(ctx, handle, ifname)
 	})
 }
 
@@ -129,7 +122,7 @@ func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []ne
 	for _, cidr := range cidrs {
 		ops = append(ops, getOp(calico.HostAffinityKey(calico.OwnerOf(v.blocks[cidr].b, false).Node, cidr)))
 	}
-	res, err := c.etcd.txn(ctx, nil, ops, nil)
+	res, err := c.txn(ctx, nil, ops, nil)
 	if err != nil || len(res.Ranges) != len(ops) {
 		c.log.Warn("cannot check whether emptied blocks' pools still select their nodes", "err", err)
 		return
@@ -162,7 +155,7 @@ func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []ne
 			continue
 		}
 		bkey, akey := calico.BlockKey(cidr), calico.HostAffinityKey(owner, cidr)
-		tr, err := c.etcd.txn(ctx, []compare{modRevisionIs(bkey, e.rev), modRevisionIs(akey, affKVs[0].ModRevision)},
+		tr, err := c.txn(ctx, []compare{modRevisionIs(bkey, e.rev), modRevisionIs(akey, affKVs[0].ModRevision)},
 			[]op{deleteOp(bkey), deleteOp(akey)}, nil)
 		if err != nil || !tr.Succeeded {
 			c.log.Warn("could not release an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "err", err)

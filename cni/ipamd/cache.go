@@ -1,19 +1,14 @@
-package cni
+package ipamd
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
-// nodeCache is what block-ipam remembers on the node between calls, in a file beside the node lock
-// (one per network), read and written only under that lock: the node's blocks, the values of up to
+// nodeCache is what the daemon remembers of the node between operations, one per pool setting of
+// the networks it serves, owned by the state goroutine: the node's blocks, the values of up to
 // maxCachedValues of them as last written or read (with mod revisions, and their pools' revisions),
 // and for each family the block ADD assigns from next.
 //
@@ -22,32 +17,29 @@ import (
 // derives the handle's value from the remembered blocks and writes conditional on that exact value.
 // The failure branch of either transaction reads the current state, so that a stale cache costs no
 // extra round trip. The cache never decides anything on its own: every write it leads to is
-// conditional on etcd still holding what it says, and a missing, corrupt or foreign file is ignored.
+// conditional on etcd still holding what it says.
 type nodeCache struct {
-	path string
-	// Key fingerprints the settings the cache depends on; a different key discards it.
-	Key string `json:"key"`
 	// Blocks are the node's affine blocks at the last write (hints for the first read).
-	Blocks []netip.Prefix `json:"blocks"`
+	Blocks []netip.Prefix
 	// Values are blocks of the node as last written or read.
-	Values []*cachedBlock `json:"values"`
+	Values []*cachedBlock
 	// Current is the block ADD assigns from next, per family (one of Values; invalid when none).
-	Current [2]netip.Prefix `json:"current"`
+	Current [2]netip.Prefix
 	// Reserved are the IPReservations as of ReadRev, the revision of the last full read. ADD's
 	// write from the cache is conditional on no reservation, no affinity of the node and not the
 	// node's Calico Node resource having changed since: a new reservation must be honoured, an
 	// affinity Calico left pending adopted, and a pool no longer selecting the node left alone.
-	Reserved calico.Reservations `json:"reserved,omitempty"`
-	ReadRev  int64               `json:"readRev,omitempty"`
+	Reserved calico.Reservations
+	ReadRev  int64
 }
 
 // cachedBlock is a block as the node last wrote or read it.
 type cachedBlock struct {
-	CIDR    netip.Prefix    `json:"cidr"`
-	Rev     int64           `json:"rev"`
-	Value   json.RawMessage `json:"value"`
-	Pool    string          `json:"pool,omitempty"` // IPPool name; "" for a pool given as a CIDR only
-	PoolRev int64           `json:"poolRev,omitempty"`
+	CIDR    netip.Prefix
+	Rev     int64
+	Value   []byte
+	Pool    string // IPPool name; "" for a pool given as a CIDR only
+	PoolRev int64
 }
 
 // Bounds of the cache: the blocks hinted for the first read, and the block values kept (a node
@@ -56,60 +48,6 @@ const (
 	maxCachedBlocks = 32
 	maxCachedValues = 8
 )
-
-// cachePath is the cache file of a network beside the lock file; "" (no lock) means no cache.
-func cachePath(lockFile, network string) string {
-	if lockFile == "" {
-		return ""
-	}
-	return filepath.Join(filepath.Dir(lockFile), filepath.Base(lockFile)+"."+network+".cache")
-}
-
-// cacheKey fingerprints what the cached state depends on besides etcd: the node, the etcd endpoints
-// and the configured pools.
-func (c *Config) cacheKey() string {
-	return fmt.Sprintf("v1|%s|%v|%v", c.Node, c.Endpoints, c.Pools)
-}
-
-// loadCache reads the cache; any problem gives an empty cache.
-func loadCache(path, key string) *nodeCache {
-	nc := &nodeCache{path: path, Key: key}
-	if path == "" {
-		return nc
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nc
-	}
-	var read nodeCache
-	if json.Unmarshal(data, &read) != nil || read.Key != key {
-		return nc
-	}
-	read.path = path
-	return &read
-}
-
-// save writes the cache over the old one in place (write at offset 0, then truncate to the new
-// length): on ext4 both O_TRUNC and rename-over-existing force a data flush, which cost ~1 ms here.
-// A writer killed half-way leaves a file that does not parse, which loadCache ignores. Errors only
-// cost the next call a round trip.
-func (nc *nodeCache) save() error {
-	if nc.path == "" {
-		return nil
-	}
-	data, err := json.Marshal(nc)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(nc.path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	_, werr := f.WriteAt(data, 0)
-	terr := f.Truncate(int64(len(data)))
-	cerr := f.Close()
-	return errors.Join(werr, terr, cerr)
-}
 
 // hint returns the blocks to read with the first transaction.
 func (nc *nodeCache) hint() []netip.Prefix {
@@ -140,7 +78,7 @@ func (c *call) cachedView(handleID string, forAdd bool) *view {
 	v := c.emptyView(handleID)
 	var use []*cachedBlock
 	if forAdd {
-		for _, f := range c.conf.families() {
+		for _, f := range c.conf.Families() {
 			cb := c.cache.value(c.cache.Current[f])
 			if cb == nil {
 				return nil
@@ -173,9 +111,6 @@ func (c *call) cachedView(handleID string, forAdd bool) *view {
 // block.
 func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 	nc := c.cache
-	if nc.path == "" {
-		return
-	}
 	if v.resourcesRead && v.readRev >= nc.ReadRev {
 		nc.Reserved, nc.ReadRev = v.reserved, v.readRev
 	}
@@ -236,15 +171,7 @@ func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 		return int(b.Rev - a.Rev)
 	})
 	nc.Values = nc.Values[:min(len(nc.Values), maxCachedValues)]
-	if err := nc.save(); err != nil {
-		c.log.Warn("cannot save the node cache", "path", nc.path, "err", err)
-	}
 }
 
-// forget drops the cache (after GC, which rewrites blocks in bulk).
-func (c *call) forget() {
-	if c.cache.path != "" {
-		os.Remove(c.cache.path)
-		c.cache = &nodeCache{path: c.cache.path, Key: c.cache.Key}
-	}
-}
+// forgetAll drops the cache (after GC, which rewrites blocks in bulk).
+func (c *call) forgetAll() { *c.cache = nodeCache{} }

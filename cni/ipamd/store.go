@@ -1,4 +1,4 @@
-package cni
+package ipamd
 
 import (
 	"context"
@@ -131,7 +131,7 @@ func (c *call) reads(handleID string, spec readSpec) reads {
 // newView runs the reads of spec in one round trip.
 func (c *call) newView(ctx context.Context, handleID string, spec readSpec) (*view, error) {
 	r := c.reads(handleID, spec)
-	res, err := c.etcd.txn(ctx, nil, r.ops, nil)
+	res, err := c.txn(ctx, nil, r.ops, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
 	}
@@ -257,7 +257,7 @@ func (v *view) loadBlocks(ctx context.Context, cidrs []netip.Prefix) error {
 		for i, c := range chunk {
 			ops[i] = getOp(calico.BlockKey(c))
 		}
-		res, err := v.etcd.txn(ctx, nil, ops, nil)
+		res, err := v.txn(ctx, nil, ops, nil)
 		if err != nil {
 			return fmt.Errorf("read %d blocks: %w", len(chunk), err)
 		}
@@ -308,7 +308,7 @@ func (v *view) listBlocks(ctx context.Context, f Family) (*listing, error) {
 		return l, nil
 	}
 	prefix := calico.BlockPrefix + f.String() + "/block/"
-	res, err := v.etcd.txn(ctx, nil, []op{prefixOp(prefix, true)}, nil)
+	res, err := v.txn(ctx, nil, []op{prefixOp(prefix, true)}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list %s blocks: %w", f, err)
 	}
@@ -329,7 +329,7 @@ func (v *view) listBlocks(ctx context.Context, f Family) (*listing, error) {
 // decoded are recorded in bad and never written.
 func (v *view) loadFamily(ctx context.Context, f Family) error {
 	prefix := calico.BlockPrefix + f.String() + "/block/"
-	res, err := v.etcd.txn(ctx, nil, []op{prefixOp(prefix, false)}, nil)
+	res, err := v.txn(ctx, nil, []op{prefixOp(prefix, false)}, nil)
 	if err != nil {
 		return fmt.Errorf("read %s blocks: %w", f, err)
 	}
@@ -455,7 +455,7 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 		ops = append(ops, putOp(hkey, data))
 	}
 	for _, r := range v.others {
-		data, err := calico.EncodeHandle(handleWith(nil, r.allocs))
+		data, err := calico.EncodeHandle(handleWith(nil, r.assigned))
 		if err != nil {
 			return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
 		}
@@ -469,7 +469,7 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 	if v.pause != nil {
 		v.pause(ctx)
 	}
-	res, err := v.etcd.txn(ctx, cmps, ops, failure)
+	res, err := v.txn(ctx, cmps, ops, failure)
 	if err != nil {
 		return nil, fmt.Errorf("write %d blocks and handle %s: %w", len(cidrs), v.handleID, err)
 	}
@@ -488,6 +488,7 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 		e := v.blocks[c]
 		if e.created {
 			v.affinity[c] = affinityEntry{state: calico.AffinityConfirmed, rev: res.Revision}
+			v.claims++
 		}
 		e.rev, e.dirty, e.created = res.Revision, false, false
 	}

@@ -1,9 +1,8 @@
-package cni
+package ipamd
 
 import (
 	"context"
 	"errors"
-	"strings"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
@@ -15,7 +14,7 @@ func (c *call) status(ctx context.Context) error {
 	v, err := c.newView(ctx, "", readSpec{config: true, pools: true, affinity: true, resources: true})
 	if err != nil {
 		if errors.Is(err, errUnavailable) || ctx.Err() != nil {
-			return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", strings.Join(c.conf.Endpoints, ","), err)
+			return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
 		}
 		return err
 	}
@@ -24,7 +23,7 @@ func (c *call) status(ctx context.Context) error {
 		return err
 	}
 	if err := v.loadBlocks(ctx, v.affineCIDRs(pools)); err != nil {
-		return cniError(ErrPluginNotAvailable, "etcd at %s: %v", strings.Join(c.conf.Endpoints, ","), err)
+		return cniError(ErrPluginNotAvailable, "etcd at %s: %v", c.endpoints, err)
 	}
 	for _, f := range []Family{V4, V6} {
 		if !c.conf.Assign[f] {

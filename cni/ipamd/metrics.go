@@ -1,0 +1,52 @@
+package ipamd
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the daemon's Prometheus metrics. Label values are verbs and CNI result codes: bounded,
+// never per container or per block.
+type metrics struct {
+	requests   *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	roundTrips *prometheus.CounterVec
+	claims     prometheus.Counter
+	batched    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "block_ipam_requests_total",
+			Help: "CNI requests answered, by verb and result (ok, or the CNI error code).",
+		}, []string{"verb", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "block_ipam_request_duration_seconds",
+			Help:    "Time from a request's arrival on the socket to its reply, queueing included.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"verb"}),
+		roundTrips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "block_ipam_etcd_round_trips_total",
+			Help: "etcd transactions sent, by the verb of the operation that sent them.",
+		}, []string{"verb"}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "block_ipam_block_claims_total",
+			Help: "IPAM blocks this node claimed (created with its affinity).",
+		}),
+		batched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "block_ipam_batched_adds_total",
+			Help: "ADDs served by another ADD's etcd transaction.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.batched)
+	}
+	return m
+}
+
+func promhttpHandler(g prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+}

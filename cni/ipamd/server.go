@@ -1,0 +1,394 @@
+// Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
+// unix socket and owns the node's allocation state on one long-lived etcd client.
+//
+// One goroutine, the state loop, runs every operation and owns the node caches; the socket's
+// handlers only queue requests to it and wait. ADDs that queue while an operation runs are served
+// together: the next ADD's one conditional transaction also writes their handles and addresses
+// when they fit in the node's current blocks (see add.go). Every write stays conditional on etcd's
+// revisions (other nodes, calico-ipam and calicoctl write the same keys), so a daemon killed at any
+// point leaves etcd consistent, and two daemons of one node would still hand out no address twice.
+package ipamd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+)
+
+// Limits of the daemon.
+const (
+	// maxBatch bounds the ADDs one write serves besides its own.
+	maxBatch = 64
+	// MaxTimeout bounds one operation, whatever the shim asks for.
+	MaxTimeout = 5 * time.Minute
+	// queueLength bounds the requests waiting for the state loop; more are refused with 11.
+	queueLength = 1024
+)
+
+// Config is what the daemon needs; main builds it from flags.
+type Config struct {
+	// Node is this node's name (calico.CheckNodeName).
+	Node string
+	// Client is the etcd client; the daemon does not close it.
+	Client *clientv3.Client
+	// Endpoints names etcd in messages, credentials redacted.
+	Endpoints string
+	// CallTimeout bounds one etcd round trip.
+	CallTimeout time.Duration
+	Logger      *slog.Logger
+	// Registerer receives the daemon's metrics (nil: none).
+	Registerer prometheus.Registerer
+	// Pause, when set, runs before every write (tests: kill the daemon or change etcd there).
+	Pause func(context.Context)
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	if err := calico.CheckNodeName(c.Node); err != nil {
+		return fmt.Errorf("--nodename: %w", err)
+	}
+	if c.Client == nil {
+		return errors.New("no etcd client")
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Server is the node daemon.
+type Server struct {
+	cfg     Config
+	etcd    *etcdClient
+	log     *slog.Logger
+	metrics *metrics
+	jobs    chan *job
+	// caches are the node caches by pool settings; only the state loop touches them.
+	caches map[string]*nodeCache
+}
+
+// job is one request queued for the state loop; done receives exactly one reply.
+type job struct {
+	req   *cni.Request
+	start time.Time
+	done  chan *cni.Reply
+}
+
+// batchRequest is an ADD waiting behind another, which the other's write may serve.
+type batchRequest struct {
+	job    *job
+	Handle string
+	Attr   calico.AllocationAttribute
+	// assigned are its addresses in the leader's view; allocs the same once the write committed.
+	assigned, allocs []allocation
+}
+
+// New returns a daemon; Run starts its state loop and Serve answers a listener.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg:     cfg,
+		etcd:    &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
+		log:     cfg.Logger,
+		metrics: newMetrics(cfg.Registerer),
+		jobs:    make(chan *job, queueLength),
+		caches:  map[string]*nodeCache{},
+	}, nil
+}
+
+// Run runs the state loop until ctx is done.
+func (s *Server) Run(ctx context.Context) error {
+	for {
+		var first *job
+		select {
+		case <-ctx.Done():
+			return nil
+		case first = <-s.jobs:
+		}
+		batch := []*job{first}
+	drain:
+		for len(batch) <= maxBatch {
+			select {
+			case j := <-s.jobs:
+				batch = append(batch, j)
+			default:
+				break drain
+			}
+		}
+		s.serveBatch(ctx, batch)
+	}
+}
+
+// serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
+// it along, and those its write served are answered without an operation of their own.
+func (s *Server) serveBatch(ctx context.Context, batch []*job) {
+	answered := make([]bool, len(batch))
+	for i, j := range batch {
+		if answered[i] {
+			continue
+		}
+		var waiting []*batchRequest
+		var idx []int
+		if key, ok := batchKey(j.req); ok {
+			handles := []string{handleID(j.req.Network, j.req.ContainerID)}
+			for k := i + 1; k < len(batch); k++ {
+				o := batch[k]
+				h := handleID(o.req.Network, o.req.ContainerID)
+				if answered[k] || slices.Contains(handles, h) {
+					continue
+				}
+				if okey, ok := batchKey(o.req); !ok || okey != key {
+					continue
+				}
+				handles = append(handles, h)
+				waiting = append(waiting, &batchRequest{job: o, Handle: h, Attr: attribute(s.request(o.req), h, o.req.IfName)})
+				idx = append(idx, k)
+			}
+		}
+		s.finish(j, s.operate(ctx, j, waiting))
+		for n, w := range waiting {
+			if w.allocs == nil {
+				continue
+			}
+			answered[idx[n]] = true
+			sortAllocations(w.allocs)
+			s.finish(w.job, &cni.Reply{Allocations: w.allocs})
+		}
+	}
+}
+
+// batchKey says whether an ADD can be served by another's write, and with which: automatic
+// assignment with the same network and allocation settings.
+func batchKey(r *cni.Request) (string, bool) {
+	if r.Verb != "ADD" || len(r.RequestedIPs) > 0 {
+		return "", false
+	}
+	return fmt.Sprintf("%s|%v|%v|%v|%d", r.Network, r.Pools, r.Exclude, r.Assign, r.MaxBlocks), true
+}
+
+// request returns the request as the allocator sees it: the daemon's node.
+func (s *Server) request(r *cni.Request) *cni.Request {
+	out := *r
+	out.Node = s.cfg.Node
+	return &out
+}
+
+// operate runs one job on the state loop.
+func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *cni.Reply {
+	req := s.request(j.req)
+	timeout := j.req.Timeout
+	if timeout <= 0 || timeout > MaxTimeout {
+		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
+	}
+	// End a little before the shim gives up, so that it gets the reason rather than a deadline.
+	ctx, cancel := context.WithDeadline(ctx, j.start.Add(timeout*9/10))
+	defer cancel()
+	cacheKey := fmt.Sprint(req.Pools)
+	cache := s.caches[cacheKey]
+	if cache == nil {
+		cache = &nodeCache{}
+		s.caches[cacheKey] = cache
+	}
+	c := &call{conf: req, etcd: s.etcd, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
+		pause: s.cfg.Pause, cache: cache, endpoints: s.cfg.Endpoints, waiting: waiting}
+	reply := &cni.Reply{}
+	var err error
+	if s.etcdLost() && req.Verb != "STATUS" {
+		err = fmt.Errorf("%w: the daemon has lost its connection to etcd at %s", errUnavailable, s.cfg.Endpoints)
+	} else {
+		switch req.Verb {
+		case "ADD":
+			reply.Allocations, err = c.add(ctx, req.ContainerID, req.IfName)
+		case "DEL":
+			err = c.del(ctx, req.ContainerID, req.IfName)
+		case "CHECK":
+			err = c.check(ctx, req.ContainerID, req.IfName)
+		case "GC":
+			reply.Released, err = c.gc(ctx)
+		case "STATUS":
+			err = c.status(ctx)
+		}
+	}
+	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
+	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
+	s.metrics.claims.Add(float64(c.claims))
+	s.metrics.batched.Add(float64(c.batched))
+	if err != nil {
+		te := toCNIError(err)
+		if req.Verb == "STATUS" && te.Code == types.ErrTryAgainLater {
+			te = &types.Error{Code: ErrPluginNotAvailable, Msg: fmt.Sprintf("etcd unreachable at %s: %s", s.cfg.Endpoints, te.Msg)}
+		}
+		reply.Code, reply.Msg = te.Code, te.Msg
+		c.log.Warn(req.Verb+" failed", "err", te.Msg, "code", te.Code, "attempts", c.attempts, "etcd_round_trips", c.roundTrips)
+	} else {
+		c.log.Debug(req.Verb, "addresses", reply.Allocations, "released", reply.Released, "batched", c.batched,
+			"attempts", c.attempts, "etcd_round_trips", c.roundTrips)
+	}
+	return reply
+}
+
+// Queued returns the number of requests waiting for the state loop.
+func (s *Server) Queued() int { return len(s.jobs) }
+
+// etcdLost reports whether the client's connection to etcd has failed (gRPC in transient failure):
+// ADD and DEL then fail at once with 11 instead of waiting out their deadline.
+func (s *Server) etcdLost() bool {
+	conn := s.cfg.Client.ActiveConnection()
+	if conn == nil {
+		return false
+	}
+	st := conn.GetState()
+	return st == connectivity.TransientFailure || st == connectivity.Shutdown
+}
+
+// finish answers a job and records its metrics.
+func (s *Server) finish(j *job, r *cni.Reply) {
+	r.Node = s.cfg.Node
+	result := "ok"
+	if r.Code != 0 {
+		result = strconv.FormatUint(uint64(r.Code), 10)
+	}
+	s.metrics.requests.WithLabelValues(j.req.Verb, result).Inc()
+	s.metrics.latency.WithLabelValues(j.req.Verb).Observe(time.Since(j.start).Seconds())
+	j.done <- r
+}
+
+var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
+// check validates a request before it is queued: the socket is the trust boundary.
+func (s *Server) check(r *cni.Request) *types.Error {
+	switch r.Verb {
+	case "ADD", "DEL", "CHECK":
+		if !containerIDRe.MatchString(r.ContainerID) {
+			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("container ID %q is not valid", r.ContainerID)}
+		}
+		if err := utils.ValidateInterfaceName(r.IfName); err != nil {
+			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("interface name %q: %s", r.IfName, err.Msg)}
+		}
+	case "GC", "STATUS":
+	default:
+		return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("unknown verb %q", r.Verb)}
+	}
+	if err := utils.ValidateNetworkName(r.Network); err != nil {
+		return configError("name", "%s", err.Msg)
+	}
+	if r.Node != "" && r.Node != s.cfg.Node {
+		return configError("nodename", "the network configuration names node %q, but the block-ipam daemon at this socket serves node %q (its --nodename): remove nodename from the configuration or fix one of them",
+			r.Node, s.cfg.Node)
+	}
+	if r.Verb == "ADD" && !r.Assign[V4] && !r.Assign[V6] && len(r.RequestedIPs) == 0 {
+		return configError("ipam.assign_ipv4", "both assign_ipv4 and assign_ipv6 are false: nothing to assign")
+	}
+	return nil
+}
+
+// ServeHTTP answers the shim: POST cni.RequestPath with a cni.Request, a cni.Reply back. It also
+// answers GET /healthz and /readyz, so that the socket itself can be probed.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/healthz", "/readyz":
+		s.health(w, r)
+		return
+	case cni.RequestPath:
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	start := time.Now()
+	reply := s.handle(r.Context(), start, http.MaxBytesReader(w, r.Body, cni.MaxMessage))
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(reply)
+}
+
+func (s *Server) handle(ctx context.Context, start time.Time, body io.Reader) *cni.Reply {
+	var req cni.Request
+	if err := json.NewDecoder(body).Decode(&req); err != nil {
+		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
+	}
+	j := &job{req: &req, start: start, done: make(chan *cni.Reply, 1)}
+	if err := s.check(&req); err != nil {
+		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
+		return <-j.done
+	}
+	select {
+	case s.jobs <- j:
+	default:
+		s.finish(j, &cni.Reply{Code: types.ErrTryAgainLater, Msg: fmt.Sprintf("the daemon has %d requests queued; try again later", queueLength)})
+		return <-j.done
+	}
+	select {
+	case r := <-j.done:
+		return r
+	case <-ctx.Done():
+		// The shim is gone; the state loop still answers into the buffered channel.
+		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrTryAgainLater, Msg: ctx.Err().Error()}
+	}
+}
+
+// health answers /healthz (the process serves) and /readyz (and etcd is reachable).
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/readyz" && s.etcdLost() {
+		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// HealthHandler serves /healthz, /readyz and /metrics (from gatherer) for the metrics listener.
+func (s *Server) HealthHandler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", s.health)
+	mux.HandleFunc("/readyz", s.health)
+	mux.Handle("/metrics", promhttpHandler(gatherer))
+	return mux
+}
+
+// Serve answers the shim on l until ctx is done.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	return serveUntil(ctx, srv, l)
+}
+
+// serveUntil serves l until ctx is done, then shuts the server down within 5 seconds.
+func serveUntil(ctx context.Context, srv *http.Server, l net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc
+	return err
+}

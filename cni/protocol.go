@@ -1,0 +1,143 @@
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// The shim and the node daemon speak JSON over HTTP on a unix socket: one POST of a Request to
+// RequestPath, one Reply back. HTTP because it is what operators can poke with
+// `curl --unix-socket` (as Cilium's API socket), and because net/http bounds what it reads.
+const (
+	// DefaultSocket is where the daemon listens and the shim connects unless ipam.socket says otherwise.
+	DefaultSocket = "/run/block-ipam/block-ipam.sock"
+	// RequestPath is the daemon's endpoint for CNI operations.
+	RequestPath = "/v1/cni"
+	// MaxMessage bounds a request or reply body.
+	MaxMessage = 1 << 20
+)
+
+// Request is one CNI operation the shim hands the daemon: the per-network allocation settings of the
+// configuration and the per-call environment, already parsed and validated by LoadConfig. The daemon
+// validates what it relies on again (the socket is the trust boundary, not the shim).
+type Request struct {
+	Verb        string `json:"verb"` // ADD, DEL, CHECK, GC or STATUS
+	ContainerID string `json:"containerID,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Network     string `json:"network"`
+	// Node is the node name the network configuration gives (calico-ipam's nodename), "" when it
+	// gives none: the daemon refuses a request meant for another node.
+	Node string `json:"node,omitempty"`
+	// Timeout is how long the shim waits for the reply; the daemon gives up on the operation then.
+	Timeout time.Duration `json:"timeout,omitempty"`
+
+	// Assign says which families ADD allocates automatically.
+	Assign [2]bool `json:"assign"`
+	// Pools lists the configured pools of each family; nil means every pool Calico would use.
+	Pools [2][]PoolRef `json:"pools,omitempty"`
+	// Exclude are ranges never handed out.
+	Exclude []netip.Prefix `json:"exclude,omitempty"`
+	// MaxBlocks caps the node's blocks per family; 0 takes Calico's IPAM config.
+	MaxBlocks    int          `json:"maxBlocks,omitempty"`
+	RequestedIPs []netip.Addr `json:"requestedIPs,omitempty"`
+	// Namespace and Pod come from CNI_ARGS.
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+
+	// HaveAttachments tells GC's absent list (release nothing) from an empty one.
+	HaveAttachments  bool                 `json:"haveAttachments,omitempty"`
+	ValidAttachments []types.GCAttachment `json:"validAttachments,omitempty"`
+	// PrevIPs are the addresses of CHECK's prevResult.
+	PrevIPs []netip.Addr `json:"prevIPs,omitempty"`
+}
+
+// PoolRef names a pool in the configuration: a CIDR or the name of a Calico IPPool.
+type PoolRef struct {
+	CIDR netip.Prefix `json:"cidr,omitzero"`  // set when the reference is a CIDR
+	Name string       `json:"name,omitempty"` // set when it is a pool name
+}
+
+// Allocation is one address held in a block.
+type Allocation struct {
+	Block netip.Prefix `json:"block"`
+	Addr  netip.Addr   `json:"addr"`
+}
+
+// Reply is the daemon's answer. Code 0 is success; otherwise Code and Msg are the CNI error.
+type Reply struct {
+	Code uint   `json:"code,omitempty"`
+	Msg  string `json:"msg,omitempty"`
+	// Node is the daemon's node name.
+	Node string `json:"node"`
+	// Allocations are ADD's addresses, IPv4 first.
+	Allocations []Allocation `json:"allocations,omitempty"`
+	// Released counts GC's releases.
+	Released int `json:"released,omitempty"`
+	// RoundTrips counts the etcd round trips of the operation (0: served by another ADD's write);
+	// Attempts its optimistic attempts; Batched the other ADDs its write served.
+	RoundTrips int64 `json:"roundTrips"`
+	Attempts   int   `json:"attempts"`
+	Batched    int   `json:"batched,omitempty"`
+}
+
+// Err returns the reply's error, nil on success.
+func (r *Reply) Err() error {
+	if r.Code == 0 {
+		return nil
+	}
+	return &types.Error{Code: r.Code, Msg: r.Msg}
+}
+
+// ErrUnreachable marks a daemon that could not be asked or did not answer: nothing is known about the
+// operation's outcome (the runtime's retry is idempotent).
+var ErrUnreachable = errors.New("block-ipam daemon unreachable")
+
+// Call sends req to the daemon listening on socket and returns its reply. An error wraps ErrUnreachable
+// when the daemon could not be reached or died before answering.
+func Call(ctx context.Context, socket string, req *Request) (*Reply, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		DisableKeepAlives:      true,
+		MaxResponseHeaderBytes: 16 << 10,
+	}
+	defer tr.CloseIdleConnections()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://block-ipam"+RequestPath, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: tr}).Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, socket, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxMessage+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: reading the reply: %w", ErrUnreachable, socket, err)
+	}
+	if len(data) > MaxMessage {
+		return nil, fmt.Errorf("block-ipam daemon at %s: reply larger than %d bytes", socket, MaxMessage)
+	}
+	var reply Reply
+	if err := json.Unmarshal(data, &reply); err != nil {
+		return nil, fmt.Errorf("block-ipam daemon at %s: HTTP %d, undecodable reply %.200q: %w", socket, resp.StatusCode, data, err)
+	}
+	return &reply, nil
+}
