@@ -942,8 +942,7 @@ func TestCNIConfigsLoadInBlockIPAM(t *testing.T) {
 			}
 			p["name"], p["cniVersion"] = conf.Name, conf.CNIVersion
 			stdin, _ := json.Marshal(p)
-			cfg, err := cni.LoadConfig(stdin, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1",
-				func(string) string { return "" }, func() (string, error) { return "example-node", nil })
+			cfg, err := cni.LoadConfig(stdin, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1")
 			if err != nil {
 				t.Errorf("%s: block-ipam rejects the example: %v", f, err)
 				continue
