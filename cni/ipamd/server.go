@@ -374,11 +374,11 @@ func (s *Server) HealthHandler(gatherer prometheus.Gatherer) http.Handler {
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
-	return serveUntil(ctx, srv, l)
+	return ServeUntil(ctx, srv, l)
 }
 
-// serveUntil serves l until ctx is done, then shuts the server down within 5 seconds.
-func serveUntil(ctx context.Context, srv *http.Server, l net.Listener) error {
+// ServeUntil serves l until ctx is done, then shuts the server down within 5 seconds.
+func ServeUntil(ctx context.Context, srv *http.Server, l net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	select {
