@@ -1,0 +1,104 @@
+package ipamd
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+)
+
+// TestListen: the socket is created 0600 in a new 0700 directory; a socket left by a dead daemon is
+// replaced; one a live daemon listens on is refused; a non-socket file is refused.
+func TestListen(t *testing.T) {
+	dir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "run", "block-ipam.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(sock); st.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want 0600", st.Mode().Perm())
+	}
+	if st, _ := os.Stat(filepath.Dir(sock)); st.Mode().Perm() != 0o700 {
+		t.Errorf("directory mode %v, want 0700", st.Mode().Perm())
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	if _, err := Listen(sock, -1); err == nil || !strings.Contains(err.Error(), "another block-ipam daemon") {
+		t.Errorf("second daemon on a live socket: %v", err)
+	}
+	// A dead daemon's socket: the file stays, nobody accepts.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	l2, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	l2.Close()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := Listen(file, -1); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("regular file: %v", err)
+	}
+	if _, err := Listen("relative.sock", -1); err == nil {
+		t.Error("relative path accepted")
+	}
+	// With a group: 0660 (the process's own group, which it may always chown to).
+	gsock := filepath.Join(dir, "g", "s.sock")
+	l3, err := Listen(gsock, os.Getgid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l3.Close()
+	if st, _ := os.Stat(gsock); st.Mode().Perm() != 0o660 {
+		t.Errorf("group socket mode %v, want 0660", st.Mode().Perm())
+	}
+}
+
+// TestRequestChecks: the daemon refuses, before queueing, what the shim should never send: a node name
+// other than its own (naming both), a bad container ID or interface, an unknown verb.
+func TestRequestChecks(t *testing.T) {
+	s := &Server{cfg: Config{Node: "node1"}}
+	ok := cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}}
+	if err := s.check(&ok); err != nil {
+		t.Fatalf("valid request: %v", err)
+	}
+	for _, tc := range []struct {
+		mod  func(r *cni.Request)
+		code uint
+		want string
+	}{
+		{func(r *cni.Request) { r.Node = "node2" }, 7, `names node "node2", but the block-ipam daemon at this socket serves node "node1"`},
+		{func(r *cni.Request) { r.ContainerID = "../x" }, 4, "container ID"},
+		{func(r *cni.Request) { r.IfName = "a-very-long-interface-name" }, 4, "interface name"},
+		{func(r *cni.Request) { r.Verb = "PUT" }, 4, "unknown verb"},
+		{func(r *cni.Request) { r.Network = "a b" }, 7, "name"},
+		{func(r *cni.Request) { r.Assign = [2]bool{} }, 7, "nothing to assign"},
+	} {
+		r := ok
+		tc.mod(&r)
+		err := s.check(&r)
+		if err == nil || err.Code != tc.code || !strings.Contains(err.Msg, tc.want) {
+			t.Errorf("%+v: %v, want code %d with %q", r, err, tc.code, tc.want)
+		}
+	}
+	r := ok
+	r.Node = "node1"
+	if err := s.check(&r); err != nil {
+		t.Errorf("the daemon's own node name refused: %v", err)
+	}
+}
