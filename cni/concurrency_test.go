@@ -4,19 +4,23 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
@@ -368,3 +372,109 @@ func TestBatchedAdds(t *testing.T) {
 
 // batchedRe matches the shim's log line of the queued ADDs (g00...).
 var batchedRe = regexp.MustCompile(`msg=ADD .*container=g\d+ .*batched=(\d+) etcd_round_trips=(\d+)`)
+
+// daemonProcess runs block-ipamd for node on sock with extra environment, and returns the command and
+// a channel that receives a value at each of the daemon's test pauses.
+func (e *env) daemonProcess(node, sock string, env ...string) (*exec.Cmd, <-chan struct{}) {
+	e.t.Helper()
+	cmd := exec.Command(filepath.Join(pluginDir, "block-ipamd"), "--nodename", node, "--socket", sock,
+		"--metrics-address", "", "--log-level", "warn", "--etcd-endpoints", e.srv.Endpoint())
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pauses := make(chan struct{}, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "test pause before commit") {
+				pauses <- struct{}{}
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := waitSocket(ctx, sock); err != nil {
+		e.t.Fatal(err)
+	}
+	return cmd, pauses
+}
+
+// TestKillDaemonMidBatch: a daemon killed with SIGKILL while its one transaction for a batch of ADDs
+// is about to be sent leaves etcd exactly as it was (the batch is one transaction); the shims waiting
+// on it fail with 11; the runtime's retries, served by a new daemon, succeed, and the ADD that had
+// completed before gets its address again.
+func TestKillDaemonMidBatch(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	sock := filepath.Join(e.sockDir, "proc.sock")
+	ipam := e.ipam("node1", map[string]any{"socket": sock})
+	list := e.list(netOpts{ipam: ipam})
+	dump := func() map[string]int64 {
+		resp, err := e.cli.Get(t.Context(), "/calico/ipam/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, kv := range resp.Kvs {
+			out[string(kv.Key)] = kv.ModRevision
+		}
+		return out
+	}
+
+	// Every write pauses 1 s: x0's write pauses while x1..x9 queue; the next batch is x1 serving the
+	// others in one write, killed in its pause.
+	cmd, pauses := e.daemonProcess("node1", sock, "BLOCK_IPAM_TEST_PAUSE=1s")
+	first := make(chan error, 1)
+	var r0 *current.Result
+	go func() {
+		var err error
+		r0, err = e.add(list, rt("x0", "eth0"))
+		first <- err
+	}()
+	<-pauses // x0's claim
+	const n = 10
+	lists, cids, nodes := make([]*libcni.NetworkConfigList, n-1), make([]string, n-1), make([]string, n-1)
+	for i := range n - 1 {
+		lists[i], cids[i], nodes[i] = list, fmt.Sprintf("x%d", i+1), "node1"
+	}
+	done := make(chan struct{})
+	var errs []error
+	go func() {
+		defer close(done)
+		_, errs, _ = e.addAll(lists, cids)
+	}()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	<-pauses // the batch's write
+	before := dump()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	<-done
+	if after := dump(); !maps.Equal(before, after) {
+		t.Fatalf("killed daemon changed etcd: %v -> %v", before, after)
+	}
+	for i, err := range errs {
+		if codeOf(err) != 11 {
+			t.Errorf("ADD %s to a killed daemon: %v, want code 11", cids[i], err)
+		}
+	}
+
+	// The runtime retries, against a new daemon on the same socket (the dead one's is replaced).
+	e.daemonProcess("node1", sock)
+	res, errs, _ := e.addAll(lists, cids)
+	again := e.mustAdd(list, rt("x0", "eth0"))
+	if addrs(again)[0] != addrs(r0)[0] {
+		t.Fatalf("x0 again got %v, first %v", addrs(again), addrs(r0))
+	}
+	e.checkAccounted(append([]*current.Result{r0}, res...), append([]error{nil}, errs...),
+		append([]string{"x0"}, cids...), append([]string{"node1"}, nodes...))
+}

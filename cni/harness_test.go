@@ -56,10 +56,12 @@ func runMain(m *testing.M) int {
 // buildFlags are those of the Makefile's release build; the benchmark builds host-local with them too.
 var buildFlags = []string{"-trimpath", "-ldflags=-s -w"}
 
-// buildPlugin builds cmd/block-ipam into dir as a runtime would install it (no race detector: the
-// plugin is a short single-threaded process, and tests run it by the hundred).
+// buildPlugin builds cmd/block-ipam and cmd/block-ipamd into dir as a runtime would install them (no
+// race detector: the plugin is a short single-threaded process, and tests run it by the hundred; the
+// daemon runs in the test process with it wherever a test does not need a process to kill).
 func buildPlugin(dir string) error {
-	args := append(append([]string{"build"}, buildFlags...), "-o", filepath.Join(dir, "block-ipam"), "github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipam")
+	args := append(append([]string{"build"}, buildFlags...), "-o", dir+"/",
+		"github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipam", "github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipamd")
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -305,31 +306,62 @@ func (s *Server) check(r *cni.Request) *types.Error {
 	return nil
 }
 
-// ServeHTTP answers the shim: POST cni.RequestPath with a cni.Request, a cni.Reply back. It also
-// answers GET /healthz and /readyz, so that the socket itself can be probed.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case "/healthz", "/readyz":
-		s.health(w, r)
-		return
-	case cni.RequestPath:
-	default:
-		http.NotFound(w, r)
-		return
+// Serve answers the shim on l until ctx is done: one request and one reply per connection (see
+// package cni). A connection has connTimeout to deliver its request; the reply waits for the
+// operation, whose deadline is the request's.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept on the socket: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, conn)
+		}()
 	}
-	if r.Method != http.MethodPost {
-		http.Error(w, "POST only", http.StatusMethodNotAllowed)
-		return
-	}
-	start := time.Now()
-	reply := s.handle(r.Context(), start, http.MaxBytesReader(w, r.Body, cni.MaxMessage))
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(reply)
 }
 
-func (s *Server) handle(ctx context.Context, start time.Time, body io.Reader) *cni.Reply {
+// connTimeout bounds reading a request and writing a reply.
+const connTimeout = 5 * time.Second
+
+func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	start := time.Now()
+	conn.SetReadDeadline(start.Add(connTimeout))
+	data, err := io.ReadAll(io.LimitReader(conn, cni.MaxMessage+1))
+	var reply *cni.Reply
+	switch {
+	case err != nil:
+		s.log.Warn("reading a request from the socket", "err", err)
+		return
+	case len(data) > cni.MaxMessage:
+		reply = &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)}
+	default:
+		// A shim that gives up is not noticed (its half-closed connection reads EOF either way): the
+		// operation runs to its deadline, which the shim's own bounds.
+		reply = s.handle(ctx, start, data)
+	}
+	out, _ := json.Marshal(reply)
+	conn.SetWriteDeadline(time.Now().Add(connTimeout))
+	conn.Write(out)
+}
+
+func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
 	var req cni.Request
-	if err := json.NewDecoder(body).Decode(&req); err != nil {
+	if err := json.Unmarshal(body, &req); err != nil {
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
 	j := &job{req: &req, start: start, done: make(chan *cni.Reply, 1)}
@@ -347,12 +379,12 @@ func (s *Server) handle(ctx context.Context, start time.Time, body io.Reader) *c
 	case r := <-j.done:
 		return r
 	case <-ctx.Done():
-		// The shim is gone; the state loop still answers into the buffered channel.
-		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrTryAgainLater, Msg: ctx.Err().Error()}
+		// The daemon stops; the state loop still answers into the buffered channel if it gets there.
+		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrTryAgainLater, Msg: "the block-ipam daemon is stopping"}
 	}
 }
 
-// health answers /healthz (the process serves) and /readyz (and etcd is reachable).
+// health answers /healthz (the process serves) and /readyz (and its etcd connection is not failing).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/readyz" && s.etcdLost() {
 		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
@@ -368,13 +400,6 @@ func (s *Server) HealthHandler(gatherer prometheus.Gatherer) http.Handler {
 	mux.HandleFunc("/readyz", s.health)
 	mux.Handle("/metrics", promhttpHandler(gatherer))
 	return mux
-}
-
-// Serve answers the shim on l until ctx is done.
-func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10,
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
-	return ServeUntil(ctx, srv, l)
 }
 
 // ServeUntil serves l until ctx is done, then shuts the server down within 5 seconds.
