@@ -25,6 +25,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"golang.org/x/sync/errgroup"
@@ -32,6 +33,9 @@ import (
 
 // nodenameFile is where calico/node records the node name.
 const nodenameFile = "/var/lib/calico/nodename"
+
+// defaultMetricsAddress is loopback: the server is opened to the network only when told.
+const defaultMetricsAddress = "127.0.0.1:9482"
 
 // shutdownLimit bounds how long a stop may take after SIGTERM.
 const shutdownLimit = 5 * time.Second
@@ -97,7 +101,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		regTTL         = fs.Duration("registration-ttl", 30*time.Second, "TTL of the etcd lease of this node's peer IP registration")
 		grace          = fs.Duration("peer-loss-grace", agent.DefaultPeerLossGrace, "how long routes to a node whose registration vanished are kept")
 		resync         = fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full resync that repairs drift")
-		metricsAddr    = fs.String("metrics-address", ":9482", "listen address of /metrics, /healthz, /readyz, /debug/routes; empty disables")
+		metricsAddr    = fs.String("metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz, /debug/routes; empty disables (loopback by default: /debug/routes lists every route and peer)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat      = fs.String("log-format", "text", "text or json")
 		dryRun         = fs.Bool("dry-run", false, "compute and log the FIB changes, write nothing to VPP and register nothing")
@@ -126,7 +130,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
 	}
 	bad := func(err error) (*daemonConfig, error) { return nil, usageError{err} }
-	if err := ef.validate(); err != nil {
+	if err := ef.validate(getenv); err != nil {
 		return bad(err)
 	}
 	log, err := newLogger(*logLevel, *logFormat)
@@ -213,12 +217,23 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 // daemon runs the agent until ctx is done, then stops within shutdownLimit.
 func daemon(ctx context.Context, cfg *daemonConfig) error {
 	log := cfg.log
-	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", cfg.etcd.endpoints,
-		"vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
+	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", etcdconfig.Redacted(cfg.etcd.Endpoints),
+		"etcd_user", cfg.etcd.Username, "vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
+	if cfg.etcd.PlaintextCredentials() {
+		log.Warn("the etcd password is sent over plaintext http:// endpoints; use https://")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	cli, err := cfg.etcd.client()
+	// A certificate problem never heals by retrying: fail now, saying so, instead of reporting request
+	// deadlines forever. An endpoint that is merely down is retried like any other etcd outage.
+	if err := cfg.etcd.Probe(ctx); err != nil {
+		if errors.Is(err, etcdconfig.ErrCertificate) {
+			return err
+		}
+		log.Warn("etcd not reachable yet; retrying", "err", err)
+	}
+	cli, err := cfg.etcd.Client()
 	if err != nil {
 		return err
 	}
@@ -228,7 +243,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	}
 	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
-		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.dialTimeout,
+		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.RequestTimeout,
 		Logger: log.With("component", "etcd"), Registerer: reg})
 	if err != nil {
 		return err
@@ -238,7 +253,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	var registration agent.Registration
 	if !cfg.agent.DryRun {
 		registrar, err = agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: cfg.etcd.hostsPrefix, NodeName: cfg.node,
-			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.dialTimeout,
+			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.RequestTimeout,
 			Logger: log.With("component", "registration"), Metrics: m})
 		if err != nil {
 			return err
@@ -259,6 +274,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	defer stopVPP()
 	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log.With("component", "etcd")).Run(gctx) })
 	g.Go(func() error {
 		defer stopVPP()
 		return a.Run(gctx)

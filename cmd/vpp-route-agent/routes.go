@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -43,7 +41,7 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if *output != "table" && *output != "json" {
 		return usageError{fmt.Errorf("--output: %q is not table or json", *output)}
 	}
-	if err := ef.validate(); err != nil {
+	if err := ef.validate(getenv); err != nil {
 		return usageError{err}
 	}
 	node, err := resolveNodeName(ef.nodename, nodenameFile)
@@ -52,7 +50,10 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	pools, _ := ef.pools()
 
-	cli, err := ef.client()
+	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) {
+		return err
+	}
+	cli, err := ef.Client()
 	if err != nil {
 		return err
 	}
@@ -76,40 +77,22 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 
 // listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
 func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockwatch.Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, ef.dialTimeout)
+	limit := ef.DialTimeout + ef.RequestTimeout
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	snap, err := blockwatch.List(ctx, blockwatch.Config{
 		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
-		RequestTimeout: ef.dialTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
+		RequestTimeout: ef.RequestTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w%s", strings.Join(ef.endpoints, ","), ef.dialTimeout, err,
-			dialProbe(ef.endpoints))
+		why := ""
+		if perr := ef.Probe(context.Background()); perr != nil {
+			why = " (" + perr.Error() + ")"
+		}
+		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w%s", etcdconfig.Redacted(ef.Endpoints), limit, err, why)
 	}
 	return snap, nil
-}
-
-// dialProbe says why each endpoint cannot be reached at the TCP level ("" if all accept connections),
-// since a request that never got an answer only reports its deadline.
-func dialProbe(endpoints []string) string {
-	var out []string
-	for _, ep := range endpoints {
-		u, err := url.Parse(ep)
-		if err != nil {
-			continue
-		}
-		c, err := net.DialTimeout("tcp", u.Host, 500*time.Millisecond)
-		if err != nil {
-			out = append(out, err.Error())
-			continue
-		}
-		c.Close()
-	}
-	if len(out) == 0 {
-		return ""
-	}
-	return " (" + strings.Join(out, "; ") + ")"
 }
 
 type routeJSON struct {
