@@ -47,9 +47,11 @@ type Source interface {
 	Relist()
 }
 
-// Registration reports whether this node's peer IPs are registered; *Registrar implements it.
+// Registration reports whether this node's peer IPs are registered, and if not because of a
+// conflict, what it is; *Registrar implements it.
 type Registration interface {
 	Up() bool
+	Problem() string
 }
 
 var (

@@ -18,6 +18,7 @@ type Metrics struct {
 	lastSync                               prometheus.Gauge
 	drift                                  prometheus.Counter
 	registrationUp                         prometheus.Gauge
+	registrationConflict                   prometheus.Gauge
 	blocks                                 *prometheus.GaugeVec
 	blockOwners                            map[string]struct{}
 	eventToFIB                             prometheus.Histogram
@@ -47,6 +48,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Owned routes found different from what the agent had programmed, and repaired."}),
 		registrationUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_up",
 			Help: "1 when this node's peer IP registration is present in etcd."}),
+		registrationConflict: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_conflict",
+			Help: "1 while another agent holds this node's name in etcd (this agent does not register; see /readyz)."}),
 		blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks",
 			Help: "Blocks by owning node."}, []string{"owner"}),
 		blockOwners: map[string]struct{}{},
@@ -62,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.blocks, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.blocks, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

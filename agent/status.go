@@ -122,7 +122,11 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		missing = append(missing, "first full resync not done")
 	}
 	if a.reg != nil && !a.reg.Up() {
-		missing = append(missing, "peer IP registration not present")
+		if p := a.reg.Problem(); p != "" {
+			missing = append(missing, p)
+		} else {
+			missing = append(missing, "peer IP registration not present")
+		}
 	}
 	return len(missing) == 0, missing
 }

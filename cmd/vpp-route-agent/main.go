@@ -274,7 +274,9 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	defer stopVPP()
 	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
-	g.Go(func() error { return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log.With("component", "etcd")).Run(gctx) })
+	g.Go(func() error {
+		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log.With("component", "etcd")).Run(gctx)
+	})
 	g.Go(func() error {
 		defer stopVPP()
 		return a.Run(gctx)

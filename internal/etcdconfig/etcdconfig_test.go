@@ -27,7 +27,9 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		want string
 	}{
 		{func(c *Config) { c.Endpoints = []string{"http://127.0.0.1:2379"} }, "--etcd-ca-cert-file is set but --etcd-endpoints are http://"},
-		{func(c *Config) { c.Endpoints, c.CACertFile, c.CertFile, c.KeyFile = []string{"http://127.0.0.1:2379"}, "", pki.ClientCert, pki.ClientKey },
+		{func(c *Config) {
+			c.Endpoints, c.CACertFile, c.CertFile, c.KeyFile = []string{"http://127.0.0.1:2379"}, "", pki.ClientCert, pki.ClientKey
+		},
 			"--etcd-cert-file is set but"},
 		{func(c *Config) { c.CACertFile, c.systemRoots = "", noSystemRoots }, "--etcd-ca-cert-file: required with https:// endpoints"},
 		{func(c *Config) { c.CACertFile = pki.ClientKey }, "holds no PEM certificate"},
