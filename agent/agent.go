@@ -81,6 +81,9 @@ type Config struct {
 	DryRun bool
 	// WithdrawOnExit removes every owned route when Run ends.
 	WithdrawOnExit bool
+	// PeerIPs are this node's own peer IPs (the uplink addresses are counted too): another node that
+	// registers one of them is refused as a next hop.
+	PeerIPs []netip.Addr
 	Logger         *slog.Logger
 }
 
@@ -145,6 +148,16 @@ func CheckNodeName(name string) error {
 	return nil
 }
 
+// options are the Options of this agent's view.
+func (c *Config) options() Options {
+	o := Options{NodeName: c.NodeName, Pools: c.Pools, PeerIPs: slices.Clone(c.PeerIPs)}
+	for _, p := range c.Uplink.Addresses {
+		o.PeerIPs = append(o.PeerIPs, p.Addr())
+		o.UplinkPrefixes = append(o.UplinkPrefixes, p)
+	}
+	return o
+}
+
 // Agent reconciles the VPP FIB with the desired routes.
 type Agent struct {
 	cfg Config
@@ -171,8 +184,10 @@ type Agent struct {
 	grace           *time.Timer
 	graceAt         time.Time // when grace fires; zero when not armed
 
-	heartbeat atomic.Int64 // UnixNano of the loop's last turn
-	debugReq  chan chan Debug
+	heartbeat   atomic.Int64 // UnixNano of the loop's last turn
+	debugWanted atomic.Bool  // DebugRoutes asked for a fresh state
+	debugPub    atomic.Pointer[debugState]
+	debugAt     time.Time // when the loop last published debugPub; owned by Run
 
 	mu   sync.Mutex // guards view
 	view readiness
@@ -192,12 +207,11 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 	}
 	a := &Agent{
 		cfg: cfg, dp: dp, src: src, reg: reg, log: cfg.Logger,
-		desired:      newDesiredSet(cfg.NodeName),
+		desired:      newDesiredSet(cfg.options().peerCheck()),
 		programmed:   map[netip.Prefix]vppapi.Route{},
 		foreign:      map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
 		legacyLogged: map[netip.Prefix]struct{}{},
-		debugReq:     make(chan chan Debug),
 		m:            m.orNop(),
 	}
 	a.heartbeat.Store(time.Now().UnixNano())
@@ -231,8 +245,6 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.fullSync(ctx, "retry")
 		case <-a.grace.C:
 			a.expireGrace(ctx)
-		case ch := <-a.debugReq:
-			ch <- a.debugView()
 		case <-beat.C:
 		}
 		if a.needFull != "" {
@@ -248,13 +260,14 @@ func (a *Agent) Relist() { a.src.Relist() }
 func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
 	first := a.snap == nil
+	prev := a.snap
 	a.snap = snap
 	a.noteLegacy(snap)
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
 		a.pools = pools
 		a.desired.reset(snap, pools)
-		a.trackPeers(snap, nil)
+		a.trackPeers()
 		reason := snap.RelistReason
 		if reason == "" {
 			reason = "initial"
@@ -266,7 +279,8 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 		return
 	}
 	dirty := a.desired.update(snap)
-	a.trackPeers(snap, snap.ChangedPeers)
+	a.trackPeers()
+	a.releaseHeld(prev, snap, dirty)
 	if !a.vppUp || !a.uplinkReady {
 		return // the full resync after (re)connect picks it up
 	}
@@ -449,6 +463,9 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 				adds = append(adds, want)
 			}
 		case programmed:
+			if !ok && a.held(p) {
+				continue // inside a block whose value cannot be read: keep it as it is
+			}
 			if ok && tgt.missingPeer.node != "" {
 				since, seen := a.missingSince[tgt.missingPeer]
 				if !seen {
@@ -505,12 +522,48 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 	return len(adds) + len(dels) - len(res.Failed)
 }
 
-// trackPeers keeps missingSince in step with the snapshot: a registration that is back is no longer
-// missing. nodes nil means every node.
-func (a *Agent) trackPeers(snap *blockwatch.Snapshot, nodes []string) {
+// trackPeers keeps missingSince in step with the usable peers: a registration that is back (and
+// valid) is no longer missing. It also logs refused peer IPs the first time they are seen.
+func (a *Agent) trackPeers() {
 	for pf := range a.missingSince {
-		if (nodes == nil || slices.Contains(nodes, pf.node)) && pf.registered(snap.Peers) {
+		if pf.registered(a.desired.peers) {
 			delete(a.missingSince, pf)
+		}
+	}
+	for _, inv := range a.desired.newlyInvalid {
+		a.log.Warn("refusing a peer IP as next hop; routes to that node are handled as if it had registered none",
+			"node", inv.Node, "peer_ip", inv.Addr, "reason", inv.Reason)
+	}
+	a.desired.newlyInvalid = nil
+}
+
+// held reports whether route prefix p lies inside a held block (its value cannot be read).
+func (a *Agent) held(p netip.Prefix) bool {
+	if a.snap == nil {
+		return false
+	}
+	for cidr := range a.snap.Held {
+		if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseHeld adds to dirty the programmed routes inside blocks that were held in prev and are not in
+// snap: a readable value now decides about them, even those it does not mention.
+func (a *Agent) releaseHeld(prev, snap *blockwatch.Snapshot, dirty map[netip.Prefix]struct{}) {
+	if prev == nil || len(prev.Held) == 0 {
+		return
+	}
+	for cidr := range prev.Held {
+		if _, still := snap.Held[cidr]; still {
+			continue
+		}
+		for p := range a.programmed {
+			if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+				dirty[p] = struct{}{}
+			}
 		}
 	}
 }

@@ -19,6 +19,7 @@ type Metrics struct {
 	drift                                  prometheus.Counter
 	registrationUp                         prometheus.Gauge
 	registrationConflict                   prometheus.Gauge
+	held, invalidPeers                     prometheus.Gauge
 	blocks                                 *prometheus.GaugeVec
 	blockOwners                            map[string]struct{}
 	eventToFIB                             prometheus.Histogram
@@ -50,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 when this node's peer IP registration is present in etcd."}),
 		registrationConflict: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_conflict",
 			Help: "1 while another agent holds this node's name in etcd (this agent does not register; see /readyz)."}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks_held",
+			Help: "Blocks whose etcd value cannot be read: the routes inside them are kept as they are (see /debug/routes)."}),
+		invalidPeers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_peers_invalid",
+			Help: "Registered peer IPs refused as next hops (loopback, link-local, this node's own, another node's, ...; see /debug/routes)."}),
 		blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks",
 			Help: "Blocks by owning node."}, []string{"owner"}),
 		blockOwners: map[string]struct{}{},
@@ -65,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.registrationConflict, m.blocks, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

@@ -17,11 +17,14 @@
 // # Malformed values
 //
 // A key or value that cannot be decoded (bad JSON, a block whose value's cidr differs from its key, a
-// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not a unicast
-// address of the key's family, a bad pool) is logged with its key, counted in
+// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not an address
+// of the key's family, a bad pool) is logged with its key, counted in
 // vpp_route_agent_malformed_values_total, and skipped; it never stops the watch. A key whose new value
 // is malformed KEEPS its last good value, so a bad write never withdraws routes; only a delete (or a
-// block value with deleted:true) removes a key. A key that was never seen with a good value is absent.
+// block value with deleted:true) removes a key. A block key whose value is malformed is also listed
+// in Snapshot.Held, with the reason, whether or not a good value was seen before: its key names the
+// CIDR, so a consumer that starts after the value went bad still knows to keep what it has for that
+// CIDR. Other keys that were never seen with a good value are absent.
 // "Last good value" is the last one this Watcher saw of the key's current incarnation: a relist that
 // finds a malformed value keeps the previous view's value only if the key has not been deleted and
 // re-created since (its create revision says so), so a deleted block is never resurrected; a good

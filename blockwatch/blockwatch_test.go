@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestInitialList(t *testing.T) {
 				"node-a": {IPv4: mustAddr("192.0.2.1"), IPv6: mustAddr("2001:db8::1")},
 				"node-b": {IPv4: mustAddr("192.0.2.2")},
 			}
-			if !maps.Equal(s.Peers, wantPeers) || !slices.Equal(s.ChangedPeers, []string{"node-a", "node-b"}) {
+			if !maps.EqualFunc(s.Peers, wantPeers, func(a, b Peer) bool { return addrs(a) == b }) || !slices.Equal(s.ChangedPeers, []string{"node-a", "node-b"}) {
 				t.Errorf("peers %v changed %v, want %v", s.Peers, s.ChangedPeers, wantPeers)
 			}
 			if !maps.EqualFunc(s.Pools, pools, poolEqual) || !s.PoolsChanged {
@@ -184,19 +185,19 @@ func TestEvents(t *testing.T) {
 	if err := calicotest.PutPeer(ctx, cli, DefaultHostsPrefix, "node-c", mustAddr("192.0.2.3")); err != nil {
 		t.Fatal(err)
 	}
-	if s = h.next(); s.Peers["node-c"] != (Peer{IPv4: mustAddr("192.0.2.3")}) || !slices.Equal(s.ChangedPeers, []string{"node-c"}) || len(s.ChangedBlocks) != 0 {
+	if s = h.next(); addrs(s.Peers["node-c"]) != (Peer{IPv4: mustAddr("192.0.2.3")}) || !slices.Equal(s.ChangedPeers, []string{"node-c"}) || len(s.ChangedBlocks) != 0 {
 		t.Fatalf("peer register: %+v", s)
 	}
 	if err := calicotest.PutPeer(ctx, cli, DefaultHostsPrefix, "node-c", mustAddr("2001:db8::3")); err != nil {
 		t.Fatal(err)
 	}
-	if s = h.next(); s.Peers["node-c"] != (Peer{IPv4: mustAddr("192.0.2.3"), IPv6: mustAddr("2001:db8::3")}) {
+	if s = h.next(); addrs(s.Peers["node-c"]) != (Peer{IPv4: mustAddr("192.0.2.3"), IPv6: mustAddr("2001:db8::3")}) {
 		t.Fatalf("peer v6: %+v", s.Peers)
 	}
 	// Same value again: no change.
 	h.settled(put(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6), "2001:db8::3"))
 	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv4))
-	if s = h.next(); s.Peers["node-c"] != (Peer{IPv6: mustAddr("2001:db8::3")}) {
+	if s = h.next(); addrs(s.Peers["node-c"]) != (Peer{IPv6: mustAddr("2001:db8::3")}) {
 		t.Fatalf("peer v4 unregistered: %+v", s.Peers)
 	}
 	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6))
@@ -268,15 +269,24 @@ func TestMalformedValues(t *testing.T) {
 	if len(s.Blocks) != 1 || s.Blocks[good] == nil || len(s.Peers) != 0 || len(s.Pools) != 0 {
 		t.Fatalf("initial: blocks %v peers %v pools %v", s.Blocks, s.Peers, s.Pools)
 	}
+	// The unreadable block is held: its key names the CIDR, even though no good value was ever seen.
+	if h, ok := s.Held[mustPrefix("10.244.2.0/26")]; len(s.Held) != 1 || !ok || h.LastGood || !strings.Contains(h.Reason, "decode block") {
+		t.Fatalf("initial: held %+v", s.Held)
+	}
 	if n := h.counter("vpp_route_agent_malformed_values_total"); n != 6 {
 		t.Errorf("malformed after list = %v, want 6", n)
 	}
 
-	// A bad write on the good key keeps the last good value; no snapshot, counter up.
+	// A bad write on the good key keeps the last good value and holds the block; counter up.
 	put(t, cli, calico.BlockKey(good), `{"cidr":`)
+	s, _ = h.waitFor("the good block held", func(s *Snapshot) bool { return s.Held[good] != (Held{}) })
+	if !s.Held[good].LastGood || s.Blocks[good] == nil || s.Blocks[good].Owner.Node != "node-a" || !slices.Contains(s.ChangedBlocks, good) {
+		t.Fatalf("bad write: held %+v blocks %v changed %v", s.Held, s.Blocks, s.ChangedBlocks)
+	}
 	cidrMismatch := calicotest.Block(mustPrefix("10.244.9.0/26"), "node-z", 2)
 	v, _ := calico.EncodeBlock(cidrMismatch)
-	h.settled(put(t, cli, calico.BlockKey(good), string(v))) // value cidr differs from key
+	put(t, cli, calico.BlockKey(good), string(v)) // value cidr differs from key
+	s, _ = h.waitFor("a new reason", func(s *Snapshot) bool { return strings.Contains(s.Held[good].Reason, "differs") })
 	if n := h.counter("vpp_route_agent_malformed_values_total"); n != 8 {
 		t.Errorf("malformed = %v, want 8", n)
 	}
@@ -303,12 +313,12 @@ func TestMalformedValues(t *testing.T) {
 		s.Peers["node-a"].IPv4 != mustAddr("192.0.2.1") || s.Pools["p"].CIDR != p.CIDR {
 		t.Fatalf("relist: %+v", s)
 	}
-	if len(s.ChangedBlocks)+len(s.ChangedPeers) != 0 || s.PoolsChanged {
-		t.Errorf("relist with nothing changed reports changes: %v %v %v", s.ChangedBlocks, s.ChangedPeers, s.PoolsChanged)
+	if len(s.ChangedBlocks)+len(s.ChangedPeers) != 0 || s.PoolsChanged || len(s.Held) != 2 {
+		t.Errorf("relist with nothing changed reports changes: %v %v %v (held %v)", s.ChangedBlocks, s.ChangedPeers, s.PoolsChanged, s.Held)
 	}
 	// Only a delete removes it.
 	del(t, cli, calico.BlockKey(good))
-	if s = h.next(); len(s.Blocks) != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{good}) {
+	if s = h.next(); len(s.Blocks) != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{good}) || len(s.Held) != 1 {
 		t.Fatalf("delete of a key holding a bad value: %+v", s)
 	}
 	if st := h.w.Status(); !st.Synced || st.LastError != "" {

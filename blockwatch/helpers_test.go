@@ -26,6 +26,9 @@ import (
 
 const waitLimit = 30 * time.Second
 
+// addrs is p without its create revisions.
+func addrs(p Peer) Peer { return Peer{IPv4: p.IPv4, IPv6: p.IPv6} }
+
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 func mustAddr(s string) netip.Addr     { return netip.MustParseAddr(s) }
 

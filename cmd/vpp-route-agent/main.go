@@ -206,7 +206,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		}
 	}
 	pools, _ := ef.pools()
-	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink,
+	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink, PeerIPs: cfg.peerIPs,
 		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
 	if err := cfg.agent.Validate(); err != nil {
 		return bad(err)

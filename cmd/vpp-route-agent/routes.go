@@ -62,15 +62,21 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err != nil {
 		return err
 	}
-	routes, unresolved := agent.Desired(snap, agent.Options{NodeName: node, Pools: pools})
+	v := agent.View(snap, agent.Options{NodeName: node, Pools: pools})
 	if *output == "json" {
-		return writeRoutesJSON(stdout, routes, unresolved)
+		return writeRoutesJSON(stdout, v)
 	}
-	for _, r := range routes {
+	for _, r := range v.Desired {
 		fmt.Fprintf(stdout, "%s via %s owner %s\n", r.Prefix, r.NextHop, r.Owner)
 	}
-	for _, u := range unresolved {
+	for _, u := range v.Unresolved {
 		fmt.Fprintf(stdout, "unresolved %s owner %s: %s\n", u.Prefix, u.Owner, u.Reason)
+	}
+	for _, h := range v.Held {
+		fmt.Fprintf(stdout, "held %s: value unreadable (%s); the routes in VPP inside it are kept as they are\n", h.Block, h.Reason)
+	}
+	for _, p := range v.InvalidPeers {
+		fmt.Fprintf(stdout, "invalid peer IP %s of node %s: %s\n", p.Addr, p.Node, p.Reason)
 	}
 	return nil
 }
@@ -102,17 +108,23 @@ type routeJSON struct {
 	Kind       string  `json:"kind"`
 	Block      string  `json:"block"`
 	Unresolved string  `json:"unresolved,omitempty"`
+	Held       string  `json:"held,omitempty"`
 }
 
-// writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the reason).
-func writeRoutesJSON(w io.Writer, routes []agent.DesiredRoute, unresolved []agent.Unresolved) error {
-	out := make([]routeJSON, 0, len(routes)+len(unresolved))
+// writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the
+// reason), then the held blocks (next_hop null, kind "held", with the reason).
+func writeRoutesJSON(w io.Writer, v agent.RoutesView) error {
+	routes, unresolved := v.Desired, v.Unresolved
+	out := make([]routeJSON, 0, len(routes)+len(unresolved)+len(v.Held))
 	for _, r := range routes {
 		nh := r.NextHop.String()
 		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String()})
 	}
 	for _, u := range unresolved {
 		out = append(out, routeJSON{Prefix: u.Prefix.String(), Owner: u.Owner, Kind: string(u.Kind), Block: u.Block.String(), Unresolved: u.Reason})
+	}
+	for _, h := range v.Held {
+		out = append(out, routeJSON{Prefix: h.Block.String(), Kind: "held", Block: h.Block.String(), Held: h.Reason})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
