@@ -84,7 +84,7 @@ type Config struct {
 	// PeerIPs are this node's own peer IPs (the uplink addresses are counted too): another node that
 	// registers one of them is refused as a next hop.
 	PeerIPs []netip.Addr
-	Logger         *slog.Logger
+	Logger  *slog.Logger
 }
 
 // Defaults of Config.

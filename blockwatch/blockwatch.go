@@ -87,6 +87,7 @@ type Watcher struct {
 	metrics  *metrics
 	prefixes [numSources]string
 	streamID string // isolates the Watcher's gRPC watch stream from other watches on the client
+	attempt  int    // counts watch attempts: each gets a stream of its own (owned by Run)
 
 	updates chan *Snapshot
 	relist  chan struct{}
@@ -236,12 +237,6 @@ func (w *Watcher) setSynced(synced bool) {
 	w.status.Synced = synced
 }
 
-// unsynced reports a watch stream that has gone quiet: the client is probably reconnecting.
-func (w *Watcher) unsynced(err error) {
-	w.log.Warn("etcd watch not in sync", "err", err)
-	w.lostSync(err)
-}
-
 // watch watches the three prefixes from the revision after the Full snapshot full until a watch
 // fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
 // failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
@@ -251,8 +246,12 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	rev := full.Revision
 	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
 	// key of our own keeps progress requests (which the server broadcasts per stream) to our watches.
+	// A new attempt gets a new stream: the client would otherwise add the new watches to the old
+	// stream if it is still open, and a stream stuck on a frozen member stays open for as long as the
+	// gRPC keepalive takes to give up on the connection (10 s and more).
+	w.attempt++
 	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
-		clientv3.WithRequireLeader(ctx), "blockwatch-stream", w.streamID))
+		clientv3.WithRequireLeader(ctx), "blockwatch-stream", fmt.Sprintf("%s-%d", w.streamID, w.attempt)))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -306,9 +305,11 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 				default:
 				}
 				probeSent = now
-			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval && w.Status().Synced:
-				w.unsynced(fmt.Errorf("etcd watch: no response to a progress request for %s (silent for %s)",
-					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond)))
+			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval:
+				// The member serving the stream does not answer (frozen, partitioned, overloaded):
+				// watch again on a new stream, which the client places on a member that answers.
+				return ReasonWatchError, fmt.Errorf("etcd watch stalled: no response to a progress request for %s (silent for %s)",
+					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond))
 			}
 			continue
 		case resp, ok = <-chans[srcBlocks]:

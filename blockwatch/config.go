@@ -21,7 +21,7 @@ const DefaultHostsPrefix = "/vpp-calico/hosts/"
 const (
 	DefaultPageSize       = 1000
 	DefaultRequestTimeout = 10 * time.Second
-	DefaultProbeInterval  = 5 * time.Second
+	DefaultProbeInterval  = 2 * time.Second
 )
 
 // Config configures a Watcher. Zero fields take the defaults documented on each field.
@@ -45,7 +45,8 @@ type Config struct {
 	LegacyHostAffinity bool
 	// ProbeInterval is how long the watch may stay silent before Run asks etcd for a progress
 	// notification on it; if that request is not answered within another ProbeInterval, Status reports
-	// Synced false (the client keeps reconnecting and resumes the watch by itself). Default 5s.
+	// Synced false and Run lists and watches again on a new stream (so a frozen member is noticed
+	// within 2×ProbeInterval). Default 2s.
 	ProbeInterval time.Duration
 	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
 	Logger *slog.Logger
