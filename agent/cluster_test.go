@@ -16,11 +16,14 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -38,7 +41,8 @@ var (
 // daemon wires them (vppapi client, blockwatch watcher, registrar, reconciler), over real sockets.
 type cluster struct {
 	t     *testing.T
-	etcd  *etcdtest.Server
+	etcd  *etcdtest.Server  // single-member clusters
+	ecl   *etcdtest.Cluster // multi-member clusters (clusterOpts.members > 1)
 	cli   *clientv3.Client
 	dir   string
 	nodes map[string]*node
@@ -49,6 +53,11 @@ type clusterOpts struct {
 	resync time.Duration
 	grace  time.Duration
 	pools  []netip.Prefix // nil: IPPools from etcd
+	// members > 1 runs a real etcd cluster; the agents reach it through the members' proxies, the
+	// test's own client directly.
+	members int
+	// probe is the watch's progress-probe interval; 0 means 500ms, -1 the daemon's default.
+	probe time.Duration
 }
 
 type node struct {
@@ -59,15 +68,30 @@ type node struct {
 	peerV4 netip.Addr
 	peerV6 netip.Addr
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan error
-	agent  *agent.Agent
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan error
+	agent   *agent.Agent
+	metrics *prometheus.Registry
+	// as overrides the node name the agent runs as (a second agent for one name); peer IPs stay n's.
+	as string
 }
 
 func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 	t.Helper()
-	srv, cli := etcdtest.Start(t)
+	var srv *etcdtest.Server
+	var ecl *etcdtest.Cluster
+	var cli *clientv3.Client
+	if opts.members > 1 {
+		ecl = etcdtest.StartCluster(t, opts.members)
+		var err error
+		if cli, err = clientv3.New(clientv3.Config{Endpoints: ecl.DirectEndpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+	} else {
+		srv, cli = etcdtest.Start(t)
+	}
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +103,7 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 	if opts.grace == 0 {
 		opts.grace = 200 * time.Millisecond
 	}
-	c := &cluster{t: t, etcd: srv, cli: cli, dir: dir, nodes: map[string]*node{}, opts: opts}
+	c := &cluster{t: t, etcd: srv, ecl: ecl, cli: cli, dir: dir, nodes: map[string]*node{}, opts: opts}
 	c.putPool("default-ipv4-ippool", poolV4, 26)
 	c.putPool("default-ipv6-ippool", poolV6, 122)
 	for i, name := range names {
@@ -123,7 +147,15 @@ func (c *cluster) start(name string) {
 		return
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name)
-	cli, err := c.etcd.Client()
+	// The agents' etcd client is the daemon's: etcdconfig's settings, and its guard against frozen
+	// members (which does nothing with one endpoint).
+	ecfg := etcdconfig.Config{DialTimeout: 2 * time.Second, RequestTimeout: 2 * time.Second}
+	if c.ecl != nil {
+		ecfg.Endpoints = c.ecl.Endpoints()
+	} else {
+		ecfg.Endpoints = []string{c.etcd.Endpoint()}
+	}
+	cli, err := ecfg.Client()
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -131,18 +163,32 @@ func (c *cluster) start(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: 500 * time.Millisecond, Logger: log})
+	probe := c.opts.probe
+	switch probe {
+	case 0:
+		probe = 500 * time.Millisecond
+	case -1:
+		probe = 0
+	}
+	metrics := prometheus.NewRegistry()
+	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: probe,
+		Logger: log, Registerer: metrics})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	reg, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: name,
-		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log})
+	as := name
+	if n.as != "" {
+		as = n.as
+	}
+	m := agent.NewMetrics(metrics)
+	reg, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
+		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{NodeName: name, Pools: c.opts.pools,
+	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, reg, nil)
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, reg, m)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -152,9 +198,10 @@ func (c *cluster) start(name string) {
 	g.Go(func() error { return w.Run(gctx) })
 	g.Go(func() error { return reg.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
+	g.Go(func() error { return etcdconfig.NewGuard(&ecfg, cli, log).Run(gctx) })
 	done := make(chan error, 1)
 	go func() { done <- g.Wait(); cli.Close() }()
-	n.cancel, n.done, n.agent = cancel, done, a
+	n.cancel, n.done, n.agent, n.metrics = cancel, done, a, metrics
 }
 
 // stop stops node name's agent (a normal exit: routes and registration stay).

@@ -6,8 +6,8 @@
 // Run lists the three prefixes at one etcd revision R (the first request fixes R, every later page
 // and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
 // emits a Full snapshot. It then watches each prefix from R+1 (WithRequireLeader, WithProgressNotify)
-// and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, and a
-// Relist call, make it list again at a new revision, diff the result against the view it had, and emit
+// and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, a
+// watch that does not answer a progress request (a frozen member), and a Relist call, make it list again at a new revision, diff the result against the view it had, and emit
 // a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
 // a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
 // merely not read yet. Each prefix's watch applies events in revision order and only when newer than
@@ -67,8 +67,8 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 // Status is the state of a Watcher's connection to etcd.
 type Status struct {
 	// Synced is true while the watches are established and answering: false while listing or backing
-	// off, and from when a progress request (sent after ProbeInterval of silence) has gone unanswered
-	// for ProbeInterval until the watch stream answers again.
+	// off, which includes the relist that follows a progress request (sent after ProbeInterval of
+	// silence) left unanswered for ProbeInterval.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64
@@ -282,7 +282,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		defer wg.Done()
 		w.probeLoop(wctx, probe)
 	}()
-	ticker := time.NewTicker(w.cfg.ProbeInterval)
+	// Ticks a few times per interval, so that silence and an unanswered probe are seen within a
+	// quarter interval of their deadline.
+	ticker := time.NewTicker(w.cfg.ProbeInterval / 4)
 	defer ticker.Stop()
 	lastHeard := time.Now()
 	var probeSent time.Time // when the unanswered progress request was sent; zero if none

@@ -91,6 +91,15 @@ func (c *Cluster) Endpoints() []string {
 	return out
 }
 
+// DirectEndpoints returns the members' own client URLs, which no proxy fault affects.
+func (c *Cluster) DirectEndpoints() []string {
+	out := make([]string, len(c.Members))
+	for i, s := range c.Members {
+		out[i] = s.Endpoint()
+	}
+	return out
+}
+
 // Client returns a client of every member (through the proxies); the caller closes it.
 func (c *Cluster) Client() (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
@@ -121,6 +130,21 @@ func (c *Cluster) WaitLeader(ctx context.Context) (int, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// Kill stops member i the way a crash looks to clients: its client connections (through the proxy)
+// are cut first, so the server does not wait for open watch streams to end. It keeps its data; Start
+// brings it back (then Unblock its proxy: Restart does both).
+func (c *Cluster) Kill(i int) {
+	c.Proxies[i].Block()
+	c.Members[i].Stop()
+}
+
+// Restart starts a killed member again and lets clients reach it.
+func (c *Cluster) Restart(i int) error {
+	err := c.Members[i].Start()
+	c.Proxies[i].Unblock()
+	return err
 }
 
 // Close stops every proxy and member and removes their data.
