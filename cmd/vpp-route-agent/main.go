@@ -61,6 +61,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if len(args) > 0 && args[0] == "routes" {
 		return routesCmd(ctx, args[1:], stdout, stderr, getenv)
 	}
+	if len(args) > 0 && args[0] == "probe" {
+		return probeCmd(ctx, args[1:], stdout, stderr, getenv)
+	}
 	cfg, err := parseDaemonFlags(args, stdout, stderr, getenv)
 	if err != nil || cfg == nil {
 		return err
@@ -110,7 +113,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		version        = fs.Bool("version", false, "print the version and exit")
 	)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n\n"+
+		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n       vpp-route-agent probe [flags] /healthz|/readyz\n\n"+
 			"Keeps the VPP FIB equal to the routes to the Calico IPAM blocks of the other nodes.\n"+
 			"Every flag falls back to the environment variable named after it.\n\nFlags:\n")
 		fs.PrintDefaults()
