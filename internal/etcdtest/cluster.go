@@ -147,14 +147,22 @@ func (c *Cluster) Restart(i int) error {
 	return err
 }
 
-// Close stops every proxy and member and removes their data.
+// Close stops every proxy and member and removes their data. Followers go first: a leader stopping
+// with followers up first tries to hand its leadership over, which a follower that is stopping too
+// never takes (the attempt lasts the request timeout).
 func (c *Cluster) Close() {
 	for _, p := range c.Proxies {
 		p.Close()
 	}
+	leader := c.Leader()
 	var wg sync.WaitGroup
-	for _, s := range c.Members {
-		wg.Go(s.Close)
+	for i, s := range c.Members {
+		if i != leader {
+			wg.Go(s.Close)
+		}
 	}
 	wg.Wait()
+	if leader >= 0 {
+		c.Members[leader].Close()
+	}
 }
