@@ -12,41 +12,13 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 )
 
 // metric reads a counter or gauge of node name's agent, summing the series that carry the labels.
 func (c *cluster) metric(name, metric string, labels ...string) float64 {
 	c.t.Helper()
-	mfs, err := c.nodes[name].metrics.Gather()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != metric {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			if m.Counter != nil {
-				sum += m.GetCounter().GetValue()
-			} else {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
+	return metricstest.Value(c.t, c.nodes[name].metrics, metric, labels...)
 }
 
 // routeWrites counts the FIB writes node name's agent made (adds, which include replaces, and deletes).

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -128,7 +129,7 @@ func TestSecondAgentOfANodeNameWaits(t *testing.T) {
 	if !strings.Contains(second.log.String(), "level=ERROR") || !strings.Contains(second.log.String(), "192.0.2.1") {
 		t.Errorf("no ERROR line naming the other registration:\n%s", second.log.String())
 	}
-	if v := gaugeValue(t, second.reg, "vpp_route_agent_registration_conflict"); v != 1 {
+	if v := metricstest.Value(t, second.reg, "vpp_route_agent_registration_conflict"); v != 1 {
 		t.Errorf("conflict gauge %v, want 1", v)
 	}
 	time.Sleep(time.Second) // five check intervals of the second agent
@@ -150,7 +151,7 @@ func TestSecondAgentOfANodeNameWaits(t *testing.T) {
 	if got := changes(); len(got) != 2 || got[0] != "" || got[1] != "192.0.2.2" {
 		t.Errorf("key values seen: %q, want the expiry then 192.0.2.2", got)
 	}
-	if second.Problem() != "" || gaugeValue(t, second.reg, "vpp_route_agent_registration_conflict") != 0 {
+	if second.Problem() != "" || metricstest.Value(t, second.reg, "vpp_route_agent_registration_conflict") != 0 {
 		t.Errorf("conflict still reported after the takeover: %q", second.Problem())
 	}
 }
@@ -210,20 +211,4 @@ func TestRegistrationWrittenByHandIsNotOverwritten(t *testing.T) {
 	if resp, _ := cli.Get(context.Background(), key); len(resp.Kvs) != 0 {
 		t.Errorf("deregistration left %s", resp.Kvs[0].Value)
 	}
-}
-
-// gaugeValue reads an unlabelled gauge from reg.
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }

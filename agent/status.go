@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
@@ -37,6 +39,12 @@ type ProgrammedRoute struct {
 // debugState is what the reconcile loop publishes for /debug/routes: the snapshot it works from and
 // copies of its own state. It is immutable once published.
 type debugState struct {
+	// doc is the state's document as indented JSON, rendered once for every request that gets this
+	// state.
+	docOnce sync.Once
+	doc     []byte
+	docErr  error
+
 	at         time.Time
 	snap       *blockwatch.Snapshot
 	pools      []netip.Prefix
@@ -54,21 +62,42 @@ const debugEvery = time.Second
 // so polling this never slows event handling. The desired routes are computed here, from the loop's
 // immutable snapshot. It waits (up to ctx) only for the first state after a quiet period.
 func (a *Agent) DebugRoutes(ctx context.Context) (Debug, error) {
+	st, err := a.debugState(ctx)
+	if err != nil {
+		return Debug{}, err
+	}
+	return a.debugView(st), nil
+}
+
+// DebugJSON is DebugRoutes as indented JSON. Every request served from one published state shares
+// one rendering, so frequent pollers cost little more than the bytes they read.
+func (a *Agent) DebugJSON(ctx context.Context) ([]byte, error) {
+	st, err := a.debugState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.docOnce.Do(func() { st.doc, st.docErr = json.MarshalIndent(a.debugView(st), "", "  ") })
+	return st.doc, st.docErr
+}
+
+// debugState returns the last published state, asking the loop for a fresh one and waiting (up to
+// ctx) when it is older than a few publishing periods.
+func (a *Agent) debugState(ctx context.Context) (*debugState, error) {
 	a.debugWanted.Store(true)
 	st := a.debugPub.Load()
 	for st == nil || time.Since(st.at) > 3*debugEvery {
 		select {
 		case <-ctx.Done():
 			if st != nil {
-				return a.debugView(st), nil
+				return st, nil
 			}
-			return Debug{}, fmt.Errorf("no state published yet: %w", ctx.Err())
+			return nil, fmt.Errorf("no state published yet: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 		a.debugWanted.Store(true)
 		st = a.debugPub.Load()
 	}
-	return a.debugView(st), nil
+	return st, nil
 }
 
 // publishDebug copies the loop's state for DebugRoutes when it was asked for and the last copy is

@@ -398,7 +398,7 @@ func TestPagination(t *testing.T) {
 func TestCompactionRelist(t *testing.T) {
 	srv, cli := startEtcd(t)
 	px := newProxy(t, srv.Endpoint())
-	wcli := fastClient(t, px.endpoint())
+	wcli := fastClient(t, px.Endpoint())
 	a, b, c, d, e := mustPrefix("10.1.0.0/26"), mustPrefix("10.1.0.64/26"), mustPrefix("10.1.0.128/26"), mustPrefix("10.1.0.192/26"), mustPrefix("10.1.1.0/26")
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
 	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
@@ -412,7 +412,7 @@ func TestCompactionRelist(t *testing.T) {
 		t.Fatalf("watch: %v", s.Blocks)
 	}
 
-	px.block()
+	px.Block()
 	putBlock(t, cli, calicotest.Block(d, "node-d", 4))
 	del(t, cli, calico.BlockKey(a))
 	putBlock(t, cli, calicotest.Block(e, "node-e", 5))
@@ -425,7 +425,7 @@ func TestCompactionRelist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px.unblock()
+	px.Unblock()
 
 	s, _ := h.waitFor("a Full snapshot", func(s *Snapshot) bool { return s.Full })
 	if s.RelistReason != ReasonCompacted || s.Revision < crev {

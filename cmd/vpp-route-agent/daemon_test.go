@@ -37,27 +37,9 @@ func TestDaemonNotifiesSystemdAfterFirstResync(t *testing.T) {
 	defer notify.Close()
 	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify"))
 
-	sim, err := vppsim.New(vppsim.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "vpp.sock")
-	if err := sim.Listen(sock); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
-	srv, cli := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := calicotest.PutBlocks(ctx, cli, 50, func(int) string { return "other" }); err != nil {
-		t.Fatal(err)
-	}
-	if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", "other", netip.MustParseAddr("192.0.2.2")); err != nil {
-		t.Fatal(err)
-	}
-	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/8"), BlockSize: 26}); err != nil {
-		t.Fatal(err)
-	}
+	sim, sock, srv := daemonWorld(ctx, t, dir, 50)
 
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -96,6 +78,32 @@ func TestDaemonNotifiesSystemdAfterFirstResync(t *testing.T) {
 	}
 }
 
+// daemonWorld starts a VPP simulator listening in dir and an etcd holding a pool and n blocks of node
+// "other", which is registered; both stop when the test ends.
+func daemonWorld(ctx context.Context, t *testing.T, dir string, n int) (*vppsim.Sim, string, *etcdtest.Server) {
+	t.Helper()
+	sim, err := vppsim.New(vppsim.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "vpp.sock")
+	if err := sim.Listen(sock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	srv, cli := etcdtest.Start(t)
+	if _, err := calicotest.PutBlocks(ctx, cli, n, func(int) string { return "other" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", "other", netip.MustParseAddr("192.0.2.2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/8"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	return sim, sock, srv
+}
+
 // TestDaemonServesOnLoopbackAndProbeAnswers: by default the HTTP server listens on loopback only; the
 // probe subcommand (the DaemonSet's exec probes) reads /readyz from it, and /debug/routes answers
 // from the published state.
@@ -108,28 +116,9 @@ func TestDaemonServesOnLoopbackAndProbeAnswers(t *testing.T) {
 		t.Errorf("default --metrics-address %s is not loopback", cfg.metricsAddress)
 	}
 
-	dir := t.TempDir()
-	sim, err := vppsim.New(vppsim.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "vpp.sock")
-	if err := sim.Listen(sock); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
-	srv, cli := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := calicotest.PutBlocks(ctx, cli, 5, func(int) string { return "other" }); err != nil {
-		t.Fatal(err)
-	}
-	if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", "other", netip.MustParseAddr("192.0.2.2")); err != nil {
-		t.Fatal(err)
-	}
-	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/8"), BlockSize: 26}); err != nil {
-		t.Fatal(err)
-	}
+	_, sock, srv := daemonWorld(ctx, t, t.TempDir(), 5)
 	port, err := etcdtest.FreePort()
 	if err != nil {
 		t.Fatal(err)

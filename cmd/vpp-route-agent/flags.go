@@ -57,6 +57,19 @@ func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
 	return errors.Join(errs...)
 }
 
+// parseWithEnv documents the environment fall-backs in the usage, parses args and applies the
+// environment to the flags not given; errors are usage errors.
+func parseWithEnv(fs *pflag.FlagSet, args []string, lookup func(string) (string, bool)) error {
+	annotateEnv(fs)
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if err := applyEnv(fs, lookup); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
 // annotateEnv adds "(env NAME)" to each flag's usage.
 func annotateEnv(fs *pflag.FlagSet) {
 	fs.VisitAll(func(f *pflag.Flag) {

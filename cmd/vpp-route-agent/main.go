@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -402,15 +401,14 @@ func httpHandler(a *agent.Agent, reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("GET /debug/routes", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
-		d, err := a.DebugRoutes(ctx)
+		doc, err := a.DebugJSON(ctx)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(d)
+		w.Write(doc) // shared between requests: never appended to
+		w.Write([]byte("\n"))
 	})
 	return mux
 }

@@ -24,12 +24,8 @@ func probeCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 			"Asks the agent running on this host for a health path and exits 0 if it answers 200.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	annotateEnv(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if err := applyEnv(fs, getenv); err != nil {
-		return usageError{err}
+	if err := parseWithEnv(fs, args, getenv); err != nil {
+		return err
 	}
 	if fs.NArg() != 1 || !strings.HasPrefix(fs.Arg(0), "/") {
 		return usageError{fmt.Errorf("want one path, e.g. /readyz; got %q", fs.Args())}

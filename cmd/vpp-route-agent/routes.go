@@ -28,12 +28,8 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 			"computed from the blocks and peers in etcd, then the routes it cannot resolve.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	annotateEnv(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if err := applyEnv(fs, getenv); err != nil {
-		return usageError{err}
+	if err := parseWithEnv(fs, args, getenv); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}

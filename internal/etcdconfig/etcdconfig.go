@@ -229,8 +229,6 @@ func (c *Config) TLS() (*tls.Config, error) {
 }
 
 // Client creates the etcd client (which dials lazily: an unreachable etcd shows in the first calls).
-// PlaintextPassword reports whether credentials would cross the network unencrypted (http://), which
-// the caller should warn about.
 func (c *Config) Client() (*clientv3.Client, error) {
 	tlsCfg, err := c.TLS()
 	if err != nil {
