@@ -210,3 +210,79 @@ func TestDaemonFailsAtOnceOnCertificateErrors(t *testing.T) {
 		t.Errorf("start-up line does not name the etcd user:\n%s", log)
 	}
 }
+
+// TestDaemonReportsLaterCertificateErrors: etcd is down at start (the daemon keeps trying), then comes
+// up with a certificate the CA file does not verify: the daemon logs that at ERROR, as a certificate
+// problem naming the flag, instead of only failing requests by deadline.
+func TestDaemonReportsLaterCertificateErrors(t *testing.T) {
+	pki := etcdtest.NewPKI(t, t.TempDir())
+	port, err := etcdtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	defer func(d time.Duration) { certCheckInterval = d }(certCheckInterval)
+	certCheckInterval = 100 * time.Millisecond
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := os.Stderr
+	os.Stderr = w
+	defer func() { os.Stderr = orig }()
+	lines := make(chan string, 100)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				lines <- string(buf[:n])
+			}
+			if err != nil {
+				close(lines)
+				return
+			}
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append(slices.Clone(base), "--etcd-endpoints", "https://"+addr, "--etcd-ca-cert-file", pki.OtherCA,
+			"--metrics-address", "", "--vpp-api-socket", filepath.Join(t.TempDir(), "none.sock")), &bytes.Buffer{}, &bytes.Buffer{}, env(nil))
+	}()
+	defer func() { cancel(); <-done; w.Close() }()
+
+	time.Sleep(300 * time.Millisecond) // the daemon runs on, etcd unreachable
+	cert, err := tls.LoadX509KeyPair(pki.ServerCert, pki.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	deadline := time.After(20 * time.Second)
+	var seen strings.Builder
+	for {
+		select {
+		case l := <-lines:
+			seen.WriteString(l)
+			if strings.Contains(seen.String(), "level=ERROR") && strings.Contains(seen.String(), "check --etcd-ca-cert-file") {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no ERROR naming the certificate problem:\n%s", seen.String())
+		}
+	}
+}

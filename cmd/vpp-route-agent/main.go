@@ -279,6 +279,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	g.Go(func() error {
 		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log.With("component", "etcd")).Run(gctx)
 	})
+	g.Go(func() error { reportCertificateErrors(gctx, &cfg.etcd.Config, watcher, log); return nil })
 	g.Go(func() error {
 		defer stopVPP()
 		return a.Run(gctx)
@@ -328,6 +329,39 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	case <-time.After(limit):
 		return fmt.Errorf("shutdown did not finish within %s", limit)
+	}
+}
+
+// certCheckInterval is how often, while the watch is out of sync, the endpoints are probed for a
+// certificate problem (tests shorten it).
+var certCheckInterval = 10 * time.Second
+
+// reportCertificateErrors logs at ERROR, once per distinct message, a certificate problem that appears
+// after start (etcd was down at start, or its certificate changed): gRPC itself reports it only as
+// request deadlines. The agent keeps running and keeps its routes.
+func reportCertificateErrors(ctx context.Context, cfg *etcdconfig.Config, w *blockwatch.Watcher, log *slog.Logger) {
+	if !strings.HasPrefix(cfg.Endpoints[0], "https://") {
+		return
+	}
+	tick := time.NewTicker(certCheckInterval)
+	defer tick.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if w.Status().Synced {
+			last = ""
+			continue
+		}
+		err := cfg.Probe(ctx)
+		if err == nil || !errors.Is(err, etcdconfig.ErrCertificate) || err.Error() == last {
+			continue
+		}
+		last = err.Error()
+		log.Error("etcd TLS certificate problem: the agent cannot read etcd until it is fixed; routes stay as they are", "err", err)
 	}
 }
 
