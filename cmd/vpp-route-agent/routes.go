@@ -46,7 +46,8 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	pools, _ := ef.pools()
 
-	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) {
+	// Fail at once, with the reason, when no endpoint takes a connection or a certificate is wrong.
+	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) || etcdconfig.NoneReachable(err, len(ef.Endpoints)) {
 		return err
 	}
 	cli, err := ef.Client()

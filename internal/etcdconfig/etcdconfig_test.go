@@ -149,3 +149,20 @@ func TestProbeReportsCertificateErrorsAsSuch(t *testing.T) {
 		t.Errorf("closed port: %v", err)
 	}
 }
+
+func TestNoneReachable(t *testing.T) {
+	c := Config{Endpoints: []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}, DialTimeout: time.Second, RequestTimeout: time.Second}
+	err := c.Probe(context.Background())
+	if !NoneReachable(err, 2) || !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "127.0.0.1:2") {
+		t.Errorf("two closed ports: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c.Endpoints[1] = "http://" + ln.Addr().String()
+	if err := c.Probe(context.Background()); NoneReachable(err, 2) {
+		t.Errorf("one endpoint listens: %v", err)
+	}
+}

@@ -42,7 +42,7 @@ func (c *Config) probe(ctx context.Context, ep string, tlsCfg *tls.Config) error
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
-		return fmt.Errorf("etcd %s: %w", name, err)
+		return fmt.Errorf("etcd %s: %w: %w", name, ErrUnreachable, err)
 	}
 	defer conn.Close()
 	if tlsCfg == nil {
@@ -69,6 +69,28 @@ func (c *Config) probe(ctx context.Context, ep string, tlsCfg *tls.Config) error
 		}
 	}
 	return nil
+}
+
+// ErrUnreachable marks a probe failure of an endpoint that accepts no TCP connection.
+var ErrUnreachable = errors.New("unreachable")
+
+// NoneReachable reports whether err, from Probe of n endpoints, says that none of them accepts a
+// connection.
+func NoneReachable(err error, n int) bool {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return n == 1 && errors.Is(err, ErrUnreachable)
+	}
+	errs := j.Unwrap()
+	if len(errs) != n {
+		return false
+	}
+	for _, e := range errs {
+		if !errors.Is(e, ErrUnreachable) {
+			return false
+		}
+	}
+	return true
 }
 
 // tlsError names the flag that a TLS failure points to.
