@@ -68,7 +68,7 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 type Status struct {
 	// Synced is true while the watches are established and answering: false while listing or backing
 	// off, which includes the relist that follows a progress request (sent after ProbeInterval of
-	// silence) left unanswered for ProbeInterval.
+	// silence) left unanswered for 2×ProbeInterval.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64
@@ -307,7 +307,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 				default:
 				}
 				probeSent = now
-			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval:
+			case !probeSent.IsZero() && now.Sub(probeSent) >= 2*w.cfg.ProbeInterval:
 				// The member serving the stream does not answer (frozen, partitioned, overloaded):
 				// watch again on a new stream, which the client places on a member that answers.
 				return ReasonWatchError, fmt.Errorf("etcd watch stalled: no response to a progress request for %s (silent for %s)",
