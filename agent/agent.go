@@ -7,8 +7,11 @@
 // start, after every VPP (re)connect, after every etcd relist and every ResyncInterval; between them each
 // etcd change updates only the route prefixes it touches.
 //
-// Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down), and
-// a route whose owner's registration disappeared is kept for PeerLossGrace before it is withdrawn.
+// Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down),
+// never inside a block whose value cannot be read (held: its key names the CIDR), and a route whose
+// owner's registration disappeared — or was refused as a next hop (CheckNextHop, this node's own
+// address, an address another node registered first) — is kept for PeerLossGrace before it is
+// withdrawn.
 package agent
 
 import (

@@ -60,7 +60,9 @@ func TestNameConflictChangesNoRoute(t *testing.T) {
 	if s, err := strconv.Atoi(os.Getenv("VPP_ROUTE_AGENT_CONFLICT_SECONDS")); err == nil && s > 0 {
 		window = time.Duration(s) * time.Second
 	}
-	c := newCluster(t, clusterOpts{resync: time.Second}, "a", "b")
+	// The grace (the daemon's default is 60s) covers the moment between b's lease expiring and b2
+	// registering, as it covers any agent restart.
+	c := newCluster(t, clusterOpts{resync: time.Second, grace: 5 * time.Second}, "a", "b")
 	c.putBlock("10.244.2.0/26", "b", nil)
 	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "b"}), settle)
 	waitUntil(t, "b ready", settle, func() bool { ok, _ := c.nodes["b"].agent.Ready(); return ok })
@@ -152,7 +154,7 @@ func TestEtcdClusterFaults(t *testing.T) {
 		c.ecl.Kill(i)
 		phase("member killed")
 	}
-	waitUntil(t, "a not ready", settle, func() bool {
+	waitUntil(t, "a not ready", 3*settle, func() bool {
 		_, missing := c.nodes["a"].agent.Ready()
 		return slices.Contains(missing, "etcd watch not in sync")
 	})
@@ -167,7 +169,8 @@ func TestEtcdClusterFaults(t *testing.T) {
 	c.putBlockRetry("10.244.4.0/26", "b")
 	phase("quorum back")
 	routes["10.244.4.0/26"] = "b"
-	c.eventually("a", c.want(routes), settle)
+	// The watch relists with a backoff that grew while quorum was lost (up to 5s): allow for it.
+	c.eventually("a", c.want(routes), 3*settle)
 	if _, dels := c.routeWrites("a"); dels != 0 {
 		t.Errorf("%v routes withdrawn", dels)
 	}

@@ -5,10 +5,13 @@
 //
 // Run lists the three prefixes at one etcd revision R (the first request fixes R, every later page
 // and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
-// emits a Full snapshot. It then watches each prefix from R+1 (WithRequireLeader, WithProgressNotify)
-// and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, a
-// watch that does not answer a progress request (a frozen member), and a Relist call, make it list again at a new revision, diff the result against the view it had, and emit
-// a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
+// emits a Full snapshot. It then watches each prefix from R itself (WithRequireLeader,
+// WithProgressNotify; the events of revision R are delivered again and ignored, as no newer than the
+// view) and emits incremental snapshots: etcd drops a progress request while a watch on the stream
+// starts in the future, so a watch from R+1 on an idle etcd could never show that it is alive. Any
+// watch error, cancellation, closed channel or compaction, a watch that does not answer a progress
+// request (a frozen member), and a Relist call, make it list again at a new revision, diff the result
+// against the view it had, and emit a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
 // a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
 // merely not read yet. Each prefix's watch applies events in revision order and only when newer than
 // the revision already applied to the key; the three watches are independent streams, so a snapshot
@@ -237,7 +240,7 @@ func (w *Watcher) setSynced(synced bool) {
 	w.status.Synced = synced
 }
 
-// watch watches the three prefixes from the revision after the Full snapshot full until a watch
+// watch watches the three prefixes from the revision of the Full snapshot full until a watch
 // fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
 // failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
 // every batch of responses that changes routing data. It returns the relist reason and the error
@@ -260,7 +263,8 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
 	var chans [numSources]clientv3.WatchChan
 	for src, prefix := range w.prefixes {
-		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+		// From rev, not rev+1: see the package comment.
+		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev),
 			clientv3.WithProgressNotify())
 	}
 	established := deadline.Stop()
@@ -273,7 +277,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	w.mu.Unlock()
 	if !established {
 		return ReasonWatchError, fmt.Errorf("create watches from revision %d: not established within %s",
-			rev+1, w.cfg.RequestTimeout)
+			rev, w.cfg.RequestTimeout)
 	}
 
 	probe := make(chan struct{}, 1)
@@ -321,7 +325,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		case resp, ok = <-chans[srcPools]:
 			src = srcPools
 		}
-		reason, err := w.handle(src, resp, ok, &ch)
+		reason, err := w.handle(src, resp, ok, rev, &ch)
 		// Fold the responses that are already waiting into the same snapshot.
 	batch:
 		for n := 0; err == nil && n < maxBatch; n++ {
@@ -335,7 +339,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			default:
 				break batch
 			}
-			reason, err = w.handle(src, resp, ok, &ch)
+			reason, err = w.handle(src, resp, ok, rev, &ch)
 		}
 		// Changes applied before an error are emitted first: the relist diffs against the view that
 		// already holds them.
@@ -354,7 +358,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 }
 
 // handle applies one watch response to the view, or returns the relist reason and error it carries.
-func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *changes) (string, error) {
+// Events of revision listed or older (the watch starts at the list's revision) are already in the view
+// and skipped.
+func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, listed int64, ch *changes) (string, error) {
 	prefix := w.prefixes[src]
 	if !ok {
 		return ReasonWatchClosed, fmt.Errorf("watch %s: channel closed", prefix)
@@ -373,6 +379,9 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	}
 	v := w.view
 	for _, ev := range resp.Events {
+		if ev.Kv.ModRevision <= listed {
+			continue
+		}
 		w.metrics.event(src, ev.Type)
 		d := w.decode(src, ev.Kv, ev.Type == mvccpb.DELETE)
 		w.install(v, v, &d, ch)

@@ -649,3 +649,25 @@ func TestTenThousandBlocks(t *testing.T) {
 	t.Logf("listed 10000 blocks in %s (race detector: %v); the view holds %.1f MB of heap", took.Round(time.Millisecond),
 		raceEnabled, float64(int64(with)-int64(ms.HeapAlloc))/(1<<20))
 }
+
+// TestIdleWatchStaysInSync: with nothing written after the list, the watch still answers its progress
+// requests (etcd drops them for a watch that starts at a future revision), so an idle etcd causes
+// neither a relist nor a loss of sync.
+func TestIdleWatchStaysInSync(t *testing.T) {
+	_, cli := startEtcd(t)
+	putBlock(t, cli, calicotest.Block(mustPrefix("10.3.0.0/26"), "node-a", 1))
+	h := newHarness(t, cli, nil) // ProbeInterval 200ms: a stall would show within 650ms
+	h.run()
+	h.next()
+	waitSynced(t, h.w)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if st := h.w.Status(); !st.Synced || st.Relists != 0 {
+			t.Fatalf("idle etcd: status %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := h.counter("vpp_route_agent_etcd_relists_total", "reason", ReasonWatchError); n != 0 {
+		t.Errorf("relists_total{watch-error} = %v", n)
+	}
+}
