@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -20,6 +21,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,6 +60,8 @@ type clusterOpts struct {
 	members int
 	// probe is the watch's progress-probe interval; 0 means 500ms, -1 the daemon's default.
 	probe time.Duration
+	// sim, if set, adjusts each node's simulator (faults of VPP at start, an older VPP's message table).
+	sim func(*vppsim.Config)
 }
 
 type node struct {
@@ -68,11 +72,12 @@ type node struct {
 	peerV4 netip.Addr
 	peerV6 netip.Addr
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan error
-	agent   *agent.Agent
-	metrics *prometheus.Registry
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan error
+	agent  *agent.Agent
+	reg    *prometheus.Registry // the metrics of the running agent
+	logs   *logBuffer           // its log lines, every level
 	// as overrides the node name the agent runs as (a second agent for one name); peer IPs stay n's.
 	as string
 }
@@ -111,7 +116,11 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 			peerV4: netip.AddrFrom4([4]byte{192, 168, 100, byte(i + 1)}),
 			peerV6: netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i+1)),
 			sock:   filepath.Join(dir, name+".sock")}
-		sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
+		cfg := vppsim.Config{Interfaces: []string{uplinkName}}
+		if opts.sim != nil {
+			opts.sim(&cfg)
+		}
+		sim, err := vppsim.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +155,10 @@ func (c *cluster) start(name string) {
 	if n.cancel != nil {
 		return
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name)
+	logs := &logBuffer{}
+	log := slog.New(teeHandler{slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn}),
+		slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})}).With("node", name)
+	reg := prometheus.NewRegistry()
 	// The agents' etcd client is the daemon's: etcdconfig's settings, and its guard against frozen
 	// members (which does nothing with one endpoint).
 	ecfg := etcdconfig.Config{DialTimeout: 2 * time.Second, RequestTimeout: 2 * time.Second}
@@ -159,7 +171,7 @@ func (c *cluster) start(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	vpp, err := vppapi.New(vppapi.Config{Socket: n.sock, ReplyTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond, Logger: log})
+	vpp, err := vppapi.New(vppapi.Config{Socket: n.sock, ReplyTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond, Logger: log, Registerer: reg})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -170,9 +182,8 @@ func (c *cluster) start(name string) {
 	case -1:
 		probe = 0
 	}
-	metrics := prometheus.NewRegistry()
 	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: probe,
-		Logger: log, Registerer: metrics})
+		Logger: log, Registerer: reg})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -180,15 +191,15 @@ func (c *cluster) start(name string) {
 	if n.as != "" {
 		as = n.as
 	}
-	m := agent.NewMetrics(metrics)
-	reg, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
+	m := agent.NewMetrics(reg)
+	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
 		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, reg, m)
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, registrar, m)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -196,12 +207,73 @@ func (c *cluster) start(name string) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return vpp.Run(gctx) })
 	g.Go(func() error { return w.Run(gctx) })
-	g.Go(func() error { return reg.Run(gctx) })
+	g.Go(func() error { return registrar.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
 	g.Go(func() error { return etcdconfig.NewGuard(&ecfg, cli, log).Run(gctx) })
 	done := make(chan error, 1)
 	go func() { done <- g.Wait(); cli.Close() }()
-	n.cancel, n.done, n.agent, n.metrics = cancel, done, a, metrics
+	n.cancel, n.done, n.agent, n.reg, n.logs = cancel, done, a, reg, logs
+}
+
+// metric returns the value of node name's metric (summed over the series matching the label pairs).
+func (c *cluster) metric(name, metric string, labelPairs ...string) float64 {
+	c.t.Helper()
+	n := c.nodes[name]
+	n.mu.Lock()
+	reg := n.reg
+	n.mu.Unlock()
+	return metricstest.Value(c.t, reg, metric, labelPairs...)
+}
+
+// logBuffer keeps log lines for tests to count.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lines = append(b.lines, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// count returns how many lines contain s.
+func (b *logBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, l := range b.lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// teeHandler sends each record to two handlers.
+type teeHandler struct{ a, b slog.Handler }
+
+func (h teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.a.Enabled(ctx, l) || h.b.Enabled(ctx, l)
+}
+
+func (h teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	var errs []error
+	for _, x := range []slog.Handler{h.a, h.b} {
+		if x.Enabled(ctx, r.Level) {
+			errs = append(errs, x.Handle(ctx, r.Clone()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (h teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return teeHandler{h.a.WithAttrs(as), h.b.WithAttrs(as)}
+}
+
+func (h teeHandler) WithGroup(g string) slog.Handler {
+	return teeHandler{h.a.WithGroup(g), h.b.WithGroup(g)}
 }
 
 // stop stops node name's agent (a normal exit: routes and registration stay).
@@ -380,4 +452,28 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// waitFor polls cond until it holds, failing the test with what after within.
+func (c *cluster) waitFor(what string, within time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s: not within %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// debug returns node name's /debug/routes view.
+func (c *cluster) debug(name string) agent.Debug {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := c.nodes[name].agent.DebugRoutes(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return d
 }

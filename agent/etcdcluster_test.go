@@ -12,14 +12,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
-	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 )
-
-// metric reads a counter or gauge of node name's agent, summing the series that carry the labels.
-func (c *cluster) metric(name, metric string, labels ...string) float64 {
-	c.t.Helper()
-	return metricstest.Value(c.t, c.nodes[name].metrics, metric, labels...)
-}
 
 // routeWrites counts the FIB writes node name's agent made (adds, which include replaces, and deletes).
 func (c *cluster) routeWrites(name string) (adds, deletes float64) {

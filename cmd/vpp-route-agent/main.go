@@ -240,13 +240,15 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	}
 	defer cli.Close()
-	vpp, err := vppapi.New(vppapi.Config{Socket: cfg.vppSocket, ReplyTimeout: cfg.vppTimeout, Logger: log.With("component", "vpp"), Registerer: reg})
+	// vppapi and blockwatch name their component themselves; GoVPP's own logs go through slog too.
+	vppapi.ForwardGoVPPLogs(log)
+	vpp, err := vppapi.New(vppapi.Config{Socket: cfg.vppSocket, ReplyTimeout: cfg.vppTimeout, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
 		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.RequestTimeout,
-		Logger: log.With("component", "etcd"), Registerer: reg})
+		Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
@@ -262,6 +264,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		}
 		registration = registrar
 	}
+	cfg.agent.Logger = log.With("component", "agent")
 	a, err := agent.New(cfg.agent, vpp, watcher, registration, m)
 	if err != nil {
 		return err
@@ -277,7 +280,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error {
-		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log.With("component", "etcd")).Run(gctx)
+		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log).Run(gctx)
 	})
 	g.Go(func() error { reportCertificateErrors(gctx, &cfg.etcd.Config, watcher, log); return nil })
 	g.Go(func() error {

@@ -32,9 +32,9 @@ type Guard struct {
 	onChange func(healthy []string)
 }
 
-// NewGuard returns a guard of cli, whose endpoints are cfg.Endpoints.
+// NewGuard returns a guard of cli, whose endpoints are cfg.Endpoints; it logs as component=etcdguard.
 func NewGuard(cfg *Config, cli *clientv3.Client, log *slog.Logger) *Guard {
-	return &Guard{cfg: cfg, cli: cli, log: log, interval: GuardInterval, timeout: GuardTimeout}
+	return &Guard{cfg: cfg, cli: cli, log: log.With("component", "etcdguard"), interval: GuardInterval, timeout: GuardTimeout}
 }
 
 // Run checks the endpoints until ctx is done. With a single endpoint there is nothing to choose from
