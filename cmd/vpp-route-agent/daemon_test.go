@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net"
@@ -165,7 +164,7 @@ func TestDaemonServesOnLoopbackAndProbeAnswers(t *testing.T) {
 // start-up error that names the flag, not a stream of request deadlines; the password is never logged.
 func TestDaemonFailsAtOnceOnCertificateErrors(t *testing.T) {
 	pki := etcdtest.NewPKI(t, t.TempDir())
-	ln := tlsServer(t, pki, "127.0.0.1:0")
+	ln := pki.ServeTLS(t, "127.0.0.1:0", false)
 	// The daemon logs to the process's stderr: capture it.
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -237,7 +236,7 @@ func TestDaemonReportsLaterCertificateErrors(t *testing.T) {
 	defer func() { cancel(); <-done; w.Close() }()
 
 	time.Sleep(300 * time.Millisecond) // the daemon runs on, etcd unreachable
-	tlsServer(t, pki, addr)
+	pki.ServeTLS(t, addr, false)
 	deadline := time.After(20 * time.Second)
 	var seen strings.Builder
 	for {
@@ -251,29 +250,4 @@ func TestDaemonReportsLaterCertificateErrors(t *testing.T) {
 			t.Fatalf("no ERROR naming the certificate problem:\n%s", seen.String())
 		}
 	}
-}
-
-// tlsServer listens on addr with the PKI's server certificate, completes handshakes and hangs up,
-// until the test ends.
-func tlsServer(t *testing.T, pki etcdtest.PKI, addr string) net.Listener {
-	t.Helper()
-	cert, err := tls.LoadX509KeyPair(pki.ServerCert, pki.ServerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { c.(*tls.Conn).Handshake(); c.Close() }()
-		}
-	}()
-	return ln
 }

@@ -2,7 +2,6 @@ package etcdconfig
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"net"
@@ -84,44 +83,12 @@ func TestReadPassword(t *testing.T) {
 	}
 }
 
-// tlsServer accepts TLS connections the way etcd does with --client-cert-auth, until the test ends.
-func tlsServer(t *testing.T, pki etcdtest.PKI) string {
-	t.Helper()
-	cert, err := tls.LoadX509KeyPair(pki.ServerCert, pki.ServerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	b, _ := os.ReadFile(pki.CA)
-	pool.AppendCertsFromPEM(b)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool,
-		ClientAuth: tls.RequireAndVerifyClientCert, NextProtos: []string{"h2"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				c.(*tls.Conn).Handshake()
-				c.Read(make([]byte, 1))
-			}(c)
-		}
-	}()
-	return "https://" + ln.Addr().String()
-}
-
 // TestProbeReportsCertificateErrorsAsSuch: a wrong CA, a host name that the certificate does not
 // cover and a client certificate etcd does not trust are each reported at once as certificate errors
 // naming the flag to check, never as a deadline.
 func TestProbeReportsCertificateErrorsAsSuch(t *testing.T) {
 	pki := etcdtest.NewPKI(t, t.TempDir())
-	ep := tlsServer(t, pki)
+	ep := "https://" + pki.ServeTLS(t, "127.0.0.1:0", true).Addr().String()
 	base := Config{Endpoints: []string{ep}, CACertFile: pki.CA, CertFile: pki.ClientCert, KeyFile: pki.ClientKey,
 		DialTimeout: 5 * time.Second, RequestTimeout: time.Second}
 	if err := base.Probe(context.Background()); err != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -79,4 +80,45 @@ func issue(t testing.TB, dir, name string, parent *x509.Certificate, parentKey *
 		t.Fatal(err)
 	}
 	return cert, key
+}
+
+// ServeTLS listens on addr ("127.0.0.1:0" for any port) with the PKI's server certificate, as an etcd
+// with TLS does (requiring a client certificate signed by the CA when clientAuth is set), completes
+// each handshake, waits for one byte or the peer's close, and hangs up; until the test ends.
+func (p PKI) ServeTLS(t testing.TB, addr string, clientAuth bool) net.Listener {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(p.ServerCert, p.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}}
+	if clientAuth {
+		pool := x509.NewCertPool()
+		b, err := os.ReadFile(p.CA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.AppendCertsFromPEM(b)
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	ln, err := tls.Listen("tcp", addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if c.(*tls.Conn).Handshake() == nil {
+					c.Read(make([]byte, 1))
+				}
+			}()
+		}
+	}()
+	return ln
 }
