@@ -21,7 +21,7 @@ const DefaultHostsPrefix = "/vpp-calico/hosts/"
 const (
 	DefaultPageSize       = 1000
 	DefaultRequestTimeout = 10 * time.Second
-	DefaultProbeInterval  = 5 * time.Second
+	DefaultProbeInterval  = time.Second
 )
 
 // Config configures a Watcher. Zero fields take the defaults documented on each field.
@@ -44,8 +44,10 @@ type Config struct {
 	// field is owned by that node. Logged once per block when it is what made a node the owner.
 	LegacyHostAffinity bool
 	// ProbeInterval is how long the watch may stay silent before Run asks etcd for a progress
-	// notification on it; if that request is not answered within another ProbeInterval, Status reports
-	// Synced false (the client keeps reconnecting and resumes the watch by itself). Default 5s.
+	// notification on it; if that request is not answered within 2×ProbeInterval, Status reports
+	// Synced false and Run lists and watches again on a new stream (so a frozen member is noticed
+	// within 3¼×ProbeInterval; a member slow for less than 2×ProbeInterval causes no relist). Default
+	// 1s: an idle Watcher sends one progress request a second.
 	ProbeInterval time.Duration
 	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
 	Logger *slog.Logger
