@@ -24,14 +24,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -139,27 +137,9 @@ func (c *Config) Validate() error {
 }
 
 // CheckNodeName reports whether name can name a node in the registration keys
-// (<hosts prefix><name>/peerip/...) and in Calico's "host:<name>" affinities: one key segment, printable.
-func CheckNodeName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("node name is empty")
-	case name == "." || name == "..":
-		return fmt.Errorf("node name %q is not a name", name)
-	case len(name) > 253:
-		return fmt.Errorf("node name is %d bytes long, more than 253", len(name))
-	case !utf8.ValidString(name):
-		return fmt.Errorf("node name %q is not UTF-8", name)
-	case strings.ContainsRune(name, '/'):
-		return fmt.Errorf("node name %q contains '/', which would make it several etcd key segments", name)
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("node name %q contains a control or space character (%U)", name, r)
-		}
-	}
-	return nil
-}
+// (<hosts prefix><name>/peerip/...) and in Calico's "host:<name>" affinities: calico.CheckNodeName,
+// the rule block-ipam applies too.
+func CheckNodeName(name string) error { return calico.CheckNodeName(name) }
 
 // options are the Options of this agent's view.
 func (c *Config) options() Options {

@@ -2,10 +2,10 @@ package cni_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,13 +15,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -33,21 +40,21 @@ const hostLocalModule = "github.com/containernetworking/plugins/plugins/ipam/hos
 // benchSamples is the number of sequential ADDs (and DELs) measured per plugin.
 const benchSamples = 200
 
-// BenchmarkAddDel compares block-ipam with host-local on this machine, both exec'd as a runtime
-// does (environment and stdin, one process per call): sequential ADD and DEL latency (p50, p99),
-// 100 concurrent ADDs on one node (wall time, duplicates), and block-ipam's etcd round trips per ADD,
-// counted by the plugin's client and by etcd's own gRPC server metrics. Samples of the two plugins
-// are interleaved so that both see the same background load. Run: make bench, or
+// BenchmarkAddDel compares block-ipam with host-local on this machine, both called through libcni as a
+// runtime does (one plugin process per call): sequential ADD and DEL latency (p50, p99), 100 concurrent
+// ADDs on one node (wall time, duplicates), and block-ipam's etcd round trips per ADD, counted by the
+// daemon and by etcd's own gRPC server metrics. block-ipam's daemon runs as its own process and
+// reaches etcd over mutual TLS. Samples of the two plugins are interleaved so that both see the same
+// background load. Run: make bench, or
 //
 //	go test -run '^$' -bench AddDel -benchtime 1x ./cni
 func BenchmarkAddDel(b *testing.B) {
 	tmp := b.TempDir()
-	srv, err := etcdtest.New(etcdtest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(srv.Close)
-	cli, err := srv.Client()
+	pki := etcdtest.NewPKI(b, tmp)
+	ep := etcdtest.StartTLS(b, pki, tmp)
+	etcdConf := etcdconfig.Config{Endpoints: []string{ep}, CACertFile: pki.CA, CertFile: pki.ClientCert, KeyFile: pki.ClientKey,
+		DialTimeout: 5 * time.Second, RequestTimeout: 5 * time.Second}
+	cli, err := etcdConf.Client()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -58,43 +65,78 @@ func BenchmarkAddDel(b *testing.B) {
 	if err := calicotest.PutPool(ctx, cli, pool); err != nil {
 		b.Fatal(err)
 	}
+	sockDir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(sockDir) })
+	startDaemon := func(node string) string {
+		sock := filepath.Join(sockDir, node+".sock")
+		cmd := exec.CommandContext(ctx, filepath.Join(pluginDir, "block-ipamd"), "--nodename", node, "--socket", sock,
+			"--metrics-address", "", "--log-level", "warn",
+			"--etcd-endpoints", ep, "--etcd-ca-cert-file", pki.CA, "--etcd-cert-file", pki.ClientCert, "--etcd-key-file", pki.ClientKey)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+		if err := waitSocket(ctx, sock); err != nil {
+			b.Fatal(err)
+		}
+		return sock
+	}
 
 	logFile := filepath.Join(tmp, "block-ipam.log")
-	blockConf := func(node string) []byte {
-		c, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "net1", "type": "block-ipam", "ipam": map[string]any{
-			"type": "block-ipam", "etcd_endpoints": srv.Endpoint(), "nodename": node,
-			"lock_file": filepath.Join(tmp, node+".lock"), "log_file": logFile, "log_level": "info"}})
-		return c
+	blockList := func(sock string) *libcni.NetworkConfigList {
+		return confList(b, map[string]any{"type": "block-ipam", "ipam": map[string]any{
+			"type": "block-ipam", "socket": sock, "log_file": logFile, "log_level": "info"}})
 	}
-	hlConf := func(dir string) []byte {
-		c, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "net1", "type": "host-local", "ipam": map[string]any{
+	hlList := func(dir string) *libcni.NetworkConfigList {
+		return confList(b, map[string]any{"type": "host-local", "ipam": map[string]any{
 			"type": "host-local", "dataDir": filepath.Join(tmp, dir), "ranges": [][]map[string]string{{{"subnet": "10.244.0.0/16"}}}}})
-		return c
 	}
-	blockBin := filepath.Join(pluginDir, "block-ipam")
 	hlBin, hlErr := buildHostLocal(tmp)
 	if hlErr != nil {
 		b.Logf("host-local unavailable, reporting block-ipam alone: %v", hlErr)
 	}
-	execOnce := func(bin, cmd, cid string, conf []byte) (time.Duration, []byte, error) {
-		c := exec.CommandContext(ctx, bin)
-		c.Env = []string{"CNI_COMMAND=" + cmd, "CNI_CONTAINERID=" + cid, "CNI_IFNAME=eth0", "CNI_NETNS=/var/run/netns/" + cid, "CNI_PATH=" + filepath.Dir(bin)}
-		c.Stdin = bytes.NewReader(conf)
+	runtime := func(dir string) *libcni.CNIConfig {
+		exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+		return libcni.NewCNIConfigWithCacheDir([]string{dir}, filepath.Join(tmp, "cache-"+filepath.Base(dir)), exec)
+	}
+	blockRT := runtime(pluginDir)
+	var hlRT *libcni.CNIConfig
+	if hlBin != "" {
+		hlRT = runtime(filepath.Dir(hlBin))
+	}
+	call := func(rt *libcni.CNIConfig, list *libcni.NetworkConfigList, cmd, cid string) (time.Duration, *current.Result, error) {
+		conf := &libcni.RuntimeConf{ContainerID: cid, IfName: "eth0", NetNS: "/var/run/netns/" + cid}
 		start := time.Now()
-		out, err := c.Output()
+		var res types.Result
+		var err error
+		if cmd == "ADD" {
+			res, err = rt.AddNetworkList(ctx, list, conf)
+		} else {
+			err = rt.DelNetworkList(ctx, list, conf)
+		}
 		d := time.Since(start)
 		if err != nil {
-			return d, out, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), cmd, cid, err, out)
+			return d, nil, fmt.Errorf("%s %s %s: %w", list.Plugins[0].Network.Type, cmd, cid, err)
 		}
-		return d, out, nil
+		if res == nil {
+			return d, nil, nil
+		}
+		r, err := current.NewResultFromResult(res)
+		return d, r, err
 	}
 
+	seqSock := startDaemon("bench-node")
+	blockSeq := blockList(seqSock)
 	// Warm up both (page cache, the node's first block, host-local's data dir).
-	if _, _, err := execOnce(blockBin, "ADD", "warmup", blockConf("bench-node")); err != nil {
+	if _, _, err := call(blockRT, blockSeq, "ADD", "warmup"); err != nil {
 		b.Fatal(err)
 	}
-	if hlBin != "" {
-		if _, _, err := execOnce(hlBin, "ADD", "warmup", hlConf("seq")); err != nil {
+	if hlRT != nil {
+		if _, _, err := call(hlRT, hlList("seq"), "ADD", "warmup"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -106,7 +148,7 @@ func BenchmarkAddDel(b *testing.B) {
 	for _, cmd := range []string{"ADD", "DEL"} {
 		for i := range benchSamples {
 			cid := fmt.Sprintf("seq%04d", i)
-			d, _, err := execOnce(blockBin, cmd, cid, blockConf("bench-node"))
+			d, _, err := call(blockRT, blockSeq, cmd, cid)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -115,10 +157,10 @@ func BenchmarkAddDel(b *testing.B) {
 			} else {
 				blockDel = append(blockDel, d)
 			}
-			if hlBin == "" {
+			if hlRT == nil {
 				continue
 			}
-			d, _, err = execOnce(hlBin, cmd, cid, hlConf("seq"))
+			d, _, err = call(hlRT, hlList("seq"), cmd, cid)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -128,26 +170,29 @@ func BenchmarkAddDel(b *testing.B) {
 				hlDel = append(hlDel, d)
 			}
 		}
-		// Round trips of this phase, counted by the plugin and by etcd's server.
+		// Round trips of this phase, counted by the daemon and by etcd's server.
 		rpcAfter, logAfter := etcdKVRPCs(b), logLines(logFile)
 		reportRoundTrips(b, cmd, roundTripsByVerb(logAfter[len(logBefore):], cmd), rpcAfter-rpcBefore)
+		fmt.Printf("block-ipam %s: the plugin's request to the daemon (socket, daemon, etcd) p50 %.2f ms\n", cmd,
+			pctFloat(callMillis(logAfter[len(logBefore):], cmd), 50))
 		rpcBefore, logBefore = rpcAfter, logAfter
 	}
 
-	// 100 concurrent ADDs on a fresh node (block-ipam) and a fresh data dir (host-local).
-	blockWall, blockDup, err := concurrentAdds(100, func(i int) ([]byte, error) {
-		_, out, err := execOnce(blockBin, "ADD", fmt.Sprintf("par%03d", i), blockConf("par-node"))
-		return out, err
+	// 100 concurrent ADDs on a fresh node (block-ipam: its own daemon) and a fresh data dir (host-local).
+	parList := blockList(startDaemon("par-node"))
+	blockWall, blockDup, err := concurrentAdds(100, func(i int) (*current.Result, error) {
+		_, r, err := call(blockRT, parList, "ADD", fmt.Sprintf("par%03d", i))
+		return r, err
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var hlWall time.Duration
 	hlDup := -1
-	if hlBin != "" {
-		if hlWall, hlDup, err = concurrentAdds(100, func(i int) ([]byte, error) {
-			_, out, err := execOnce(hlBin, "ADD", fmt.Sprintf("par%03d", i), hlConf("par"))
-			return out, err
+	if hlRT != nil {
+		if hlWall, hlDup, err = concurrentAdds(100, func(i int) (*current.Result, error) {
+			_, r, err := call(hlRT, hlList("par"), "ADD", fmt.Sprintf("par%03d", i))
+			return r, err
 		}); err != nil {
 			b.Fatal(err)
 		}
@@ -165,7 +210,7 @@ func BenchmarkAddDel(b *testing.B) {
 		}
 		fmt.Printf("  %-32s %12.2f %12.2f %8s  %s\n", name, blk, hl, ratio, unit)
 	}
-	fmt.Printf("\nblock-ipam vs host-local v1.9.1, %d sequential calls each (interleaved), exec'd with env+stdin:\n", benchSamples)
+	fmt.Printf("\nblock-ipam (daemon, etcd over mTLS) vs host-local v1.9.1, %d sequential calls each (interleaved), through libcni:\n", benchSamples)
 	fmt.Printf("  %-32s %12s %12s %8s\n", "", "block-ipam", "host-local", "ratio")
 	row("ADD p50", ms(pct(blockAdd, 50)), ms(pct(hlAdd, 50)), "ms")
 	row("ADD p99", ms(pct(blockAdd, 99)), ms(pct(hlAdd, 99)), "ms")
@@ -179,13 +224,42 @@ func BenchmarkAddDel(b *testing.B) {
 	b.ReportMetric(ms(pct(blockDel, 99)), "blockipam-del-p99-ms")
 	b.ReportMetric(blockWall.Seconds(), "blockipam-100conc-s")
 	b.ReportMetric(float64(blockDup), "blockipam-dups")
-	if hlBin != "" {
+	if hlRT != nil {
 		b.ReportMetric(ms(pct(hlAdd, 50)), "hostlocal-add-p50-ms")
 		b.ReportMetric(ms(pct(hlAdd, 99)), "hostlocal-add-p99-ms")
 		b.ReportMetric(ms(pct(hlDel, 50)), "hostlocal-del-p50-ms")
 		b.ReportMetric(ms(pct(hlDel, 99)), "hostlocal-del-p99-ms")
 		b.ReportMetric(hlWall.Seconds(), "hostlocal-100conc-s")
 		b.ReportMetric(ms(pct(blockAdd, 50))/ms(pct(hlAdd, 50)), "add-p50-ratio")
+		b.ReportMetric(ms(pct(blockDel, 50))/ms(pct(hlDel, 50)), "del-p50-ratio")
+		b.ReportMetric(blockWall.Seconds()/hlWall.Seconds(), "100conc-ratio")
+	}
+}
+
+// confList is a network configuration list with one plugin.
+func confList(tb testing.TB, plugin map[string]any) *libcni.NetworkConfigList {
+	tb.Helper()
+	data, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "net1", "plugins": []any{plugin}})
+	l, err := libcni.NetworkConfFromBytes(data)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+// waitSocket waits until a daemon listens on the unix socket.
+func waitSocket(ctx context.Context, sock string) error {
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("daemon on %s: %w", sock, err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
@@ -204,8 +278,8 @@ func buildHostLocal(dir string) (string, error) {
 
 // concurrentAdds starts n ADDs at once and returns the wall time and the number of addresses handed
 // out more than once.
-func concurrentAdds(n int, add func(i int) ([]byte, error)) (time.Duration, int, error) {
-	outs := make([][]byte, n)
+func concurrentAdds(n int, add func(i int) (*current.Result, error)) (time.Duration, int, error) {
+	outs := make([]*current.Result, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -224,16 +298,11 @@ func concurrentAdds(n int, add func(i int) ([]byte, error)) (time.Duration, int,
 		if errs[i] != nil {
 			return wall, 0, errs[i]
 		}
-		var res struct {
-			IPs []struct {
-				Address string `json:"address"`
-			} `json:"ips"`
+		if out == nil || len(out.IPs) == 0 {
+			return wall, 0, fmt.Errorf("ADD %d: no address in %v", i, out)
 		}
-		if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) == 0 {
-			return wall, 0, fmt.Errorf("ADD %d: result %q: %v", i, out, err)
-		}
-		for _, ip := range res.IPs {
-			if seen[ip.Address]++; seen[ip.Address] == 2 {
+		for _, ip := range out.IPs {
+			if seen[ip.Address.String()]++; seen[ip.Address.String()] == 2 {
 				dups++
 			}
 		}
@@ -250,9 +319,8 @@ func pct(d []time.Duration, p int) time.Duration {
 	return s[min(len(s)-1, len(s)*p/100)]
 }
 
-// etcdKVRPCs sums the KV RPCs etcd's gRPC server has handled in this process (the JSON gateway
-// forwards each HTTP request as one gRPC call, so this counts the plugin's requests on the server
-// side, independently of the plugin's own count).
+// etcdKVRPCs sums the KV RPCs etcd's gRPC server has handled in this process: the daemon's requests
+// counted on the server side, independently of the daemon's own count.
 func etcdKVRPCs(b *testing.B) float64 {
 	mfs, err := prometheus.DefaultGatherer.Gather()
 	if err != nil {
@@ -272,6 +340,29 @@ func etcdKVRPCs(b *testing.B) float64 {
 		}
 	}
 	return total
+}
+
+var callDuration = regexp.MustCompile(`msg=(\w+) .*duration_ms=([0-9.]+)`)
+
+// callMillis returns the durations of the daemon requests the plugin logged for the verb.
+func callMillis(lines []string, verb string) []float64 {
+	var out []float64
+	for _, l := range lines {
+		if m := callDuration.FindStringSubmatch(l); m != nil && m[1] == verb {
+			f, _ := strconv.ParseFloat(m[2], 64)
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func pctFloat(v []float64, p int) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
 }
 
 var verbRoundTrips = regexp.MustCompile(`msg=(\w+) .*etcd_round_trips=(\d+)`)
@@ -316,7 +407,7 @@ func reportRoundTrips(b *testing.B, verb string, rts []int, serverRPCs float64) 
 		}
 	}
 	n := float64(max(1, len(rts)))
-	fmt.Printf("block-ipam etcd round trips per %s over %d calls: common path %d, mean %.2f (plugin's count), %.2f (etcd server's count); histogram %v\n",
+	fmt.Printf("block-ipam etcd round trips per %s over %d calls: common path %d, mean %.2f (daemon's count), %.2f (etcd server's count); histogram %v\n",
 		verb, len(rts), common, float64(total)/n, serverRPCs/n, hist)
 	b.ReportMetric(float64(common), "etcd-rtt/"+strings.ToLower(verb)+"-common")
 	b.ReportMetric(serverRPCs/n, "etcd-rpcs/"+strings.ToLower(verb)+"-server")

@@ -1,0 +1,347 @@
+// Command block-ipamd is block-ipam's node daemon (package cni/ipamd): it owns the node's IPAM state
+// on one etcd client and answers the block-ipam CNI plugin over a unix socket. `block-ipam daemon`
+// runs it too. See README.md for the flags, metrics and operations.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
+)
+
+// Defaults of the flags without a library default.
+const (
+	nodenameFile          = "/var/lib/calico/nodename"
+	defaultMetricsAddress = "127.0.0.1:9483"
+	// shutdownLimit bounds how long a stop may take after SIGTERM.
+	shutdownLimit = 10 * time.Second
+	// PauseEnv names the test hook: a duration the daemon sleeps before every etcd write, after
+	// writing "block-ipam: test pause before commit" to stderr, so that a test can kill it there.
+	// Never set it in production.
+	PauseEnv = "BLOCK_IPAM_TEST_PAUSE"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, os.Args[1:], os.Stderr, os.LookupEnv)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, pflag.ErrHelp):
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "block-ipamd:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "block-ipamd:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a bad flag or setting: exit status 2, nothing was opened.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+// config is the daemon's validated command line.
+type config struct {
+	etcd           etcdconfig.Config
+	node           string
+	socket         string
+	socketGID      int
+	metricsAddress string
+	log            *slog.Logger
+	pause          time.Duration
+}
+
+// envName returns the environment variable a flag falls back to: Calico's name where Calico has one
+// (ETCD_ENDPOINTS, NODENAME...), else BLOCK_IPAM_<FLAG> (--socket-group: BLOCK_IPAM_SOCKET_GROUP).
+func envName(flag string) string {
+	if flag == "nodename" {
+		return "NODENAME"
+	}
+	if e, ok := etcdconfig.CalicoEnv[flag]; ok {
+		return e
+	}
+	return "BLOCK_IPAM_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// parseFlags parses and validates the command line and environment; it opens no connection.
+func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bool)) (*config, error) {
+	fs := pflag.NewFlagSet("block-ipamd", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := &config{}
+	cfg.etcd.BindFlags(fs)
+	nodename := fs.String("nodename", "", "this node's name; else "+nodenameFile+", else the lower-cased hostname")
+	fs.StringVar(&cfg.socket, "socket", cni.DefaultSocket, "unix socket the CNI plugin connects to (the network configuration's ipam.socket)")
+	group := fs.String("socket-group", "", "group (name or id) that may also use the socket (0660); default: root only (0600)")
+	fs.StringVar(&cfg.metricsAddress, "metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz; empty disables")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	format := fs.String("log-format", "text", "text or json")
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name != "version" && f.Deprecated == "" {
+			f.Usage += " (env " + envName(f.Name) + ")"
+		}
+	})
+	if err := fs.Parse(args); err != nil {
+		return nil, usageError{err}
+	}
+	if *version {
+		fmt.Fprintln(stderr, "block-ipamd", buildinfo.Version)
+		return nil, pflag.ErrHelp
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
+	}
+	var errs []error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if e := envName(f.Name); f.Name != "version" && f.Deprecated == "" && !f.Changed {
+			if v, ok := lookup(e); ok && v != "" {
+				if err := fs.Set(f.Name, v); err != nil {
+					errs = append(errs, fmt.Errorf("environment %s (for --%s): %w", e, f.Name, err))
+				}
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, usageError{err}
+	}
+	bad := func(err error) (*config, error) { return nil, usageError{err} }
+	if err := cfg.etcd.ReadPassword(lookup); err != nil {
+		return bad(err)
+	}
+	if err := cfg.etcd.Validate(); err != nil {
+		return bad(err)
+	}
+	if err := checkPorts(cfg.etcd.Endpoints); err != nil {
+		return bad(err)
+	}
+	node, err := nodeName(*nodename)
+	if err != nil {
+		return bad(err)
+	}
+	cfg.node = node
+	if !strings.HasPrefix(cfg.socket, "/") {
+		return bad(fmt.Errorf("--socket %q: not an absolute path", cfg.socket))
+	}
+	if len(cfg.socket) > 107 {
+		return bad(fmt.Errorf("--socket %q: %d bytes, longer than a unix socket path may be (107)", cfg.socket, len(cfg.socket)))
+	}
+	if cfg.socketGID, err = lookupGroup(*group); err != nil {
+		return bad(err)
+	}
+	if cfg.metricsAddress != "" {
+		if err := checkListen(cfg.metricsAddress); err != nil {
+			return bad(fmt.Errorf("--metrics-address: %w", err))
+		}
+	}
+	if cfg.log, err = newLogger(*level, *format, stderr); err != nil {
+		return bad(err)
+	}
+	if v, ok := lookup(PauseEnv); ok {
+		if cfg.pause, err = time.ParseDuration(v); err != nil {
+			return bad(fmt.Errorf("%s: %w", PauseEnv, err))
+		}
+	}
+	return cfg, nil
+}
+
+// nodeName applies Calico's order: --nodename/NODENAME, the node name file, the lower-cased hostname.
+func nodeName(flag string) (string, error) {
+	name, from := strings.TrimSpace(flag), "--nodename"
+	if name == "" {
+		if b, err := os.ReadFile(nodenameFile); err == nil {
+			name, from = strings.TrimSpace(string(b)), nodenameFile
+		}
+	}
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("--nodename: not set and the hostname is unknown: %w", err)
+		}
+		name, from = strings.ToLower(strings.TrimSpace(h)), "the hostname"
+	}
+	if err := calico.CheckNodeName(name); err != nil {
+		return "", fmt.Errorf("--nodename (from %s): %w", from, err)
+	}
+	return name, nil
+}
+
+// checkPorts refuses an endpoint whose port is not a number in 1-65535.
+func checkPorts(endpoints []string) error {
+	for _, ep := range endpoints {
+		hostport := strings.TrimPrefix(strings.TrimPrefix(ep, "https://"), "http://")
+		hostport = strings.TrimSuffix(hostport, "/")
+		if _, port, err := net.SplitHostPort(hostport); err == nil {
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+				return fmt.Errorf("--%s: %s: port %q is not in 1-65535", etcdconfig.FlagEndpoints, etcdconfig.Redacted([]string{ep}), port)
+			}
+		}
+	}
+	return nil
+}
+
+// checkListen validates a host:port listen address.
+func checkListen(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%s: port %q is not in 0-65535", addr, port)
+	}
+	if host != "" && host != "localhost" && net.ParseIP(host) == nil {
+		return fmt.Errorf("%s: %q is not an IP address", addr, host)
+	}
+	return nil
+}
+
+// lookupGroup returns the group id of a name or number, -1 for "".
+func lookupGroup(g string) (int, error) {
+	if g == "" {
+		return -1, nil
+	}
+	if n, err := strconv.Atoi(g); err == nil && n >= 0 {
+		return n, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("--socket-group: %w", err)
+	}
+	return strconv.Atoi(grp.Gid)
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer, lookup func(string) (string, bool)) error {
+	cfg, err := parseFlags(args, stderr, lookup)
+	if err != nil {
+		return err
+	}
+	log := cfg.log
+	endpoints := etcdconfig.Redacted(cfg.etcd.Endpoints)
+	log.Info("starting block-ipam daemon", "version", buildinfo.Version, "node", cfg.node, "etcd", endpoints, "socket", cfg.socket)
+
+	// A certificate problem is a configuration error: report it now, not as a request deadline later.
+	// An etcd that is down only delays readiness.
+	if err := cfg.etcd.Probe(ctx); err != nil {
+		if errors.Is(err, etcdconfig.ErrCertificate) {
+			return err
+		}
+		log.Warn("etcd not reachable yet; serving requests with code 11 until it is", "err", err)
+	}
+	cli, err := cfg.etcd.Client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	dcfg := ipamd.Config{Node: cfg.node, Client: cli, Endpoints: endpoints, CallTimeout: cfg.etcd.RequestTimeout,
+		Logger: log, Registerer: reg}
+	if cfg.pause > 0 {
+		dcfg.Pause = func(ctx context.Context) {
+			fmt.Fprintln(os.Stderr, "block-ipam: test pause before commit")
+			select {
+			case <-time.After(cfg.pause):
+			case <-ctx.Done():
+			}
+		}
+	}
+	srv, err := ipamd.New(dcfg)
+	if err != nil {
+		return err
+	}
+	sock, err := ipamd.Listen(cfg.socket, cfg.socketGID)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cfg.socket)
+
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	g, gctx := errgroup.WithContext(runCtx)
+	g.Go(func() error { return srv.Run(gctx) })
+	g.Go(func() error { return srv.Serve(gctx, sock) })
+	if cfg.metricsAddress != "" {
+		ln, err := net.Listen("tcp", cfg.metricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-address %s: %w", cfg.metricsAddress, err)
+		}
+		log.Info("serving metrics and health", "address", ln.Addr().String())
+		hs := &http.Server{Handler: srv.HealthHandler(reg), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error { return ipamd.ServeUntil(gctx, hs, ln) })
+	}
+	if _, err := sdnotify.Notify("READY=1"); err != nil {
+		log.Warn("systemd notify", "err", err)
+	}
+	if d := sdnotify.WatchdogInterval(); d > 0 {
+		g.Go(func() error {
+			t := time.NewTicker(d)
+			defer t.Stop()
+			for {
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-t.C:
+					sdnotify.Notify("WATCHDOG=1")
+				}
+			}
+		})
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("stopping")
+	sdnotify.Notify("STOPPING=1")
+	cancelRun()
+	select {
+	case err := <-done:
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		return err
+	case <-time.After(shutdownLimit):
+		return fmt.Errorf("shutdown did not finish within %s", shutdownLimit)
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"net/netip"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// TestBadSettingsRefused: every bad flag or environment value fails before any connection, naming
+// the setting, and a password in an endpoint URL is never echoed.
+func TestBadSettingsRefused(t *testing.T) {
+	pki := etcdtest.NewPKI(t, t.TempDir())
+	base := []string{"--socket", "/run/x.sock"}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--nodename", "a/b"}, nil, "contains '/'"},
+		{[]string{"--nodename", "node\x07"}, nil, "control"},
+		{nil, map[string]string{"NODENAME": "x y"}, "--nodename"},
+		{[]string{"--metrics-address", "127.0.0.1:70000"}, nil, "--metrics-address"},
+		{[]string{"--metrics-address", "example.com:9483"}, nil, "not an IP address"},
+		{[]string{"--etcd-endpoints", "http://127.0.0.1:99999"}, nil, "not in 1-65535"},
+		{[]string{"--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-ca-cert-file", pki.CA}, nil, "--etcd-ca-cert-file is set but --etcd-endpoints are http://"},
+		{[]string{"--etcd-endpoints", "https://ipam:hunter2@127.0.0.1:2379"}, nil, "carries credentials"},
+		{[]string{"--etcd-username", "ipam"}, nil, "no password"},
+		{[]string{"--socket", "run/x.sock"}, nil, "--socket"},
+		{[]string{"--socket-group", "no-such-group-here"}, nil, "--socket-group"},
+		{[]string{"--log-level", "loud"}, nil, "--log-level"},
+		{[]string{"extra"}, nil, "unexpected arguments"},
+	} {
+		args := append(append([]string{}, base...), tc.args...)
+		var stderr bytes.Buffer
+		e := map[string]string{"NODENAME": "node1"}
+		for k, v := range tc.env {
+			e[k] = v
+		}
+		_, err := parseFlags(args, &stderr, env(e))
+		if err == nil || !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: %v, want a usage error with %q", tc.args, tc.env, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error()+stderr.String(), "hunter2") {
+			t.Errorf("the password is echoed: %v", err)
+		}
+	}
+	// The environment: Calico's names, then BLOCK_IPAM_<FLAG>.
+	cfg, err := parseFlags(nil, io.Discard, env(map[string]string{"NODENAME": "n7", "ETCD_ENDPOINTS": "http://127.0.0.1:1",
+		"BLOCK_IPAM_SOCKET": "/run/y.sock", "BLOCK_IPAM_METRICS_ADDRESS": ""}))
+	if err != nil || cfg.node != "n7" || cfg.socket != "/run/y.sock" || cfg.etcd.Endpoints[0] != "http://127.0.0.1:1" || cfg.metricsAddress != defaultMetricsAddress {
+		t.Errorf("environment: %+v %v", cfg, err)
+	}
+}
+
+// TestWrongCAFailsAtOnce: a CA that does not verify etcd's certificate stops the daemon at start with
+// a certificate error naming the flag, well before any request deadline.
+func TestWrongCAFailsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	pki := etcdtest.NewPKI(t, dir)
+	ep := etcdtest.StartTLS(t, pki, dir)
+	start := time.Now()
+	err := run(t.Context(), []string{"--nodename", "n1", "--socket", filepath.Join(dir, "s.sock"), "--metrics-address", "",
+		"--etcd-endpoints", ep, "--etcd-ca-cert-file", pki.OtherCA, "--etcd-cert-file", pki.ClientCert, "--etcd-key-file", pki.ClientKey},
+		io.Discard, env(nil))
+	if !errors.Is(err, etcdconfig.ErrCertificate) || !strings.Contains(err.Error(), "--etcd-ca-cert-file") {
+		t.Fatalf("wrong CA: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("took %s", d)
+	}
+}
+
+var metricsAddrRe = regexp.MustCompile(`serving metrics and health.*address=(\S+)`)
+
+// syncBuffer is a bytes.Buffer safe for the daemon's logger and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestDaemonOverMutualTLS: the daemon reaches etcd over mutual TLS, serves an ADD on its 0600 socket,
+// exposes its metrics and health on loopback, and removes its socket when stopped.
+func TestDaemonOverMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	pki := etcdtest.NewPKI(t, dir)
+	ep := etcdtest.StartTLS(t, pki, dir)
+	ec := etcdconfig.Config{Endpoints: []string{ep}, CACertFile: pki.CA, CertFile: pki.ClientCert, KeyFile: pki.ClientKey,
+		DialTimeout: 5 * time.Second, RequestTimeout: 5 * time.Second}
+	cli, err := ec.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if err := calicotest.PutPool(t.Context(), cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	sockDir, _ := os.MkdirTemp("", "bi")
+	defer os.RemoveAll(sockDir)
+	sock := filepath.Join(sockDir, "block-ipam.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--nodename", "n1", "--socket", sock, "--metrics-address", "127.0.0.1:0",
+			"--etcd-endpoints", ep, "--etcd-ca-cert-file", pki.CA, "--etcd-cert-file", pki.ClientCert, "--etcd-key-file", pki.ClientKey},
+			&logs, env(nil))
+	}()
+	var reply *cni.Reply
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		reply, err = cni.Call(cctx, sock, &cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}})
+		ccancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || reply.Err() != nil || len(reply.Allocations) != 1 || reply.Node != "n1" {
+		t.Fatalf("ADD: %+v %v\n%s", reply, err, logs.String())
+	}
+	if st, _ := os.Stat(sock); st.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v", st.Mode().Perm())
+	}
+	m := metricsAddrRe.FindStringSubmatch(logs.String())
+	if m == nil || !strings.HasPrefix(m[1], "127.0.0.1:") {
+		t.Fatalf("no loopback metrics address logged:\n%s", logs.String())
+	}
+	for path, want := range map[string]string{"/metrics": `block_ipam_requests_total{result="ok",verb="ADD"} 1`, "/readyz": "ok", "/healthz": "ok"} {
+		resp, err := http.Get("http://" + m[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d, want %q in\n%s", path, resp.StatusCode, want, body)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left after stop: %v", err)
+	}
+}
