@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -239,4 +241,41 @@ func SanitizeHandle(id string) string {
 // HeldBy reports whether the attribute's handle is id, as Calico compares handles (SanitizeHandle).
 func (a *AllocationAttribute) HeldBy(id string) bool {
 	return a != nil && SanitizeHandle(a.Handle()) == id
+}
+
+// Clone returns a deep copy of the block (raw JSON fields of other Calico versions are shared: they
+// are never changed in place).
+func (b *Block) Clone() *Block {
+	c := *b
+	if b.Affinity != nil {
+		a := *b.Affinity
+		c.Affinity = &a
+	}
+	if b.AffinityClaimTime != nil {
+		t := *b.AffinityClaimTime
+		c.AffinityClaimTime = &t
+	}
+	if b.HostAffinity != nil {
+		h := *b.HostAffinity
+		c.HostAffinity = &h
+	}
+	c.Allocations = make([]*int, len(b.Allocations))
+	for i, p := range b.Allocations {
+		if p != nil {
+			v := *p
+			c.Allocations[i] = &v
+		}
+	}
+	c.Unallocated = slices.Clone(b.Unallocated)
+	c.Attributes = make([]AllocationAttribute, len(b.Attributes))
+	for i, a := range b.Attributes {
+		if a.HandleID != nil {
+			h := *a.HandleID
+			a.HandleID = &h
+		}
+		a.Secondary = maps.Clone(a.Secondary)
+		c.Attributes[i] = a
+	}
+	c.SequenceNumberForAllocation = maps.Clone(b.SequenceNumberForAllocation)
+	return &c
 }

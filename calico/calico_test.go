@@ -454,3 +454,25 @@ func FuzzDecodeBlock(f *testing.F) {
 		}
 	})
 }
+
+// TestBlockClone: a clone encodes like the original and shares nothing a change could reach.
+func TestBlockClone(t *testing.T) {
+	b := NewBlock(netip.MustParsePrefix("10.0.0.0/30"), "host:n1", 7)
+	h := "h1"
+	b.AutoAssign(2, AllocationAttribute{HandleID: &h, Secondary: map[string]string{"node": "n1"}}, nil)
+	want, _ := EncodeBlock(b)
+	c := b.Clone()
+	got, _ := EncodeBlock(c)
+	if string(got) != string(want) {
+		t.Fatalf("clone encodes as\n%s\nwant\n%s", got, want)
+	}
+	*c.Allocations[0] = 5
+	c.Attributes[0].Secondary["node"] = "n2"
+	*c.Attributes[0].HandleID = "h2"
+	*c.Affinity = "host:n2"
+	c.Unallocated[0] = 9
+	c.SequenceNumberForAllocation["0"] = 99
+	if again, _ := EncodeBlock(b); string(again) != string(want) {
+		t.Fatalf("changing the clone changed the original:\n%s", again)
+	}
+}

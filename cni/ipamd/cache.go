@@ -35,9 +35,11 @@ type nodeCache struct {
 
 // cachedBlock is a block as the node last wrote or read it.
 type cachedBlock struct {
-	CIDR    netip.Prefix
-	Rev     int64
+	CIDR netip.Prefix
+	Rev  int64
+	// Value is the block's value at Rev, Block the same decoded (and valid: it was read or written).
 	Value   []byte
+	Block   *calico.Block
 	Pool    string // IPPool name; "" for a pool given as a CIDR only
 	PoolRev int64
 }
@@ -94,11 +96,8 @@ func (c *call) cachedView(handleID string, forAdd bool) *view {
 		use = c.cache.Values
 	}
 	for _, cb := range use {
-		b, err := calico.DecodeBlock(cb.Value)
-		if err != nil || b.CIDR != cb.CIDR || b.Validate() != nil {
-			return nil
-		}
-		v.blocks[cb.CIDR] = &blockEntry{b: b, rev: cb.Rev, encoded: cb.Value}
+		// A copy: the operation changes its blocks in place, and the cache must keep what etcd holds.
+		v.blocks[cb.CIDR] = &blockEntry{b: cb.Block.Clone(), rev: cb.Rev, encoded: cb.Value}
 	}
 	if len(v.blocks) == 0 {
 		return nil
@@ -140,7 +139,8 @@ func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 			nc.Values = append(nc.Values, cb)
 		}
 		if e.rev >= cb.Rev {
-			cb.Rev, cb.Value = e.rev, e.encoded
+			// The operation is over: the view's block, as written or read at e.rev, becomes the cache's.
+			cb.Rev, cb.Value, cb.Block = e.rev, e.encoded, e.b
 		}
 		for _, p := range v.pools {
 			if p.CIDR.Contains(cidr.Addr()) && p.CIDR.Bits() <= cidr.Bits() {
