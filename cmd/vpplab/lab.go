@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -55,6 +56,11 @@ type labNode struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
+
+	// ipamd is the node's block-ipam daemon, answering on ipamSock; it runs for the whole lab.
+	ipamd    *exec.Cmd
+	ipamSock string
+	ipamLog  string
 }
 
 type stepResult struct {
@@ -110,6 +116,10 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			return nil, err
 		}
 		l.nodes = append(l.nodes, n)
+		if err := l.startIPAMD(ctx, n); err != nil {
+			l.close()
+			return nil, err
+		}
 		if ctl := n.vpp.ctl(); ctl != "" {
 			l.logf("%s: VPP pid %d, uplink %s (appears 2s after VPP starts): %s show ip fib", n.name, n.vpp.pid(), n.vpp.uplink(), ctl)
 		}
@@ -120,6 +130,10 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 func (l *lab) close() {
 	for _, n := range l.nodes {
 		l.stopAgent(n)
+		if n.ipamd != nil {
+			n.ipamd.Process.Signal(syscall.SIGTERM)
+			n.ipamd.Wait()
+		}
 		if n.vpp != nil {
 			n.vpp.close()
 		}
@@ -166,6 +180,38 @@ func (l *lab) startAgent(n *labNode) error {
 	n.exited = make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(n.exited) }()
 	return nil
+}
+
+// startIPAMD runs node n's block-ipam daemon (the real block-ipamd binary) and waits for its socket.
+func (l *lab) startIPAMD(ctx context.Context, n *labNode) error {
+	n.ipamSock = filepath.Join(l.o.dataDir, "ipam-"+n.name+".sock")
+	n.ipamLog = filepath.Join(l.o.dataDir, "block-ipamd-"+n.name+".log")
+	logf, err := os.OpenFile(n.ipamLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child has its own descriptor
+	cmd := exec.Command(filepath.Join(l.o.binDir, "block-ipamd"), "--nodename", n.name, "--socket", n.ipamSock,
+		"--etcd-endpoints", l.etcd.Endpoint(), "--metrics-address", "")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start block-ipamd of %s: %w", n.name, err)
+	}
+	n.ipamd = cmd
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("unix", n.ipamSock)
+		if err == nil {
+			c.Close()
+			l.logf("%s: block-ipamd pid %d on %s", n.name, cmd.Process.Pid, n.ipamSock)
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("block-ipamd of %s does not listen on %s; see %s", n.name, n.ipamSock, n.ipamLog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stopAgent sends SIGTERM and waits for a normal exit (routes and registration stay).
@@ -232,12 +278,12 @@ func (l *lab) netconf(n *labNode) (*libcni.NetworkConfigList, error) {
 		"plugins": []any{map[string]any{
 			"type": "block-ipam",
 			"ipam": map[string]any{
-				"type":           "block-ipam",
-				"etcd_endpoints": l.etcd.Endpoint(),
-				"nodename":       n.name,
-				"assign_ipv4":    "true",
-				"assign_ipv6":    "true",
-				"log_file":       filepath.Join(l.o.dataDir, "block-ipam.log"),
+				"type":        "block-ipam",
+				"socket":      n.ipamSock,
+				"nodename":    n.name,
+				"assign_ipv4": "true",
+				"assign_ipv6": "true",
+				"log_file":    filepath.Join(l.o.dataDir, "block-ipam.log"),
 			},
 		}},
 	}

@@ -23,7 +23,7 @@ func TestLabScenarioPasses(t *testing.T) {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	args = append(args, "../vpp-route-agent", "../block-ipam")
+	args = append(args, "../vpp-route-agent", "../block-ipam", "../block-ipamd")
 	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}

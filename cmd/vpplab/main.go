@@ -1,6 +1,7 @@
 // Command vpplab runs the whole system on one machine: an embedded etcd, N VPP nodes (simulated, or
-// real VPP processes with --vpp), one real vpp-route-agent process per node, and block-ipam (the built binary, called through libcni as a
-// container runtime calls it) placing pods so that nodes claim blocks. It then plays a scenario and
+// real VPP processes with --vpp), one real vpp-route-agent and one block-ipam daemon (block-ipamd)
+// process per node, and the block-ipam plugin (the built binary, called through libcni as a container
+// runtime calls it) placing pods so that nodes claim blocks. It then plays a scenario and
 // checks every node's FIB against the desired state after each step.
 package main
 
@@ -53,7 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.pods, "pods", 6, "pods placed on each node at the start")
 	fs.BoolVar(&o.keepRunning, "keep-running", false, "leave the lab up after the scenario, until Ctrl-C")
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory for etcd data, sockets and logs (default: a new temporary directory)")
-	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding vpp-route-agent and block-ipam (default: beside vpplab)")
+	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding vpp-route-agent, block-ipam and block-ipamd (default: beside vpplab)")
 	fs.DurationVar(&o.settle, "settle-timeout", 15*time.Second, "how long a step may take to converge before it FAILs")
 	fs.StringVar(&o.vppPkg, "vpp", "", "run every node on a real VPP from this unpacked package directory (bin/vpp, bin/vppctl), e.g. /opt/vpp-v26.06-minimal; default: the simulator")
 	fs.Usage = func() {
@@ -83,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		o.binDir = filepath.Dir(exe)
 	}
-	for _, b := range []string{"vpp-route-agent", "block-ipam"} {
+	for _, b := range []string{"vpp-route-agent", "block-ipam", "block-ipamd"} {
 		if _, err := os.Stat(filepath.Join(o.binDir, b)); err != nil {
 			return fmt.Errorf("--bin-dir: %s not found in %s (run `make build` first): %w", b, o.binDir, err)
 		}
