@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # The image of vpp-route-agent: the agent, the block-ipam CNI plugin (installed onto nodes by the
-# DaemonSet's initContainer) and the vppsim VPP API simulator, on distroless/static, running as nonroot.
+# DaemonSet's initContainer), block-ipam's node daemon block-ipamd, and the vppsim VPP API simulator, on
+# distroless/static, running as nonroot.
 #
 #   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" -t ghcr.io/vpp-route-agent/vpp-route-agent:TAG .
@@ -27,7 +28,7 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -buildvcs=false \
       -ldflags "-s -w -X github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo.Version=${VERSION}" \
-      -o /out/ ./cmd/vpp-route-agent ./cmd/block-ipam ./cmd/vppsim
+      -o /out/ ./cmd/vpp-route-agent ./cmd/block-ipam ./cmd/block-ipamd ./cmd/vppsim
 
 FROM gcr.io/distroless/static-debian12:nonroot
 ARG VERSION=dev
@@ -38,7 +39,7 @@ LABEL org.opencontainers.image.title="vpp-route-agent" \
       org.opencontainers.image.url="https://github.com/vpp-route-agent/vpp-route-agent" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
-COPY --from=build /out/vpp-route-agent /out/block-ipam /out/vppsim /usr/local/bin/
+COPY --from=build /out/vpp-route-agent /out/block-ipam /out/block-ipamd /out/vppsim /usr/local/bin/
 # distroless' nonroot user, given by number so that Kubernetes' runAsNonRoot can verify it.
 USER 65532:65532
 # /metrics, /healthz, /readyz, /debug/routes (--metrics-address: 127.0.0.1:9482 unless set otherwise).

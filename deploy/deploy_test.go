@@ -631,10 +631,14 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 
 	containers := list(at(spec, "containers"))
-	if len(containers) != 1 {
-		t.Fatalf("%d containers, want 1", len(containers))
+	if len(containers) != 2 {
+		t.Fatalf("%d containers, want 2 (the agent and block-ipamd)", len(containers))
 	}
-	agent := containers[0]
+	agent := named(containers, "vpp-route-agent")
+	ipamd := named(containers, "block-ipamd")
+	if agent == nil || ipamd == nil {
+		t.Fatalf("containers %v: want vpp-route-agent and block-ipamd", containers)
+	}
 	image := at(agent, "image")
 	if image == nil || image == "" {
 		t.Errorf("the agent container has no image")
@@ -706,6 +710,27 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 
+	// block-ipam's daemon: the socket's host directory shared, etcd as the agent has it, exec probes.
+	want("block-ipamd command", at(ipamd, "command"), []any{"/usr/local/bin/block-ipamd"})
+	im := mounts(ipamd)
+	if m, ok := im["/run/block-ipam"]; !ok || m.source != "/run/block-ipam" || m.readOnly {
+		t.Errorf("block-ipamd does not mount the host directory /run/block-ipam writable at /run/block-ipam: %v", im)
+	}
+	if m, ok := im["/calico-secrets"]; !ok || m.source != secretVolume || !m.readOnly {
+		t.Errorf("block-ipamd does not mount calico-etcd-secrets read-only at /calico-secrets: %v", im)
+	}
+	ienv := at(ipamd, "env")
+	want("block-ipamd env NODENAME fieldRef", at(named(ienv, "NODENAME"), "valueFrom", "fieldRef", "fieldPath"), "spec.nodeName")
+	for _, name := range []string{"ETCD_ENDPOINTS", "ETCD_CA_CERT_FILE", "ETCD_CERT_FILE", "ETCD_KEY_FILE"} {
+		if fmt.Sprint(at(named(ienv, name), "valueFrom")) != fmt.Sprint(at(named(env, name), "valueFrom")) {
+			t.Errorf("block-ipamd env %s differs from the agent's", name)
+		}
+	}
+	for probe, p := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
+		want("block-ipamd "+probe+" exec", at(ipamd, probe, "exec", "command"),
+			[]any{"/usr/local/bin/vpp-route-agent", "probe", "--metrics-address", "127.0.0.1:9483", p})
+	}
+
 	// The block-ipam installer.
 	var installer any
 	for _, c := range list(at(spec, "initContainers")) {
@@ -737,7 +762,7 @@ func TestKubernetesManifests(t *testing.T) {
 
 // blockIPAMKeys are the keys block-ipam reads from a network configuration's ipam section.
 var blockIPAMKeys = []string{
-	"type", "etcd_endpoints", "etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "nodename",
+	"type", "socket", "etcd_endpoints", "etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file", "nodename",
 	"ipv4_pools", "ipv6_pools", "assign_ipv4", "assign_ipv6", "exclude", "routes", "dns", "resolvConf",
 	"max_blocks_per_host", "result_prefix", "log_file", "gateways",
 }
