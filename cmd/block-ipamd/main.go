@@ -257,15 +257,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	endpoints := etcdconfig.Redacted(cfg.etcd.Endpoints)
 	log.Info("starting block-ipam daemon", "version", buildinfo.Version, "node", cfg.node, "etcd", endpoints, "socket", cfg.socket)
 
-	// A certificate problem is a configuration error: report it now, not as a request deadline later.
-	// An etcd that is down only delays readiness.
-	if err := cfg.etcd.Probe(ctx); err != nil {
-		if errors.Is(err, etcdconfig.ErrCertificate) {
-			return err
-		}
-		log.Warn("etcd not reachable yet; serving requests with code 11 until it is", "err", err)
-	}
-	cli, err := cfg.etcd.Client()
+	// An etcd that is down only delays readiness (requests fail with 11 meanwhile); a certificate
+	// problem stops the daemon now.
+	cli, err := cfg.etcd.Connect(ctx, log)
 	if err != nil {
 		return err
 	}

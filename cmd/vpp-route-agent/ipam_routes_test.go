@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -19,15 +21,15 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
 
-// TestRoutesReadsWhatBlockIPAMWrites allocates pods with the real block-ipam binary through libcni on
-// two nodes of a two-block pool, so that node-a fills its block and borrows an address from node-b's,
+// TestRoutesReadsWhatBlockIPAMWrites allocates pods with the real block-ipam binaries (the plugin
+// through libcni, one block-ipamd per node) on two nodes of a two-block pool, so that node-a fills its block and borrows an address from node-b's,
 // then checks that `routes` for a third node routes both blocks and the borrowed /32.
 func TestRoutesReadsWhatBlockIPAMWrites(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds block-ipam")
 	}
 	binDir := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", binDir, "../block-ipam").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", binDir+"/", "../block-ipam", "../block-ipamd").CombinedOutput(); err != nil {
 		t.Fatalf("build block-ipam: %v\n%s", err, out)
 	}
 	srv, cli := etcdtest.Start(t)
@@ -42,11 +44,36 @@ func TestRoutesReadsWhatBlockIPAMWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	sockDir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	for _, node := range []string{"node-a", "node-b"} {
+		sock := filepath.Join(sockDir, node+".sock")
+		d := exec.Command(filepath.Join(binDir, "block-ipamd"), "--nodename", node, "--socket", sock,
+			"--etcd-endpoints", srv.Endpoint(), "--metrics-address", "", "--log-level", "warn")
+		if err := d.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Process.Kill(); d.Wait() })
+		for {
+			c, err := net.Dial("unix", sock)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("block-ipamd of %s: %v", node, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	runtime := libcni.NewCNIConfigWithCacheDir([]string{binDir}, t.TempDir(), nil)
 	add := func(node, id string) string {
 		t.Helper()
 		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"net","plugins":[{"type":"block-ipam","ipam":{"type":"block-ipam",`+
-			`"etcd_endpoints":%q,"nodename":%q,"lock_file":%q}}]}`, srv.Endpoint(), node, filepath.Join(binDir, node+".lock"))
+			`"socket":%q}}]}`, filepath.Join(sockDir, node+".sock"))
 		nc, err := libcni.ConfListFromBytes([]byte(conf))
 		if err != nil {
 			t.Fatal(err)
@@ -70,7 +97,7 @@ func TestRoutesReadsWhatBlockIPAMWrites(t *testing.T) {
 	borrowed := netip.MustParsePrefix(last).Addr()
 
 	var out, errOut bytes.Buffer
-	err := run(ctx, []string{"routes", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-c"}, &out, &errOut, env(nil))
+	err = run(ctx, []string{"routes", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-c"}, &out, &errOut, env(nil))
 	if err != nil {
 		t.Fatalf("routes: %v\n%s", err, errOut.String())
 	}

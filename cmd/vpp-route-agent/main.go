@@ -221,21 +221,9 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	log := cfg.log
 	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", etcdconfig.Redacted(cfg.etcd.Endpoints),
 		"etcd_user", cfg.etcd.Username, "vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
-	if cfg.etcd.PlaintextCredentials() {
-		log.Warn("the etcd password is sent over plaintext http:// endpoints; use https://")
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	// A certificate problem never heals by retrying: fail now, saying so, instead of reporting request
-	// deadlines forever. An endpoint that is merely down is retried like any other etcd outage.
-	if err := cfg.etcd.Probe(ctx); err != nil {
-		if errors.Is(err, etcdconfig.ErrCertificate) {
-			return err
-		}
-		log.Warn("etcd not reachable yet; retrying", "err", err)
-	}
-	cli, err := cfg.etcd.Client()
+	cli, err := cfg.etcd.Connect(ctx, log)
 	if err != nil {
 		return err
 	}

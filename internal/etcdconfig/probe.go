@@ -6,10 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Probe connects to every endpoint (TCP, then the TLS handshake for https://) and reports what fails,
@@ -110,4 +113,21 @@ func (c *Config) tlsError(endpoint string, err error) error {
 		return fmt.Errorf("etcd %s: %w: etcd refused the TLS handshake (check --%s and --%s): %w", endpoint, ErrCertificate, FlagCertFile, FlagKeyFile, err)
 	}
 	return fmt.Errorf("etcd %s: TLS handshake: %w", endpoint, err)
+}
+
+// Connect is how a daemon starts on etcd: it warns when a password would cross plaintext http://, probes
+// the endpoints and fails at once on a certificate problem (it never heals by retrying: fail now, saying
+// so, instead of reporting request deadlines forever), warns about endpoints that are merely down (the
+// client retries them like any other etcd outage), and returns the client.
+func (c *Config) Connect(ctx context.Context, log *slog.Logger) (*clientv3.Client, error) {
+	if c.PlaintextCredentials() {
+		log.Warn("the etcd password is sent over plaintext http:// endpoints; use https://")
+	}
+	if err := c.Probe(ctx); err != nil {
+		if errors.Is(err, ErrCertificate) {
+			return nil, err
+		}
+		log.Warn("etcd not reachable yet; retrying", "err", err)
+	}
+	return c.Client()
 }
