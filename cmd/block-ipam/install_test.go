@@ -46,3 +46,24 @@ func TestInstallCopiesItselfAtomically(t *testing.T) {
 		t.Errorf("missing dest: %v %s", err, out)
 	}
 }
+
+// TestDaemonSubcommand: `block-ipam daemon` runs block-ipamd from beside the plugin (replacing its
+// process), and says what is missing when there is none.
+func TestDaemonSubcommand(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", dir+"/", ".", "../block-ipamd").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(filepath.Join(dir, "block-ipam"), "daemon", "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "block-ipamd ") {
+		t.Errorf("block-ipam daemon --version: %v %q", err, out)
+	}
+	alone := t.TempDir()
+	data, _ := os.ReadFile(filepath.Join(dir, "block-ipam"))
+	os.WriteFile(filepath.Join(alone, "block-ipam"), data, 0o755)
+	cmd := exec.Command(filepath.Join(alone, "block-ipam"), "daemon")
+	cmd.Env = []string{"PATH=" + alone}
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "block-ipamd is neither beside this binary nor on PATH") {
+		t.Errorf("without block-ipamd: %v %q", err, out)
+	}
+}
