@@ -119,13 +119,13 @@ func TestTwoDaemonsOneNode(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 28)
 	second := e.startDaemon("node1-second", "node1", nil)
-	defer second.stop()
+	defer second.Stop()
 	const n = 30
 	lists, cids, nodes := make([]*libcni.NetworkConfigList, n), make([]string, n), make([]string, n)
 	for i := range n {
 		ipam := e.ipam("node1", nil)
 		if i%2 == 1 {
-			ipam["socket"] = second.socket
+			ipam["socket"] = second.Socket
 		}
 		lists[i], cids[i], nodes[i] = e.list(netOpts{ipam: ipam}), fmt.Sprintf("c%03d", i), "node1"
 	}
@@ -305,10 +305,10 @@ func TestBatchedAdds(t *testing.T) {
 			}
 		}
 	})
-	defer d.stop()
+	defer d.Stop()
 	logFile := filepath.Join(e.tmp, "plugin.log")
 	ipam := e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})
-	ipam["socket"] = d.socket
+	ipam["socket"] = d.Socket
 	list := e.list(netOpts{ipam: ipam})
 	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block and warms the node cache
 
@@ -335,7 +335,7 @@ func TestBatchedAdds(t *testing.T) {
 		res, errs, _ = e.addAll(lists, cids)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
-	for d.srv.Queued() < n && time.Now().Before(deadline) {
+	for d.Queued() < n && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(release)

@@ -102,9 +102,9 @@ func TestGCRevalidates(t *testing.T) {
 			<-release
 		}
 	})
-	defer gcd.stop()
+	defer gcd.Stop()
 	gcIPAM := e.ipam("node1", nil)
-	gcIPAM["socket"] = gcd.socket
+	gcIPAM["socket"] = gcd.Socket
 	valid := []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c2", IfName: "eth0"}, {ContainerID: "c3", IfName: "eth0"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -216,8 +216,8 @@ func TestErrorCodes(t *testing.T) {
 	}
 	// 11: etcd unreachable until the deadline (a daemon whose only endpoint is dead).
 	dead := e.startDaemonWith("dead", "node1", []string{"http://127.0.0.1:1"}, nil)
-	defer dead.stop()
-	err, _ = run(add("c1"), conf(map[string]any{"socket": dead.socket, "timeout": "1s"}, nil))
+	defer dead.Stop()
+	err, _ = run(add("c1"), conf(map[string]any{"socket": dead.Socket, "timeout": "1s"}, nil))
 	wantCode(t, err, 11, "127.0.0.1:1")
 	// VERSION answers without a daemon.
 	out, _, verr := execPlugin(ctx, cniEnv("VERSION", "", "", "", ""), nil)
@@ -258,8 +258,8 @@ func TestErrorCodes(t *testing.T) {
 		case <-ctx.Done():
 		}
 	})
-	defer slow.stop()
-	err, _ = run(add("c2"), conf(map[string]any{"timeout": "1500ms", "socket": slow.socket}, nil))
+	defer slow.Stop()
+	err, _ = run(add("c2"), conf(map[string]any{"timeout": "1500ms", "socket": slow.Socket}, nil))
 	close(stop)
 	<-done
 	wantCode(t, err, 11, "gave up")
@@ -281,8 +281,8 @@ func TestEndpointFailover(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
 	d := e.startDaemonWith("failover", "node1", []string{"http://127.0.0.1:1", e.srv.Endpoint()}, nil)
-	defer d.stop()
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"socket": d.socket})})
+	defer d.Stop()
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"socket": d.Socket})})
 	e.mustAdd(list, rt("c1", "eth0"))
 	e.mustDel(list, rt("c1", "eth0"))
 }

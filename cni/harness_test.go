@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -21,14 +20,12 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
-	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamdtest"
 )
 
 // pluginDir holds the block-ipam binary built once for the whole test binary.
@@ -83,15 +80,7 @@ type env struct {
 	sockDir string
 
 	mu      sync.Mutex // guards daemons
-	daemons map[string]*daemon
-}
-
-// daemon is a block-ipam daemon running in the test process.
-type daemon struct {
-	srv    *ipamd.Server
-	socket string
-	reg    *prometheus.Registry
-	stop   func()
+	daemons map[string]*ipamdtest.Daemon
 }
 
 // newEnv starts etcd and, when the test ends, stops the daemons and checks every IPAM invariant of
@@ -99,21 +88,10 @@ type daemon struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	srv, cli := etcdtest.Start(t)
-	e := &env{t: t, srv: srv, cli: cli, tmp: t.TempDir(), daemons: map[string]*daemon{}}
-	var err error
-	if e.sockDir, err = os.MkdirTemp("", "bi"); err != nil {
-		t.Fatal(err)
-	}
+	e := &env{t: t, srv: srv, cli: cli, tmp: t.TempDir(), daemons: map[string]*ipamdtest.Daemon{}, sockDir: ipamdtest.SocketDir(t)}
 	e.cni = newRuntime(filepath.Join(e.tmp, "cache"))
-	t.Cleanup(func() {
-		e.mu.Lock()
-		for _, d := range e.daemons {
-			d.stop()
-		}
-		e.mu.Unlock()
-		os.RemoveAll(e.sockDir)
-		e.checkInvariants()
-	})
+	// Cleanups run last first: the daemons (registered later) stop before this check.
+	t.Cleanup(e.checkInvariants)
 	return e
 }
 
@@ -123,48 +101,24 @@ func (e *env) socket(node string) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if d := e.daemons[node]; d != nil {
-		return d.socket
+		return d.Socket
 	}
 	d := e.startDaemon(node, node, nil)
 	e.daemons[node] = d
-	return d.socket
+	return d.Socket
 }
 
-// startDaemon starts a daemon for node on the socket <name>.sock, with an optional pause hook. The
-// caller stops it (newEnv's cleanup stops those in e.daemons).
-func (e *env) startDaemon(name, node string, pause func(context.Context)) *daemon {
+// startDaemon starts a daemon for node on the socket <name>.sock, with an optional pause hook, until
+// the test ends.
+func (e *env) startDaemon(name, node string, pause func(context.Context)) *ipamdtest.Daemon {
 	e.t.Helper()
 	return e.startDaemonWith(name, node, []string{e.srv.Endpoint()}, pause)
 }
 
 // startDaemonWith is startDaemon with the etcd endpoints of the daemon's client.
-func (e *env) startDaemonWith(name, node string, endpoints []string, pause func(context.Context)) *daemon {
+func (e *env) startDaemonWith(name, node string, endpoints []string, pause func(context.Context)) *ipamdtest.Daemon {
 	e.t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	srv, err := ipamd.New(ipamd.Config{Node: node, Client: cli, Endpoints: strings.Join(endpoints, ","), Registerer: reg, Pause: pause,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	sock := filepath.Join(e.sockDir, name+".sock")
-	l, err := ipamd.Listen(sock, -1)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); srv.Run(ctx) }()
-	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
-	return &daemon{srv: srv, socket: sock, reg: reg, stop: func() {
-		cancel()
-		wg.Wait()
-		cli.Close()
-	}}
+	return ipamdtest.Start(e.t, ipamdtest.Options{Node: node, Endpoints: endpoints, Socket: filepath.Join(e.sockDir, name+".sock"), Pause: pause})
 }
 
 // restartDaemon stops node's daemon; the next socket(node) starts a new one with empty caches.
@@ -174,7 +128,7 @@ func (e *env) restartDaemon(node string) {
 	delete(e.daemons, node)
 	e.mu.Unlock()
 	if d != nil {
-		d.stop()
+		d.Stop()
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -23,12 +22,11 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
-	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamdtest"
 )
 
 // EnvCalicoDir names the directory holding Calico's calico-ipam and calicoctl (build-calico.sh's
@@ -128,10 +126,7 @@ func newWorld(t *testing.T) *world {
 	w := &world{t: t, cli: cli, ep: srv.Endpoint(), tmp: t.TempDir(), cni: map[string]*libcni.CNIConfig{}, pods: map[string]*pod{},
 		daemons: map[string]string{}}
 	var err error
-	if w.sockDir, err = os.MkdirTemp("", "bi"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(w.sockDir) })
+	w.sockDir = ipamdtest.SocketDir(t)
 	if w.log, err = os.Create(filepath.Join(w.tmp, "plugins.log")); err != nil {
 		t.Fatal(err)
 	}
@@ -241,32 +236,9 @@ func (w *world) daemon(node string) string {
 	if s, ok := w.daemons[node]; ok {
 		return s
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{w.ep}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	srv, err := ipamd.New(ipamd.Config{Node: node, Client: cli, Endpoints: w.ep,
-		Logger: slog.New(slog.NewTextHandler(w.log, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	sock := filepath.Join(w.sockDir, node+".sock")
-	l, err := ipamd.Listen(sock, -1)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); srv.Run(ctx) }()
-	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
-	w.t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		cli.Close()
-	})
-	w.daemons[node] = sock
-	return sock
+	d := ipamdtest.Start(w.t, ipamdtest.Options{Node: node, Endpoints: []string{w.ep}, Socket: filepath.Join(w.sockDir, node+".sock"), Log: w.log})
+	w.daemons[node] = d.Socket
+	return d.Socket
 }
 
 // families says which families an ADD assigns.
