@@ -147,6 +147,11 @@ func TestStatus(t *testing.T) {
 	if d := time.Since(start); d > 4*time.Second {
 		t.Errorf("STATUS took %s with etcd down, budget 2 s", d)
 	}
+	// ADD and DEL with etcd down: 11 within their deadline, naming etcd.
+	short := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"timeout": "2s"})})
+	_, err = e.add(short, rt("down", "eth0"))
+	wantCode(t, err, 11, "etcd")
+	wantCode(t, e.del(short, rt("down", "eth0")), 11, "etcd")
 	if err := e.srv.Start(); err != nil {
 		t.Fatal(err)
 	}
