@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,8 +65,8 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 // Status is the state of a Watcher's connection to etcd.
 type Status struct {
 	// Synced is true while the watches are established and answering: false while listing or backing
-	// off, and from when a progress request (sent after ProbeInterval of silence) has gone unanswered
-	// for ProbeInterval until the watch stream answers again.
+	// off, and from when a probe of the watch stream (sent after ProbeInterval of silence) has gone
+	// unanswered for ProbeInterval until the watch stream answers again.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64
@@ -91,6 +92,8 @@ type Watcher struct {
 
 	// view is owned by the goroutine running Run.
 	view *cache
+	// compactRev is the compaction revision of the last ErrCompacted watch response; owned by Run.
+	compactRev int64
 
 	mu     sync.Mutex // guards status
 	status Status
@@ -163,13 +166,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 		reason = ReasonRestarted
 	}
 	bo := backoff.Backoff{Base: backoffBase, Max: backoffMax}
+	var at int64 // the revision to list at after a compaction (0: the current one)
 	for {
 		// A Relist request made before the list starts is served by this list.
 		select {
 		case <-w.relist:
 		default:
 		}
-		full, err := w.list(ctx, reason)
+		full, err := w.list(ctx, reason, at)
+		if err != nil && at != 0 && ctx.Err() == nil {
+			// Compacted again, or a member behind that revision: list at the current one.
+			w.log.Info("cannot list at the compaction revision; listing at the current one", "revision", at, "err", err)
+			full, err = w.list(ctx, reason, 0)
+		}
+		at = 0
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -192,7 +202,17 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if err != nil {
 			w.failed(err)
 		}
-		if reason != ReasonRequested && reason != ReasonCompacted {
+		switch reason {
+		case ReasonRequested:
+		case ReasonCompacted:
+			// Every watcher behind one gRPC proxy learns of a compaction at the same moment: spread
+			// the relists, and read at the compaction revision, so that the proxy can answer most of
+			// them from its cache (see Config.CompactedRelistSpread).
+			at = w.compactRev
+			if w.cfg.CompactedRelistSpread > 0 && !w.sleep(ctx, rand.N(w.cfg.CompactedRelistSpread)) {
+				return nil
+			}
+		default:
 			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
@@ -247,7 +267,7 @@ func (w *Watcher) unsynced(err error) {
 func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	rev := full.Revision
 	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
-	// key of our own keeps progress requests (which the server broadcasts per stream) to our watches.
+	// key of our own keeps our probes (and anything the server broadcasts per stream) to our watches.
 	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
 		clientv3.WithRequireLeader(ctx), "blockwatch-stream", w.streamID))
 	var wg sync.WaitGroup
@@ -274,16 +294,17 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			rev+1, w.cfg.RequestTimeout)
 	}
 
-	probe := make(chan struct{}, 1)
+	probe := make(chan int64, 1)
+	answered := make(chan struct{}, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		w.probeLoop(wctx, probe)
+		w.probeLoop(wctx, probe, answered)
 	}()
 	ticker := time.NewTicker(w.cfg.ProbeInterval)
 	defer ticker.Stop()
 	lastHeard := time.Now()
-	var probeSent time.Time // when the unanswered progress request was sent; zero if none
+	var probeSent time.Time // when the unanswered probe was sent; zero if none
 
 	for {
 		var ch changes
@@ -299,14 +320,18 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			switch {
 			case probeSent.IsZero() && now.Sub(lastHeard) >= w.cfg.ProbeInterval:
 				select {
-				case probe <- struct{}{}:
+				case probe <- w.view.rev:
 				default:
 				}
 				probeSent = now
 			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval && w.Status().Synced:
-				w.unsynced(fmt.Errorf("etcd watch: no response to a progress request for %s (silent for %s)",
+				w.unsynced(fmt.Errorf("etcd watch: probe not answered for %s (silent for %s)",
 					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond)))
 			}
+			continue
+		case <-answered:
+			lastHeard, probeSent = time.Now(), time.Time{}
+			w.setSynced(true)
 			continue
 		case resp, ok = <-chans[srcBlocks]:
 			src = srcBlocks
@@ -355,6 +380,7 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	}
 	if err := resp.Err(); err != nil {
 		if resp.CompactRevision != 0 || errors.Is(err, rpctypes.ErrCompacted) {
+			w.compactRev = resp.CompactRevision
 			return ReasonCompacted, fmt.Errorf("watch %s (compacted at revision %d): %w", prefix, resp.CompactRevision, err)
 		}
 		return ReasonWatchError, fmt.Errorf("watch %s: %w", prefix, err)
@@ -378,26 +404,52 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	return "", nil
 }
 
-// probeLoop asks etcd for a progress notification on the watch stream whenever the watch loop finds
-// it silent, so that a dead stream shows in Status while the client reconnects behind the scenes.
-func (w *Watcher) probeLoop(wctx context.Context, probe <-chan struct{}) {
+// probeLoop checks, whenever the watch loop finds the watch stream silent, that the stream still
+// answers: it opens one more watch (of the pools prefix, from the revision after rev) on the same
+// stream and reports on answered when its creation is acknowledged, then cancels it. This is what
+// shows a dead stream in Status while the client reconnects behind the scenes.
+//
+// A watch creation is acknowledged at once by etcd and by etcd's gRPC proxy (which joins it to the
+// watch it already has of that prefix, without asking etcd). A progress request is not: etcd answers
+// it only once the store's revision has reached the start revision of every watch on the stream (so
+// never on a store idle since the list), and the gRPC proxy ignores it.
+func (w *Watcher) probeLoop(wctx context.Context, probe <-chan int64, answered chan<- struct{}) {
 	for {
 		select {
 		case <-wctx.Done():
 			return
-		case <-probe:
-			// The client creates a stream for a progress request whose stream has gone; do not ask
-			// once the watches are being torn down.
+		case rev := <-probe:
+			// The client creates a stream for a request whose stream has gone; do not ask once the
+			// watches are being torn down.
 			if wctx.Err() != nil {
 				return
 			}
-			rctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
-			if err := w.cfg.Client.RequestProgress(rctx); err != nil && wctx.Err() == nil {
-				w.log.Debug("etcd watch progress request failed", "err", err)
+			if w.probeOnce(wctx, rev) {
+				select {
+				case answered <- struct{}{}:
+				default:
+				}
 			}
-			cancel()
 		}
 	}
+}
+
+// probeOnce opens and cancels a probe watch; it reports whether the creation was acknowledged within
+// the request timeout.
+func (w *Watcher) probeOnce(wctx context.Context, rev int64) bool {
+	pctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
+	defer cancel()
+	ch := w.cfg.Client.Watch(pctx, w.prefixes[srcPools], clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+		clientv3.WithCreatedNotify())
+	for resp := range ch {
+		if resp.Created {
+			return resp.Err() == nil
+		}
+	}
+	if wctx.Err() == nil {
+		w.log.Debug("etcd watch probe not acknowledged", "timeout", w.cfg.RequestTimeout)
+	}
+	return false
 }
 
 func (w *Watcher) malformed(src source, key string, rev int64, err error) {

@@ -1,0 +1,46 @@
+package blockwatch
+
+import (
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+)
+
+// TestCompactedRelistAtCompactionRevision: after a compaction, the relist reads at the compaction
+// revision (the one every watcher behind a gRPC proxy learns at once, so that the proxy can answer
+// their identical requests from its cache), and the watch from there replays what was written after
+// it.
+func TestCompactedRelistAtCompactionRevision(t *testing.T) {
+	srv, cli := startEtcd(t)
+	px := newProxy(t, srv.Endpoint())
+	a, b, c := mustPrefix("10.5.0.0/26"), mustPrefix("10.5.0.64/26"), mustPrefix("10.5.0.128/26")
+	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
+	h := newHarness(t, fastClient(t, px.endpoint()), func(c *Config) { c.CompactedRelistSpread = 300 * time.Millisecond })
+	h.run()
+	if s := h.next(); len(s.Blocks) != 1 {
+		t.Fatalf("initial: %v", s.Blocks)
+	}
+	px.block()
+	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
+	putBlock(t, cli, calicotest.Block(b, "node-b", 4)) // the watch resumes before the compaction revision
+	crev, err := srv.Compact(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := putBlock(t, cli, calicotest.Block(c, "node-c", 3))
+	px.unblock()
+
+	s, _ := h.waitFor("a Full snapshot", func(s *Snapshot) bool { return s.Full })
+	if s.RelistReason != ReasonCompacted || s.Revision != crev {
+		t.Fatalf("relist reason %q at revision %d, want %q at the compaction revision %d (etcd is at %d)",
+			s.RelistReason, s.Revision, ReasonCompacted, crev, after)
+	}
+	if len(s.Blocks) != 2 || s.Blocks[b] == nil || s.Blocks[c] != nil {
+		t.Errorf("relist at revision %d: blocks %v, want %s and %s", s.Revision, s.Blocks, a, b)
+	}
+	s, _ = h.waitFor("the block written after the compaction", func(s *Snapshot) bool { return s.Blocks[c] != nil })
+	if s.Full || len(s.Blocks) != 3 || s.Revision != after {
+		t.Errorf("after the relist: full %v, %d blocks at revision %d, want an event at %d", s.Full, len(s.Blocks), s.Revision, after)
+	}
+}
