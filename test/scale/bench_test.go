@@ -100,7 +100,7 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 	for i := range agents {
 		agents[i] = startAgent(b, i, endpoint)
 	}
-	fl := startFleet(b, endpoint, m, 0)
+	fl := startFleet(b, endpoint, m, nil)
 	if err := fl.waitRevision(w.revs[len(w.revs)-1], 5*time.Minute); err != nil {
 		b.Fatal(err)
 	}

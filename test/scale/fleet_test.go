@@ -48,7 +48,8 @@ type fleet struct {
 	wg     sync.WaitGroup
 }
 
-func startFleet(tb testing.TB, endpoint string, m int, probe time.Duration) *fleet {
+// startFleet starts m watchers of endpoint, their configuration changed by mod (if not nil).
+func startFleet(tb testing.TB, endpoint string, m int, mod func(*blockwatch.Config)) *fleet {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fleet{cancel: cancel}
@@ -59,7 +60,11 @@ func startFleet(tb testing.TB, endpoint string, m int, probe time.Duration) *fle
 			tb.Fatal(err)
 		}
 		f.clis = append(f.clis, cli)
-		w, err := blockwatch.New(blockwatch.Config{Client: cli, Logger: slog.New(slog.DiscardHandler), ProbeInterval: probe})
+		cfg := blockwatch.Config{Client: cli, Logger: slog.New(slog.DiscardHandler)}
+		if mod != nil {
+			mod(&cfg)
+		}
+		w, err := blockwatch.New(cfg)
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -548,7 +548,7 @@ func startProxy(tb testing.TB, kind, target, addr string) *proxyProc {
 	dir := tb.TempDir()
 	c := startChild(tb, "etcd grpc-proxy", debianEtcd, nil, "grpc-proxy", "start",
 		"--endpoints", target, "--listen-addr", addr, "--advertise-client-url", addr,
-		"--data-dir", filepath.Join(dir, "proxy"), "--max-send-bytes", strconv.Itoa(64<<20))
+		"--data-dir", filepath.Join(dir, "proxy"))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
