@@ -174,22 +174,24 @@ func (w *Watcher) Run(ctx context.Context) error {
 		default:
 		}
 		full, err := w.list(ctx, reason, at)
-		if err != nil && at != 0 && ctx.Err() == nil {
+		if at != 0 && (errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev)) {
 			// Compacted again, or a member behind that revision: list at the current one.
 			w.log.Info("cannot list at the compaction revision; listing at the current one", "revision", at, "err", err)
+			at = 0
 			full, err = w.list(ctx, reason, 0)
 		}
-		at = 0
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
+			// Any other failure retries at the same revision, after the backoff.
 			w.failed(err)
 			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
 			continue
 		}
+		at = 0
 		started := time.Now()
 		reason, err = w.watch(ctx, full)
 		if ctx.Err() != nil {

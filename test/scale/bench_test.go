@@ -217,6 +217,9 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 				b.Fatal(err)
 			}
 		}
+		if errs := fl.errors(); len(errs) > 0 {
+			b.Logf("watchers' last errors after the cut-off (compaction %v): %v", compact, errs)
+		}
 		return float64(e.stats().down-s0.down) / float64(dataBytes), fl.relists() - relists0, took
 	}
 	blipLists, blipRelists, blipTook := cut(false)

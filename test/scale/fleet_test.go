@@ -11,13 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -93,12 +92,29 @@ func (f *fleet) waitRevision(rev int64, within time.Duration) error {
 			continue
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("watcher %d of %d at revision %d (synced %v, last error %q) after %s, want %d",
-				i, len(f.ws), st.Revision, st.Synced, st.LastError, within, rev)
+			behind := 0
+			for _, w := range f.ws {
+				if s := w.Status(); !s.Synced || s.Revision < rev {
+					behind++
+				}
+			}
+			return fmt.Errorf("%d of %d watchers not in sync at revision %d after %s; watcher %d at revision %d (synced %v, last error %q)",
+				behind, len(f.ws), rev, within, i, st.Revision, st.Synced, st.LastError)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
+}
+
+// errors counts the watchers' last errors (the first 60 characters), for the log.
+func (f *fleet) errors() map[string]int {
+	out := map[string]int{}
+	for _, w := range f.ws {
+		if e := w.Status().LastError; e != "" {
+			out[e[:min(len(e), 60)]]++
+		}
+	}
+	return out
 }
 
 // relists is the number of relists the watchers made after their first list.
@@ -311,42 +327,31 @@ func (a *agentProc) waitReady(within time.Duration) error {
 	}
 }
 
-// metric sums the series of a counter or gauge whose labels include labels ("k", "v", ...).
-func (a *agentProc) metric(name string, labels ...string) (float64, error) {
+// blockEvents is the number of block watch events the agent has received: the sum of its
+// vpp_route_agent_etcd_events_total{source="blocks",...} series.
+func (a *agentProc) blockEvents() (float64, error) {
 	resp, err := httpClient.Get(a.url + "/metrics")
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0, err
 	}
-	fam := fams[name]
-	if fam == nil {
-		return 0, fmt.Errorf("%s: no metric %s", a.node, name)
-	}
 	var sum float64
-next:
-	for _, m := range fam.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for i := 0; i+1 < len(labels); i += 2 {
-			if have[labels[i]] != labels[i+1] {
-				continue next
+	for _, line := range strings.Split(string(body), "\n") {
+		// client_golang writes labels in name order: source before type.
+		if rest, ok := strings.CutPrefix(line, `vpp_route_agent_etcd_events_total{source="blocks"`); ok {
+			f := strings.Fields(rest)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: metrics line %q: %w", a.node, line, err)
 			}
+			sum += v
 		}
-		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return sum, nil
-}
-
-// blockEvents is the number of block watch events the agent has received.
-func (a *agentProc) blockEvents() (float64, error) {
-	return a.metric("vpp_route_agent_etcd_events_total", "source", "blocks")
 }
 
 // waitBlockEvents waits until the agent has received at least n block events.
