@@ -24,9 +24,9 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m $$($(GO) list ./... | grep -v /test/scale)
 
 # The fan-out harness of issue 13 (test/scale): SCALE_WATCHERS watchers of the real blockwatch code and
-# SCALE_AGENTS real agents against one etcd, directly and through `etcd grpc-proxy` (Debian's package,
-# or SCALE_PROXY=inprocess for etcd v3.6's proxy package), per pod ADD: etcd's bytes and CPU, each
-# watcher's CPU. About 6 minutes with the defaults.
+# 2 real agents against one etcd, directly and through etcd's gRPC proxy (v3.6 in-process and Debian's
+# 3.4 `etcd grpc-proxy`; SCALE_PROXY=inprocess or debian for one), per pod ADD: etcd's bytes and CPU,
+# each watcher's CPU. About 15 minutes with the defaults.
 SCALE_WATCHERS ?= 1,10,100,500
 bench-scale: etcd-server
 	SCALE_WATCHERS=$(SCALE_WATCHERS) $(GO) test -run '^$$' -bench Fanout -benchtime 1x -count 1 -timeout 40m ./test/scale/

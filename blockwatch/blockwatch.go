@@ -8,7 +8,10 @@
 // emits a Full snapshot. It then watches each prefix from R+1 (WithRequireLeader, WithProgressNotify)
 // and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, and a
 // Relist call, make it list again at a new revision, diff the result against the view it had, and emit
-// a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
+// a Full snapshot whose change set is that difference. After a compaction the new revision is the
+// compaction revision, read serializably after a random wait (Config.CompactedRelistSpread): every
+// watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests are
+// then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore never a partial view:
 // a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
 // merely not read yet. Each prefix's watch applies events in revision order and only when newer than
 // the revision already applied to the key; the three watches are independent streams, so a snapshot

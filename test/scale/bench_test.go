@@ -21,10 +21,9 @@ import (
 //	make bench-scale
 //	go test -run '^$' -bench Fanout -benchtime 1x -timeout 30m ./test/scale/
 //
-// Each sub-benchmark starts its own etcd (in a child process, behind a relay that counts the bytes
-// etcd sends on the wire), fills it with blocks, starts the proxy (Debian's `etcd grpc-proxy`, or
-// etcd v3.6's grpcproxy package in a child process: SCALE_PROXY=debian|inprocess) and the watchers,
-// then measures, in turn:
+// Each sub-benchmark starts its own etcd v3.6 (in a child process, behind a relay that counts the bytes
+// etcd sends on the wire), fills it with blocks, starts the proxy if any and the watchers, then
+// measures, in turn:
 //
 //   - idle: etcd's egress per node and second with nothing changing (progress probes, keep-alives);
 //   - ADDs: SCALE_ADDS pod ADDs (block rewrites as Calico's IPAM does them), waiting until every
@@ -35,24 +34,30 @@ import (
 //     20 more ADDs are written meanwhile: etcd's egress until every watcher is back in sync, in copies
 //     of the whole data set (one list);
 //   - the same with a compaction while cut off, so that every watch resumes at a compacted revision
-//     and relists.
+//     and relists. Watchers that never catch up (events lost) are counted (stuck-watchers).
 //
-// SCALE_WATCHERS (default 1,10,100,500) and SCALE_AGENTS (default 2) set the fleet.
+// SCALE_WATCHERS (default 1,10,100,500) and SCALE_AGENTS (default 2) set the fleet, SCALE_ADDS (100)
+// the ADDs. SCALE_PROXY picks the proxies: inprocess (etcd v3.6.16's server/proxy/grpcproxy, wired as
+// `etcd grpc-proxy start` wires it, in a re-executed test binary) and debian (Debian's etcd-server
+// 3.4.23 `etcd grpc-proxy start`); by default both, debian when /usr/bin/etcd is installed.
 func BenchmarkFanout(b *testing.B) {
-	kind := os.Getenv("SCALE_PROXY")
-	if kind == "" {
-		kind = "inprocess"
+	kinds := strings.Split(os.Getenv("SCALE_PROXY"), ",")
+	if kinds[0] == "" {
+		kinds = []string{"inprocess"}
 		if _, err := os.Stat(debianEtcd); err == nil {
-			kind = "debian"
+			kinds = append(kinds, "debian")
 		}
 	}
-	for _, mode := range []string{"direct", "proxy"} {
-		for _, m := range envInts(b, "SCALE_WATCHERS", "1,10,100,500") {
-			name := fmt.Sprintf("%s/watchers=%d", mode, m)
-			if mode == "proxy" {
-				name = fmt.Sprintf("proxy-%s/watchers=%d", kind, m)
-			}
-			b.Run(name, func(b *testing.B) { runFanout(b, mode, kind, m) })
+	watchers := envInts(b, "SCALE_WATCHERS", "1,10,100,500")
+	for _, m := range watchers {
+		b.Run(fmt.Sprintf("direct/watchers=%d", m), func(b *testing.B) { runFanout(b, "direct", "", m) })
+	}
+	for _, kind := range kinds {
+		if kind != "inprocess" && kind != "debian" {
+			b.Fatalf("SCALE_PROXY=%q: want inprocess, debian or both, comma-separated", kind)
+		}
+		for _, m := range watchers {
+			b.Run(fmt.Sprintf("proxy-%s/watchers=%d", kind, m), func(b *testing.B) { runFanout(b, "proxy", kind, m) })
 		}
 	}
 }
@@ -183,7 +188,7 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 
 	// Recovery: cut off (etcd for direct watchers, the proxy for the others), write, reconnect;
 	// then again with a compaction while they are cut off.
-	cut := func(compact bool) (lists float64, relisted uint64, took time.Duration) {
+	cut := func(compact bool) recovery {
 		if px != nil {
 			px.stop()
 		} else {
@@ -208,10 +213,13 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 		} else {
 			e.command("resume")
 		}
-		if err := fl.waitRevision(last, 5*time.Minute); err != nil {
-			b.Fatal(err)
+		var r recovery
+		if err := fl.waitRevision(last, 3*time.Minute); err != nil {
+			// Watchers that never catch up lost events: a proxy bug (or ours), reported, not hidden.
+			r.stuck = fl.behind(last)
+			b.Logf("after the cut-off (compaction %v): %v", compact, err)
 		}
-		took = time.Since(start)
+		r.took = time.Since(start)
 		for _, a := range agents {
 			if err := a.waitReady(time.Minute); err != nil {
 				b.Fatal(err)
@@ -220,10 +228,14 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 		if errs := fl.errors(); len(errs) > 0 {
 			b.Logf("watchers' last errors after the cut-off (compaction %v): %v", compact, errs)
 		}
-		return float64(e.stats().down-s0.down) / float64(dataBytes), fl.relists() - relists0, took
+		r.lists, r.relisted = float64(e.stats().down-s0.down)/float64(dataBytes), fl.relists()-relists0
+		return r
 	}
-	blipLists, blipRelists, blipTook := cut(false)
-	compLists, compRelists, compTook := cut(true)
+	blip := cut(false)
+	var comp recovery
+	if blip.stuck == 0 {
+		comp = cut(true)
+	}
 
 	b.ReportMetric(perAdd, "etcd-B/add")
 	b.ReportMetric(perAdd/value, "value-copies/add")
@@ -235,16 +247,26 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 	}
 	b.ReportMetric(float64(s2.down-s1.down)/idleWindow.Seconds()/nodes, "idle-B/s/node")
 	b.ReportMetric(float64(s1.down-s0.down)/float64(dataBytes), "start-lists")
-	b.ReportMetric(blipLists, "reconnect-lists")
-	b.ReportMetric(compLists, "compacted-lists")
+	b.ReportMetric(blip.lists, "reconnect-lists")
+	b.ReportMetric(comp.lists, "compacted-lists")
+	b.ReportMetric(float64(blip.stuck+comp.stuck), "stuck-watchers")
 	b.Logf("%s, %d watchers + %d agents, %d blocks (%d KB of data): per ADD (value %.0f B) etcd sent %.0f B = %.2f values "+
 		"(etcd_network_client_grpc_sent_bytes_total says %.0f B); idle %.1f B/s a node, %d/%d watchers and %d/%d agents not in sync after %s idle; "+
-		"start-up: etcd sent %.2f data sets; reconnect after a cut-off: %d relists, %.2f data sets, in sync after %s; "+
-		"the same with a compaction: %d relists, %.2f data sets, in sync after %s",
+		"start-up: etcd sent %.2f data sets; reconnect after a cut-off: %d relists, %.2f data sets, in sync after %s (%d watchers never); "+
+		"the same with a compaction: %d relists, %.2f data sets, in sync after %s (%d watchers never)",
 		mode, m, k, benchBlocks, dataBytes/1000, value, perAdd, perAdd/value, addGRPC/n,
 		float64(s2.down-s1.down)/idleWindow.Seconds()/nodes, unsynced, m, notReady, k, idleWindow,
-		float64(s1.down-s0.down)/float64(dataBytes), blipRelists, blipLists, blipTook.Round(time.Millisecond),
-		compRelists, compLists, compTook.Round(time.Millisecond))
+		float64(s1.down-s0.down)/float64(dataBytes), blip.relisted, blip.lists, blip.took.Round(time.Millisecond), blip.stuck,
+		comp.relisted, comp.lists, comp.took.Round(time.Millisecond), comp.stuck)
+}
+
+// recovery is what a cut-off cost: etcd's egress until every watcher was back in sync, in data sets;
+// the relists; how long; how many watchers never caught up.
+type recovery struct {
+	lists    float64
+	relisted uint64
+	took     time.Duration
+	stuck    int
 }
 
 // dataSetBytes is the size of the keys and values one complete list of the watched prefixes returns.

@@ -92,18 +92,23 @@ func (f *fleet) waitRevision(rev int64, within time.Duration) error {
 			continue
 		}
 		if time.Now().After(deadline) {
-			behind := 0
-			for _, w := range f.ws {
-				if s := w.Status(); !s.Synced || s.Revision < rev {
-					behind++
-				}
-			}
 			return fmt.Errorf("%d of %d watchers not in sync at revision %d after %s; watcher %d at revision %d (synced %v, last error %q)",
-				behind, len(f.ws), rev, within, i, st.Revision, st.Synced, st.LastError)
+				f.behind(rev), len(f.ws), rev, within, i, st.Revision, st.Synced, st.LastError)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
+}
+
+// behind is the number of watchers not in sync at revision rev or later.
+func (f *fleet) behind(rev int64) int {
+	n := 0
+	for _, w := range f.ws {
+		if st := w.Status(); !st.Synced || st.Revision < rev {
+			n++
+		}
+	}
+	return n
 }
 
 // errors counts the watchers' last errors (the first 60 characters), for the log.

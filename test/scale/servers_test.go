@@ -264,10 +264,11 @@ func startGRPCProxy(endpoint string, ln net.Listener) (*grpcProxy, error) {
 	return p, nil
 }
 
-// Stop drops every client connection and the proxy's own connection to etcd.
+// Stop drops every client connection, as a proxy process that exits does (the clients see the
+// connection go, not their watches cancelled), then the proxy's own connection to etcd.
 func (p *grpcProxy) Stop() {
-	p.cancel()
 	p.srv.Stop()
+	p.cancel()
 	<-p.done
 	p.cli.Close()
 }
