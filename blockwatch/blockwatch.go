@@ -214,7 +214,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			// the relists, and read at the compaction revision, so that the proxy can answer most of
 			// them from its cache (see Config.CompactedRelistSpread).
 			at = w.compactRev
-			if w.cfg.CompactedRelistSpread > 0 && !w.sleep(ctx, rand.N(w.cfg.CompactedRelistSpread)) {
+			if spread := w.relistSpread(); spread > 0 && !w.sleep(ctx, rand.N(spread)) {
 				return nil
 			}
 		default:
@@ -223,6 +223,16 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// relistSpread is the window over which the relists after a compaction are spread: the configured
+// spread per started hundred registered nodes, as every node relists at once and the time they need
+// together grows with their number.
+func (w *Watcher) relistSpread() time.Duration {
+	if w.cfg.CompactedRelistSpread <= 0 {
+		return 0
+	}
+	return w.cfg.CompactedRelistSpread * time.Duration(1+len(w.view.peers)/100)
 }
 
 // sleep waits d, and reports false if ctx ended first. A Relist request ends the wait early (and is

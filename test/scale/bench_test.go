@@ -62,8 +62,8 @@ func BenchmarkFanout(b *testing.B) {
 	}
 }
 
-// The data set: blocks /26 blocks owned round-robin by nodes nodes, each holding pods pods to begin
-// with (a realistic, half-full block: about 7 KB).
+// The data set: benchBlocks /26 blocks owned round-robin by benchNodes nodes, each holding benchPods
+// pods to begin with (a realistic, half-full block: about 9 KB).
 const (
 	benchBlocks = 200
 	benchNodes  = 100
@@ -86,7 +86,8 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 		b.Fatal(err)
 	}
 	defer wcli.Close()
-	w, err := newWriter(ctx, wcli, benchBlocks, benchNodes, benchPods)
+	// Every watcher stands for a node, registered as a peer.
+	w, err := newWriter(ctx, wcli, benchBlocks, benchNodes, m, benchPods)
 	if err != nil {
 		b.Fatal(err)
 	}

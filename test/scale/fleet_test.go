@@ -160,20 +160,21 @@ func peerOf(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)})
 }
 
-// newWriter fills etcd with the pool, the peers of nodes nodes and n blocks owned round-robin by them,
-// each holding pods allocated pods (realistic attributes), and returns a writer of more ADDs.
-func newWriter(ctx context.Context, cli *clientv3.Client, n, nodes, pods int) (*writer, error) {
+// newWriter fills etcd with the pool, the peers of nodes nodes (at least owners) and n blocks owned
+// round-robin by the first owners of them, each holding pods allocated pods (realistic attributes),
+// and returns a writer of more ADDs.
+func newWriter(ctx context.Context, cli *clientv3.Client, n, owners, nodes, pods int) (*writer, error) {
 	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "default-ipv4-ippool", CIDR: pool, BlockSize: 26}); err != nil {
 		return nil, err
 	}
-	for i := range nodes {
+	for i := range max(nodes, owners) {
 		if err := calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, nodeName(i), peerOf(i)); err != nil {
 			return nil, err
 		}
 	}
 	w := &writer{cli: cli}
 	for i := range n {
-		b := calicotest.Block(calicotest.BlockCIDR(i), nodeName(i%nodes), i)
+		b := calicotest.Block(calicotest.BlockCIDR(i), nodeName(i%owners), i)
 		for range pods {
 			w.allocate(b, i)
 		}

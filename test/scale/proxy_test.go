@@ -38,7 +38,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer upstream.Close()
-	w, err := newWriter(ctx, cli, 20, 5, 8)
+	w, err := newWriter(ctx, cli, 20, 5, m, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
