@@ -10,12 +10,13 @@
 // Relist call, make it list again at a new revision, diff the result against the view it had, and emit
 // a Full snapshot whose change set is that difference. After a compaction the new revision is the
 // compaction revision, read serializably after a random wait (Config.CompactedRelistSpread): every
-// watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests are
-// then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore never a partial view:
-// a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
-// merely not read yet. Each prefix's watch applies events in revision order and only when newer than
-// the revision already applied to the key; the three watches are independent streams, so a snapshot
-// taken between their responses may reflect one prefix at a slightly later revision than another.
+// watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests
+// are then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore
+// never a partial view: a block missing from a snapshot is absent from etcd (at the revision the
+// snapshot reflects), never merely not read yet. Each prefix's watch applies events in revision order
+// and only when newer than the revision already applied to the key; the three watches are independent
+// streams, so a snapshot taken between their responses may reflect one prefix at a slightly later
+// revision than another.
 //
 // # Malformed values
 //
