@@ -19,6 +19,29 @@ build:
 test: lint
 	$(GO) test -race -count=1 -timeout 12m ./...
 
+# The same tests against real VPP processes, one per node, instead of the simulator (the helpers in
+# internal/vpptest read VPP_TEST_BACKEND): the vppapi tests, the process-level e2e and the lab scenario.
+# Tests that need the simulator's faults are skipped. VPP comes from VPP_PKG (an unpacked package
+# directory such as ../shared/vpp's) or a vpp on PATH.
+.PHONY: test-vpp
+test-vpp:
+	@if [ -z "$$VPP_PKG" ] && ! command -v vpp >/dev/null 2>&1; then \
+		echo "make test-vpp: no VPP. Unpack one and point VPP_PKG at it:" >&2; \
+		echo "  zstd -dc ../shared/vpp/vpp-v26.06-minimal.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=/opt/vpp-v26.06-minimal" >&2; \
+		echo "or put fd.io's vpp and vppctl on PATH." >&2; exit 2; \
+	fi
+	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab
+
+# Interoperability with Project Calico's own calico-ipam and calicoctl v3.31.0 on one etcd (needs root:
+# calico-ipam runs in a private mount namespace). Calico is built once into CALICO_DIR (2-6 min cold).
+CALICO_SRC ?= ../shared/calico
+CALICO_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/vpp-route-agent/calico-v3.31.0
+.PHONY: test-calico
+test-calico:
+	@test -x $(CALICO_SRC)/build-calico.sh || { echo "make test-calico: $(CALICO_SRC)/build-calico.sh not found (set CALICO_SRC)" >&2; exit 2; }
+	$(CALICO_SRC)/build-calico.sh $(CALICO_DIR)
+	CALICO_BIN_DIR=$(CALICO_DIR) $(GO) test -race -count=1 -timeout 8m ./test/calicointerop/
+
 # Every benchmark but the scale harness (bench-scale: minutes, and it wants Debian's etcd-server).
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m $$($(GO) list ./... | grep -v /test/scale)

@@ -2,10 +2,13 @@
 // equal to the routes derived from the latest complete view of Calico's blocks and the registered peers.
 //
 // One goroutine (Run) owns all reconcile state. It is level-triggered: a full resync dumps VPP's table,
-// takes as "owned" exactly the routes in the table whose every path goes via the uplink and whose prefix
-// lies in a managed pool, and adds, replaces, then deletes until owned == desired. Full resyncs run at
-// start, after every VPP (re)connect, after every etcd relist and every ResyncInterval; between them each
-// etcd change updates only the route prefixes it touches.
+// takes as "owned" exactly the API-sourced routes in the table whose every path goes via the uplink and
+// whose prefix lies in a managed pool, and adds, replaces, then deletes until owned == desired. VPP tells
+// the API source apart with ip_route_v2_dump; a VPP without it is dumped with ip_route_dump, and a route
+// that stays after the agent deleted it (VPP's own recursive-resolution or adjacency /32) is foreign from
+// then on. Full resyncs run at start, after every VPP (re)connect, after every etcd relist and every
+// ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
+// that VPP has not created yet is waited for, polled every 100ms.
 //
 // Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down), and
 // a route whose owner's registration disappeared is kept for PeerLossGrace before it is withdrawn.
@@ -23,7 +26,6 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -34,7 +36,9 @@ type Dataplane interface {
 	LookupUplink(ctx context.Context, u vppapi.Uplink) (uint32, error)
 	EnsureTable(ctx context.Context, tableID uint32) error
 	DumpRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
+	DumpAPIRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	Apply(ctx context.Context, adds, deletes []vppapi.Route) vppapi.Result
+	Status() vppapi.Status
 }
 
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
@@ -86,6 +90,12 @@ const (
 	DefaultSyncTimeout    = 2 * time.Minute
 	// WithdrawTimeout bounds the removal of owned routes on exit (WithdrawOnExit).
 	WithdrawTimeout = 10 * time.Second
+	// uplinkPoll is how often a missing uplink is looked for. VPP creates interfaces of its startup-config
+	// 2 s after it starts; polling this often (one small dump) leaves room, within 0.5 s of its appearance,
+	// for a resync of 20,000 routes (0.25 s on VPP 26.06).
+	uplinkPoll = 100 * time.Millisecond
+	// retryDelay is how long after a failed resync or FIB write the next attempt comes.
+	retryDelay = 2 * time.Second
 )
 
 // Validate checks the configuration and fills in defaults.
@@ -133,17 +143,27 @@ type Agent struct {
 	programmed      map[netip.Prefix]vppapi.Route
 	programmedValid bool // programmed was read from VPP since the last (re)connect
 	foreign         map[netip.Prefix]struct{}
-	uplink          uint32
-	uplinkReady     bool
-	vppUp           bool
-	needFull        string                   // reason of a full resync that is due as soon as it can run
-	missingSince    map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
-	legacyLogged    map[netip.Prefix]struct{}
-	retry           *time.Timer
-	grace           *time.Timer
-	graceAt         time.Time // when grace fires; zero when not armed
+	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
+	dumpMode string
+	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
+	// of routes VPP kept after such a delete: its own entries, foreign from then on (ip_route_dump only).
+	deleted       map[netip.Prefix]vppapi.Route
+	undeletable   map[netip.Prefix]struct{}
+	uplink        uint32
+	uplinkReady   bool
+	waitingUplink bool
+	vppUp         bool
+	needFull      string                   // reason of a full resync that is due as soon as it can run
+	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
+	retry         *time.Timer
+	retryKind     string // the resync kind the retry timer runs
+	grace         *time.Timer
+	graceAt       time.Time // when grace fires; zero when not armed
 
 	heartbeat atomic.Int64 // UnixNano of the loop's last turn
+	// busyUntil is the deadline (UnixNano) of the VPP work the loop is doing now, 0 when idle: the loop
+	// is alive until then even if it does not turn.
+	busyUntil atomic.Int64
 	debugReq  chan chan Debug
 
 	mu   sync.Mutex // guards view
@@ -152,7 +172,9 @@ type Agent struct {
 
 type readiness struct {
 	snapshotApplied bool
-	vppConnected    bool
+	vppConnected    bool // as the reconcile loop last saw it
+	uplinkReady     bool
+	waitingUplink   bool
 	resynced        bool
 	etcdSynced      bool
 }
@@ -167,8 +189,9 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		desired:      newDesiredSet(cfg.NodeName),
 		programmed:   map[netip.Prefix]vppapi.Route{},
 		foreign:      map[netip.Prefix]struct{}{},
+		deleted:      map[netip.Prefix]vppapi.Route{},
+		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
-		legacyLogged: map[netip.Prefix]struct{}{},
 		debugReq:     make(chan chan Debug),
 		m:            m.orNop(),
 	}
@@ -200,7 +223,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			a.fullSync(ctx, "periodic")
 		case <-a.retry.C:
-			a.fullSync(ctx, "retry")
+			a.fullSync(ctx, a.retryKind)
 		case <-a.grace.C:
 			a.expireGrace(ctx)
 		case ch := <-a.debugReq:
@@ -221,7 +244,6 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
 	first := a.snap == nil
 	a.snap = snap
-	a.noteLegacy(snap)
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
 		a.pools = pools
@@ -242,6 +264,8 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if !a.vppUp || !a.uplinkReady {
 		return // the full resync after (re)connect picks it up
 	}
+	ctx, done := a.busy(ctx)
+	defer done()
 	ops := a.applyDirty(ctx, dirty, a.src.Status().Synced)
 	if ops > 0 && !snap.ReceivedAt.IsZero() {
 		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
@@ -250,29 +274,30 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 
 func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	switch ev.Kind {
+	// vppapi logs connection changes; the agent only reacts to them.
 	case vppapi.Connected:
-		a.log.Info("VPP connected", "pid", ev.PID, "version", ev.Version, "restarted", ev.Restarted)
 		a.vppUp = true
 		a.uplinkReady = false
 		a.programmedValid = false
+		clear(a.deleted)
 		if ev.Restarted {
 			clear(a.programmed) // a restarted VPP has an empty FIB
+			clear(a.undeletable)
 		}
 		a.needFull = "vpp-connect"
 		if ev.Restarted {
 			a.needFull = "vpp-restart"
 		}
-	case vppapi.Disconnected:
-		a.log.Warn("VPP disconnected; routes stay as they are, reconnecting", "err", ev.Err)
+	case vppapi.Disconnected, vppapi.Incompatible:
 		a.vppUp = false
 		a.uplinkReady = false
 		a.programmedValid = false
-	case vppapi.Incompatible:
-		a.log.Error("VPP is incompatible with this agent", "err", ev.Err, "version", ev.Version)
-		a.vppUp = false
-		a.uplinkReady = false
+		a.setWaitingUplink(false)
 	}
 }
+
+// errWaitingUplink is doFullSync's error while VPP has no uplink interface yet: a state, not a failure.
+var errWaitingUplink = errors.New("waiting for the uplink interface")
 
 // setupUplink configures (or in a dry run only looks up) the uplink and the table.
 func (a *Agent) setupUplink(ctx context.Context) error {
@@ -286,11 +311,46 @@ func (a *Agent) setupUplink(ctx context.Context) error {
 			err = a.dp.EnsureTable(ctx, a.cfg.TableID)
 		}
 	}
+	if errors.Is(err, vppapi.ErrNoInterface) {
+		a.setWaitingUplink(true)
+		return errWaitingUplink
+	}
 	if err != nil {
 		return fmt.Errorf("set up uplink: %w", err)
 	}
+	a.setWaitingUplink(false)
 	a.uplink, a.uplinkReady = idx, true
 	return nil
+}
+
+// setWaitingUplink records whether VPP lacks the uplink, logging and exporting the change.
+func (a *Agent) setWaitingUplink(waiting bool) {
+	if waiting == a.waitingUplink {
+		return
+	}
+	a.waitingUplink = waiting
+	if waiting {
+		a.log.Info("VPP has no uplink interface yet; waiting for it", "uplink", a.cfg.Uplink.String(), "poll", uplinkPoll)
+		a.m.uplinkWaiting.Set(1)
+		return
+	}
+	a.m.uplinkWaiting.Set(0)
+	if a.vppUp {
+		a.log.Info("uplink interface appeared", "uplink", a.cfg.Uplink.String())
+	}
+}
+
+// busy marks the loop as working on VPP until ctx's deadline, which it sets to SyncTimeout when ctx has
+// none; done ends the mark. /healthz and the systemd watchdog read the mark: a long resync is not a
+// stalled loop, and every VPP request in it has a deadline.
+func (a *Agent) busy(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
+	deadline, _ := ctx.Deadline()
+	a.busyUntil.Store(deadline.UnixNano())
+	return ctx, func() {
+		a.busyUntil.Store(0)
+		cancel()
+	}
 }
 
 // fullSync reads the table from VPP and makes the owned routes equal the desired ones.
@@ -301,9 +361,15 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 	}
 	a.needFull = ""
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
-	defer cancel()
+	ctx, done := a.busy(ctx)
+	defer done()
 	err := a.doFullSync(ctx, kind)
+	if errors.Is(err, errWaitingUplink) {
+		// Not a failure: the uplink is looked for again shortly, by the resync kind that found it missing.
+		a.retryKind = kind
+		a.retry.Reset(uplinkPoll)
+		return
+	}
 	a.m.syncDone(kind, start, err)
 	if err != nil {
 		a.log.Warn("full resync failed; retrying", "kind", kind, "err", err)
@@ -320,11 +386,12 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 			return err
 		}
 	}
-	entries, err := a.dp.DumpRoutes(ctx, a.cfg.TableID)
+	entries, err := a.dumpTable(ctx)
 	if err != nil {
-		return fmt.Errorf("dump table %d: %w", a.cfg.TableID, err)
+		return err
 	}
 	owned, foreign := a.classify(entries)
+	a.noteUndeletable(owned, foreign)
 	if a.programmedValid {
 		drift := 0
 		for p, r := range owned {
@@ -356,6 +423,55 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
 	}
 	return nil
+}
+
+// Dump modes: how the last dump told the agent's routes apart.
+const (
+	dumpBySource = "ip_route_v2_dump"
+	dumpAll      = "ip_route_dump"
+)
+
+// dumpTable dumps the API routes of the table, or, from a VPP that cannot filter by source, every route.
+func (a *Agent) dumpTable(ctx context.Context) ([]vppapi.FIBEntry, error) {
+	mode := dumpBySource
+	entries, err := a.dp.DumpAPIRoutes(ctx, a.cfg.TableID)
+	if errors.Is(err, vppapi.ErrUnsupported) {
+		mode = dumpAll
+		entries, err = a.dp.DumpRoutes(ctx, a.cfg.TableID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dump table %d: %w", a.cfg.TableID, err)
+	}
+	if mode != a.dumpMode {
+		a.dumpMode = mode
+		if mode == dumpAll {
+			a.log.Warn("VPP has no ip_route_v2_dump: telling the agent's routes apart by their paths; a route VPP keeps after a delete is treated as VPP's own from then on")
+		} else {
+			a.log.Info("telling the agent's routes apart by VPP's route source", "dump", mode)
+		}
+	}
+	return entries, nil
+}
+
+// noteUndeletable moves to foreign, for good, the routes VPP kept although it acknowledged their delete:
+// with ip_route_dump, VPP's own recursive-resolution and adjacency /32s look like routes of the agent,
+// and "deleting" them changes nothing. Each is logged and counted once.
+func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]struct{}) {
+	for p, r := range a.deleted {
+		if have, ok := owned[p]; ok && have == r {
+			a.undeletable[p] = struct{}{}
+			a.m.undeletable.Inc()
+			a.log.Warn("VPP kept a route the agent deleted; treating it as VPP's own from now on",
+				"prefix", p, "via", r.NextHop)
+		}
+	}
+	clear(a.deleted)
+	for p := range a.undeletable {
+		if _, ok := owned[p]; ok {
+			delete(owned, p)
+			foreign[p] = struct{}{}
+		}
+	}
 }
 
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
@@ -467,6 +583,9 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 	for _, r := range dels {
 		if _, bad := failed[r.Prefix]; !bad {
 			delete(a.programmed, r.Prefix)
+			if a.dumpMode == dumpAll {
+				a.deleted[r.Prefix] = r
+			}
 		}
 	}
 	a.m.countOps(len(adds), len(dels), res.Failed)
@@ -506,6 +625,8 @@ func (a *Agent) expireGrace(ctx context.Context) {
 		}
 	}
 	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
+		ctx, done := a.busy(ctx)
+		defer done()
 		a.applyDirty(ctx, dirty, a.src.Status().Synced)
 	}
 }
@@ -520,7 +641,8 @@ func (a *Agent) armGrace(until time.Time) {
 }
 
 func (a *Agent) scheduleRetry() {
-	a.retry.Reset(2 * time.Second)
+	a.retryKind = "retry"
+	a.retry.Reset(retryDelay)
 }
 
 // conflicts counts resolved desired routes that a foreign route in the table blocks.
@@ -534,27 +656,6 @@ func (a *Agent) conflicts() int {
 	return n
 }
 
-// noteLegacy logs once per block that legacy hostAffinity made a node its owner.
-func (a *Agent) noteLegacy(snap *blockwatch.Snapshot) {
-	check := func(cidr netip.Prefix, b *blockwatch.Block) {
-		if b != nil && b.Owner.Kind == calico.OwnerLegacyHost {
-			if _, done := a.legacyLogged[cidr]; !done {
-				a.legacyLogged[cidr] = struct{}{}
-				a.log.Info("block has only the legacy hostAffinity field; routing it to that node", "block", cidr, "node", b.Owner.Node)
-			}
-		}
-	}
-	if snap.Full {
-		for cidr, b := range snap.Blocks {
-			check(cidr, b)
-		}
-		return
-	}
-	for _, cidr := range snap.ChangedBlocks {
-		check(cidr, snap.Blocks[cidr])
-	}
-}
-
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.
 func (a *Agent) withdrawAll() {
 	if !a.vppUp || !a.uplinkReady || a.cfg.DryRun {
@@ -562,12 +663,13 @@ func (a *Agent) withdrawAll() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), WithdrawTimeout)
 	defer cancel()
-	entries, err := a.dp.DumpRoutes(ctx, a.cfg.TableID)
+	entries, err := a.dumpTable(ctx)
 	if err != nil {
 		a.log.Error("withdraw on exit: dump failed", "err", err)
 		return
 	}
-	owned, _ := a.classify(entries)
+	owned, foreign := a.classify(entries)
+	a.noteUndeletable(owned, foreign)
 	dels := make([]vppapi.Route, 0, len(owned))
 	for _, r := range owned {
 		dels = append(dels, r)

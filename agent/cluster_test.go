@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -49,6 +51,8 @@ type clusterOpts struct {
 	resync time.Duration
 	grace  time.Duration
 	pools  []netip.Prefix // nil: IPPools from etcd
+	// sim, if set, adjusts each node's simulator (faults of VPP at start, an older VPP's message table).
+	sim func(*vppsim.Config)
 }
 
 type node struct {
@@ -63,6 +67,8 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan error
 	agent  *agent.Agent
+	reg    *prometheus.Registry // the metrics of the running agent
+	logs   *logBuffer           // its log lines, every level
 }
 
 func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
@@ -87,7 +93,11 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 			peerV4: netip.AddrFrom4([4]byte{192, 168, 100, byte(i + 1)}),
 			peerV6: netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i+1)),
 			sock:   filepath.Join(dir, name+".sock")}
-		sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
+		cfg := vppsim.Config{Interfaces: []string{uplinkName}}
+		if opts.sim != nil {
+			opts.sim(&cfg)
+		}
+		sim, err := vppsim.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,12 +132,15 @@ func (c *cluster) start(name string) {
 	if n.cancel != nil {
 		return
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", name)
+	logs := &logBuffer{}
+	log := slog.New(teeHandler{slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn}),
+		slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})}).With("node", name)
+	reg := prometheus.NewRegistry()
 	cli, err := c.etcd.Client()
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	vpp, err := vppapi.New(vppapi.Config{Socket: n.sock, ReplyTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond, Logger: log})
+	vpp, err := vppapi.New(vppapi.Config{Socket: n.sock, ReplyTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond, Logger: log, Registerer: reg})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -135,14 +148,14 @@ func (c *cluster) start(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	reg, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: name,
+	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: name,
 		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeName: name, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, reg, nil)
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, registrar, agent.NewMetrics(reg))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -150,11 +163,95 @@ func (c *cluster) start(name string) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return vpp.Run(gctx) })
 	g.Go(func() error { return w.Run(gctx) })
-	g.Go(func() error { return reg.Run(gctx) })
+	g.Go(func() error { return registrar.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
 	done := make(chan error, 1)
 	go func() { done <- g.Wait(); cli.Close() }()
-	n.cancel, n.done, n.agent = cancel, done, a
+	n.cancel, n.done, n.agent, n.reg, n.logs = cancel, done, a, reg, logs
+}
+
+// metric returns the value of node name's metric (summed over the series matching the label pairs).
+func (c *cluster) metric(name, metric string, labelPairs ...string) float64 {
+	c.t.Helper()
+	n := c.nodes[name]
+	n.mu.Lock()
+	reg := n.reg
+	n.mu.Unlock()
+	fams, err := reg.Gather()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range fams {
+		if f.GetName() != metric {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labelPairs); i += 2 {
+				if labels[labelPairs[i]] != labelPairs[i+1] {
+					continue next
+				}
+			}
+			total += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+// logBuffer keeps log lines for tests to count.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lines = append(b.lines, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// count returns how many lines contain s.
+func (b *logBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, l := range b.lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// teeHandler sends each record to two handlers.
+type teeHandler struct{ a, b slog.Handler }
+
+func (h teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.a.Enabled(ctx, l) || h.b.Enabled(ctx, l)
+}
+
+func (h teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	var errs []error
+	for _, x := range []slog.Handler{h.a, h.b} {
+		if x.Enabled(ctx, r.Level) {
+			errs = append(errs, x.Handle(ctx, r.Clone()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (h teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return teeHandler{h.a.WithAttrs(as), h.b.WithAttrs(as)}
+}
+
+func (h teeHandler) WithGroup(g string) slog.Handler {
+	return teeHandler{h.a.WithGroup(g), h.b.WithGroup(g)}
 }
 
 // stop stops node name's agent (a normal exit: routes and registration stay).
@@ -333,4 +430,28 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// waitFor polls cond until it holds, failing the test with what after within.
+func (c *cluster) waitFor(what string, within time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s: not within %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// debug returns node name's /debug/routes view.
+func (c *cluster) debug(name string) agent.Debug {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := c.nodes[name].agent.DebugRoutes(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return d
 }

@@ -128,10 +128,34 @@ type desiredSet struct {
 	byNode  map[string]map[netip.Prefix]struct{}
 	targets map[netip.Prefix]target
 
-	ownerCounts     map[string]int
-	ownersChanged   bool // ownerCounts changed since the metrics last read it
+	// blocks counts the blocks of the view by blockKind.
+	blocks          [numBlockKinds]int
 	unresolvedCount int
 	resolved        int // targets with resolved == true
+}
+
+// blockKind classifies a block for the vpp_route_agent_blocks gauge: per-agent totals, never a label per
+// node (that would be N² series across a cluster).
+type blockKind int
+
+const (
+	blockLocal   blockKind = iota // owned by this node
+	blockRemote                   // owned by another node
+	blockUnowned                  // owned by no node (released, load balancer)
+	numBlockKinds
+)
+
+var blockKindNames = [numBlockKinds]string{"local", "remote", "unowned"}
+
+func (d *desiredSet) kindOf(b *blockwatch.Block) blockKind {
+	switch {
+	case !b.Owner.IsNode():
+		return blockUnowned
+	case b.Owner.Node == d.node:
+		return blockLocal
+	default:
+		return blockRemote
+	}
 }
 
 func newDesiredSet(node string) *desiredSet {
@@ -146,8 +170,7 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.sources = make(map[netip.Prefix][]netip.Prefix, len(snap.Blocks))
 	d.byNode = make(map[string]map[netip.Prefix]struct{})
 	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
-	d.ownerCounts = make(map[string]int)
-	d.ownersChanged = true
+	d.blocks = [numBlockKinds]int{}
 	d.unresolvedCount = 0
 	d.resolved = 0
 	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
@@ -205,9 +228,8 @@ func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[
 	}
 	r := d.compute(b)
 	d.perBlock[cidr] = r
+	d.blocks[d.kindOf(b)]++
 	if b.Owner.IsNode() {
-		d.ownerCounts[b.Owner.Node]++
-		d.ownersChanged = true
 		d.link(b.Owner.Node, cidr)
 	}
 	for _, br := range b.Borrowed {
@@ -224,11 +246,8 @@ func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[
 
 func (d *desiredSet) forget(cidr netip.Prefix, old *blockResult, dirty map[netip.Prefix]struct{}) {
 	delete(d.perBlock, cidr)
+	d.blocks[d.kindOf(old.block)]--
 	if old.block.Owner.IsNode() {
-		if d.ownerCounts[old.block.Owner.Node]--; d.ownerCounts[old.block.Owner.Node] <= 0 {
-			delete(d.ownerCounts, old.block.Owner.Node)
-		}
-		d.ownersChanged = true
 		d.unlink(old.block.Owner.Node, cidr)
 	}
 	for _, br := range old.block.Borrowed {

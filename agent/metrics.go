@@ -19,7 +19,8 @@ type Metrics struct {
 	drift                                  prometheus.Counter
 	registrationUp                         prometheus.Gauge
 	blocks                                 *prometheus.GaugeVec
-	blockOwners                            map[string]struct{}
+	uplinkWaiting                          prometheus.Gauge
+	undeletable                            prometheus.Counter
 	eventToFIB                             prometheus.Histogram
 	snapshots                              prometheus.Counter
 }
@@ -48,8 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		registrationUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_up",
 			Help: "1 when this node's peer IP registration is present in etcd."}),
 		blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks",
-			Help: "Blocks by owning node."}, []string{"owner"}),
-		blockOwners: map[string]struct{}{},
+			Help: "Blocks in the etcd view by kind: local (this node's), remote (another node's), unowned."}, []string{"kind"}),
+		uplinkWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_uplink_waiting",
+			Help: "1 while VPP is connected but has no uplink interface of the configured name or index yet."}),
+		undeletable: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_routes_undeletable_total",
+			Help: "Routes VPP kept after the agent deleted them (its own entries, seen only without ip_route_v2_dump); treated as foreign from then on."}),
 		eventToFIB: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vpp_route_agent_event_to_fib_seconds",
 			Help:    "Time from receiving an etcd event to VPP acknowledging the FIB write.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}),
@@ -62,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.blocks, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.blocks, m.uplinkWaiting, m.undeletable, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).
@@ -70,6 +74,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		for _, result := range []string{"ok", "error", "dry_run"} {
 			m.ops.WithLabelValues(op, result)
 		}
+	}
+	for _, k := range blockKindNames {
+		m.blocks.WithLabelValues(k)
 	}
 	for _, kind := range syncKinds() {
 		m.syncs.WithLabelValues(kind, "ok")
@@ -122,16 +129,9 @@ func (m *Metrics) countOps(adds, dels int, failed []vppapi.RouteError) {
 	m.ops.WithLabelValues("delete", "error").Add(float64(fd))
 }
 
-// setBlocks sets the per-owner block gauge, removing owners that own nothing any more.
-func (m *Metrics) setBlocks(counts map[string]int) {
-	for owner := range m.blockOwners {
-		if _, ok := counts[owner]; !ok {
-			m.blocks.DeleteLabelValues(owner)
-			delete(m.blockOwners, owner)
-		}
-	}
-	for owner, n := range counts {
-		m.blocks.WithLabelValues(owner).Set(float64(n))
-		m.blockOwners[owner] = struct{}{}
+// setBlocks sets the block gauge by kind.
+func (m *Metrics) setBlocks(counts [numBlockKinds]int) {
+	for k, n := range counts {
+		m.blocks.WithLabelValues(blockKindNames[k]).Set(float64(n))
 	}
 }

@@ -34,8 +34,8 @@ func TestMetricsExportedBeforeAnyEvent(t *testing.T) {
 	if n := got["vpp_route_agent_syncs_total"]; n != 2*11 {
 		t.Errorf("vpp_route_agent_syncs_total has %d series, want 22 (11 kinds, ok and error)", n)
 	}
-	// vpp_route_agent_blocks is by owning node: no series until some node owns a block.
-	if n := got["vpp_route_agent_blocks"]; n != 0 {
-		t.Errorf("vpp_route_agent_blocks has %d series without blocks", n)
+	// vpp_route_agent_blocks is per-agent totals by kind, never a series per node.
+	if n := got["vpp_route_agent_blocks"]; n != 3 {
+		t.Errorf("vpp_route_agent_blocks has %d series, want 3 (local, remote, unowned)", n)
 	}
 }

@@ -81,7 +81,9 @@ func (a *Agent) publish() {
 	synced := a.src.Status().Synced
 	a.setView(func(v *readiness) {
 		v.snapshotApplied = a.snap != nil
-		v.vppConnected = a.vppUp && a.uplinkReady
+		v.vppConnected = a.vppUp
+		v.uplinkReady = a.uplinkReady
+		v.waitingUplink = a.waitingUplink
 		v.etcdSynced = synced
 	})
 	a.m.desired.Set(float64(a.desired.resolvedCount()))
@@ -90,10 +92,7 @@ func (a *Agent) publish() {
 	if a.snap != nil {
 		a.m.peers.Set(float64(len(a.snap.Peers)))
 	}
-	if a.desired.ownersChanged { // O(nodes): only when an owner's count changed
-		a.m.setBlocks(a.desired.ownerCounts)
-		a.desired.ownersChanged = false
-	}
+	a.m.setBlocks(a.desired.blocks)
 }
 
 func (a *Agent) setView(f func(v *readiness)) {
@@ -115,8 +114,16 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 	if !v.etcdSynced {
 		missing = append(missing, "etcd watch not in sync")
 	}
-	if !v.vppConnected {
-		missing = append(missing, "VPP not connected or uplink not set up")
+	// The connection is read live: the loop's own view lags while it works on a long resync.
+	switch st := a.dp.Status(); {
+	case !st.Connected && st.LastError != "":
+		missing = append(missing, "VPP not connected: "+st.LastError)
+	case !st.Connected:
+		missing = append(missing, "VPP not connected")
+	case v.waitingUplink:
+		missing = append(missing, "waiting for "+a.cfg.Uplink.String())
+	case !v.vppConnected || !v.uplinkReady:
+		missing = append(missing, "uplink not set up yet")
 	}
 	if !v.resynced {
 		missing = append(missing, "first full resync not done")
@@ -135,7 +142,13 @@ func (a *Agent) Resynced() bool {
 }
 
 // HealthyWithin reports whether the reconcile loop has turned within d (it turns at least every second
-// when idle). It does not depend on etcd or VPP.
+// when idle), or is doing VPP work whose deadline has not passed (a long resync). It does not depend on
+// etcd or VPP being reachable.
 func (a *Agent) HealthyWithin(d time.Duration) bool {
-	return time.Since(time.Unix(0, a.heartbeat.Load())) < d
+	now := time.Now()
+	if now.Sub(time.Unix(0, a.heartbeat.Load())) < d {
+		return true
+	}
+	until := a.busyUntil.Load()
+	return until != 0 && now.UnixNano() < until+int64(d)
 }

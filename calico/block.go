@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -128,8 +129,14 @@ func (e *InvariantError) Error() string {
 // Validate checks the invariants of a well-formed block and returns an *InvariantError naming the first
 // one broken: a canonical CIDR; len(allocations) == 2^(bits-prefix); allocated and unallocated ordinals
 // are disjoint and together cover every ordinal exactly once; every attribute index is valid and every
-// attribute is referenced; the keys of sequenceNumberForAllocation are exactly the allocated ordinals
-// (checked only when the field is present: blocks written before v3.23 have none).
+// attribute is referenced; every key of sequenceNumberForAllocation is an ordinal of the block.
+//
+// The sequence map is not required to match the allocations, in either direction, because Calico's own
+// writes do not keep it so: its CNI DEL (releaseByHandle in libcalico-go lib/ipam/ipam_block.go, every
+// version v3.23 to v3.31) leaves the entry of every ordinal it frees, and a block written before v3.23
+// gets a map holding only the ordinals allocated since (SetSequenceNumberForOrdinal in
+// lib/backend/model/block.go creates it on first use). A reader that rejected either form could
+// neither release nor assign in most blocks of a real cluster.
 func (b *Block) Validate() error {
 	fail := func(format string, args ...any) error {
 		return &InvariantError{CIDR: b.CIDR, Invariant: fmt.Sprintf(format, args...)}
@@ -181,22 +188,10 @@ func (b *Block) Validate() error {
 			return fail("attribute %d is not referenced by any allocation", i)
 		}
 	}
-	if b.SequenceNumberForAllocation != nil {
-		for k := range b.SequenceNumberForAllocation {
-			ord, err := strconv.Atoi(k)
-			if err != nil || ord < 0 || ord >= n || strconv.Itoa(ord) != k {
-				return fail("sequenceNumberForAllocation key %q is not an ordinal", k)
-			}
-			if b.Allocations[ord] == nil {
-				return fail("sequenceNumberForAllocation has free ordinal %d", ord)
-			}
-		}
-		if len(b.SequenceNumberForAllocation) != allocated {
-			for ord, a := range b.Allocations {
-				if _, ok := b.SequenceNumberForAllocation[strconv.Itoa(ord)]; a != nil && !ok {
-					return fail("allocated ordinal %d has no sequenceNumberForAllocation entry", ord)
-				}
-			}
+	for k := range b.SequenceNumberForAllocation {
+		ord, err := strconv.Atoi(k)
+		if err != nil || ord < 0 || ord >= n || strconv.Itoa(ord) != k {
+			return fail("sequenceNumberForAllocation key %q is not an ordinal", k)
 		}
 	}
 	return nil
@@ -231,4 +226,17 @@ func (a *AllocationAttribute) Handle() string {
 		return ""
 	}
 	return *a.HandleID
+}
+
+// SanitizeHandle returns a handle ID as Calico compares it: up to its first carriage return. Host-local
+// to Calico IPAM migrations wrote such malformed handles into blocks (sanitizeHandle in libcalico-go
+// lib/ipam/ipam_block.go, cni-plugin issue 821).
+func SanitizeHandle(id string) string {
+	id, _, _ = strings.Cut(id, "\r")
+	return id
+}
+
+// HeldBy reports whether the attribute's handle is id, as Calico compares handles (SanitizeHandle).
+func (a *AllocationAttribute) HeldBy(id string) bool {
+	return a != nil && SanitizeHandle(a.Handle()) == id
 }

@@ -101,13 +101,9 @@ func EncodeIPAMConfig(c IPAMConfig) ([]byte, error) {
 	return json.Marshal(ipamConfigJSON{StrictAffinity: c.StrictAffinity, AutoAllocateBlocks: &auto, MaxBlocksPerHost: c.MaxBlocksPerHost})
 }
 
-// BlockCap returns the effective maximum number of blocks per host.
-func (c IPAMConfig) BlockCap() int {
-	if c.MaxBlocksPerHost <= 0 {
-		return DefaultMaxBlocksPerHost
-	}
-	return c.MaxBlocksPerHost
-}
+// BlockCap returns the effective maximum number of blocks per host when the request sets no limit of
+// its own (see BlockLimit).
+func (c IPAMConfig) BlockCap() int { return c.BlockLimit(0) }
 
 // Default block sizes of IP pools.
 const (
@@ -123,6 +119,8 @@ type IPPool struct {
 	Disabled  bool
 	// NodeSelector is the pool's Calico selector; "" and "all()" select every node.
 	NodeSelector string
+	// NamespaceSelector (v3.31+) selects the pods' namespaces; "" selects every namespace.
+	NamespaceSelector string
 	// AllowedUses lists "Workload", "Tunnel", "LoadBalancer"; empty means Workload and Tunnel.
 	AllowedUses []string
 	// AssignmentMode is "Automatic" (or empty) or "Manual" (v3.30+: never chosen automatically).
@@ -140,6 +138,7 @@ type ipPoolJSON struct {
 		BlockSize      int      `json:"blockSize,omitempty"`
 		Disabled       bool     `json:"disabled,omitempty"`
 		NodeSelector   string   `json:"nodeSelector,omitempty"`
+		NSSelector     string   `json:"namespaceSelector,omitempty"`
 		AllowedUses    []string `json:"allowedUses,omitempty"`
 		AssignmentMode string   `json:"assignmentMode,omitempty"`
 		IPIPMode       string   `json:"ipipMode,omitempty"`
@@ -157,7 +156,8 @@ func DecodeIPPool(data []byte) (IPPool, error) {
 	}
 	p := IPPool{
 		Name: j.Metadata.Name, BlockSize: j.Spec.BlockSize, Disabled: j.Spec.Disabled,
-		NodeSelector: j.Spec.NodeSelector, AllowedUses: j.Spec.AllowedUses, AssignmentMode: j.Spec.AssignmentMode,
+		NodeSelector: j.Spec.NodeSelector, NamespaceSelector: j.Spec.NSSelector, AllowedUses: j.Spec.AllowedUses,
+		AssignmentMode: j.Spec.AssignmentMode,
 	}
 	cidr, err := netip.ParsePrefix(j.Spec.CIDR)
 	if err != nil {
@@ -207,6 +207,7 @@ func EncodeIPPool(p IPPool) ([]byte, error) {
 	if j.Spec.NodeSelector == "" {
 		j.Spec.NodeSelector = "all()"
 	}
+	j.Spec.NSSelector = p.NamespaceSelector
 	j.Spec.AllowedUses = p.AllowedUses
 	j.Spec.AssignmentMode = p.AssignmentMode
 	j.Spec.IPIPMode, j.Spec.VXLANMode = "Never", "Never"

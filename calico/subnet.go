@@ -1,8 +1,11 @@
 package calico
 
 import (
+	"encoding/binary"
 	"hash/fnv"
+	"math/big"
 	"math/bits"
+	"math/rand"
 	"net/netip"
 	"slices"
 )
@@ -40,6 +43,13 @@ func (u u128) add(v u128) (u128, bool) {
 	lo, c := bits.Add64(u.lo, v.lo, 0)
 	hi, c := bits.Add64(u.hi, v.hi, c)
 	return u128{hi, lo}, c != 0
+}
+
+// sub returns u - v modulo 2^128.
+func (u u128) sub(v u128) u128 {
+	lo, b := bits.Sub64(u.lo, v.lo, 0)
+	hi, _ := bits.Sub64(u.hi, v.hi, b)
+	return u128{hi, lo}
 }
 
 func (u u128) cmp(v u128) int {
@@ -101,16 +111,26 @@ func LastAddr(p netip.Prefix) netip.Addr {
 }
 
 // BlockStartIndex returns the index of the block-sized subnet of a pool at which a node starts its
-// walk for a free block: a hash of the node name (FNV-1a, 32 bits) modulo the number of subnets, so that
-// nodes spread over the pool as Calico's hostname-seeded walk does.
+// walk for a free block: the index Calico's randomBlockGenerator starts at (libcalico-go lib/ipam
+// ipam_block_reader_writer.go: math/rand seeded with the FNV-1 hash of the node name, then a uniform
+// index below the number of subnets), so that a node claims the subnet calico-ipam would claim for it.
+// For a pool of more than 2^64 subnets it returns the low 64 bits; NextFreeBlock uses the whole index.
+// Calico seeds blocks of a single address with the time instead; this stays deterministic.
 func BlockStartIndex(node string, pool netip.Prefix, blockSize int) uint64 {
-	h := fnv.New32a()
-	h.Write([]byte(node))
-	v := uint64(h.Sum32())
-	if k := blockSize - Canonical(pool).Bits(); k < 32 {
-		v &= 1<<k - 1
+	return startIndex(node, pool, blockSize).lo
+}
+
+func startIndex(node string, pool netip.Prefix, blockSize int) u128 {
+	n := blockSize - Canonical(pool).Bits()
+	if n < 0 || n > 127 {
+		return u128{}
 	}
-	return v
+	h := fnv.New32()
+	h.Write([]byte(node))
+	idx := new(big.Int).Rand(rand.New(rand.NewSource(int64(h.Sum32()))), new(big.Int).Lsh(big.NewInt(1), uint(n)))
+	var b [16]byte
+	idx.FillBytes(b[:])
+	return u128{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:])}
 }
 
 // FreeBlock returns the first block-sized (/blockSize) subnet of pool, walking from the subnet at index
@@ -118,6 +138,10 @@ func BlockStartIndex(node string, pool netip.Prefix, blockSize int) uint64 {
 // (existing blocks of any size, ranges never to be handed out). ok is false when every subnet is used.
 // The walk jumps over used ranges, so its cost grows with len(used), not with the size of the pool.
 func FreeBlock(pool netip.Prefix, blockSize int, start uint64, used []netip.Prefix) (netip.Prefix, bool) {
+	return freeBlock(pool, blockSize, u128{lo: start}, used)
+}
+
+func freeBlock(pool netip.Prefix, blockSize int, start u128, used []netip.Prefix) (netip.Prefix, bool) {
 	pool = Canonical(pool)
 	is4 := pool.Addr().Is4()
 	bitLen := pool.Addr().BitLen()
@@ -151,10 +175,8 @@ func FreeBlock(pool netip.Prefix, blockSize int, start uint64, used []netip.Pref
 	hostBits := bitLen - blockSize
 	step := pow2(hostBits)
 	nBlocksLog := blockSize - pool.Bits()
-	if nBlocksLog < 64 {
-		start &= 1<<nBlocksLog - 1
-	}
-	cand, _ := ps.first.add(u128{lo: start}.shl(hostBits))
+	start = shr(start.shl(128-nBlocksLog), 128-nBlocksLog) // modulo the number of subnets
+	cand, _ := ps.first.add(start.shl(hostBits))
 	origin := cand
 	wrapped := false
 	for {
@@ -189,6 +211,19 @@ func FreeBlock(pool netip.Prefix, blockSize int, start uint64, used []netip.Pref
 		}
 		cand = next
 	}
+}
+
+// shr shifts u right by n bits.
+func shr(u u128, n int) u128 {
+	switch {
+	case n == 0:
+		return u
+	case n >= 128:
+		return u128{}
+	case n >= 64:
+		return u128{lo: u.hi >> (n - 64)}
+	}
+	return u128{hi: u.hi >> n, lo: u.lo>>n | u.hi<<(64-n)}
 }
 
 // alignDown clears the low hostBits bits of u.

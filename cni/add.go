@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -64,7 +63,7 @@ func (c *call) add(ctx context.Context, args *skel.CmdArgs) (*current.Result, er
 }
 
 func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
-	spec := readSpec{handle: true, config: true, pools: true, affinity: true, hint: c.cache.hint()}
+	spec := readSpec{handle: true, config: true, pools: true, affinity: true, resources: true, hint: c.cache.hint()}
 	attr := c.attribute(handle, ifname)
 	var v *view
 	if fast := c.cachedView(handle, true); fast != nil && len(c.conf.RequestedIPs) == 0 {
@@ -84,7 +83,7 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 			if !errors.Is(err, errConflict) {
 				return nil, err
 			}
-			if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+			if v, err = c.viewFrom(handle, r, res); err != nil {
 				return nil, err
 			}
 			c.log.Debug("node cache is stale; continuing from the state read instead")
@@ -100,7 +99,8 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	if err != nil {
 		return nil, err
 	}
-	if err := v.loadBlocks(ctx, append(handleBlocks(v.handle), v.affineCIDRs(auto)...)); err != nil {
+	unselected := v.unselected(auto)
+	if err := v.loadBlocks(ctx, slices.Concat(handleBlocks(v.handle), v.affineCIDRs(auto), unselected)); err != nil {
 		return nil, err
 	}
 	if held := v.held(handle, ifname); len(held) > 0 {
@@ -136,6 +136,7 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 				used[f] = a.block
 			}
 		}
+		v.releaseUnselected(unselected)
 	}
 	if _, err := v.commit(ctx, handleWith(v.handle, got), nil); err != nil {
 		return nil, err
@@ -180,23 +181,27 @@ func (v *view) assignCurrent(attr calico.AllocationAttribute) ([]allocation, map
 }
 
 // selectPools returns the pools of each family: the configured ones (by name or CIDR; a CIDR no
-// IPPool has is used as a pool of the default block size), else every enabled pool in etcd that allows
-// workloads and, for automatic assignment, is in automatic mode and selects every node (node selectors
-// are not evaluated: block-ipam does not read node labels).
+// IPPool has is used as a pool of the default block size), else, for automatic assignment, the pools
+// Calico would give a pod on this node (calico.WorkloadPools: enabled, automatic, allowing Workload,
+// selecting the node), and for a specific address every enabled pool that allows workloads.
 func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 	var out [2][]calico.IPPool
 	for f := range out {
 		fam := Family(f)
 		refs := v.conf.Pools[f]
 		if refs == nil {
+			if automatic {
+				pools, err := calico.WorkloadPools(v.pools, fam == V6, v.node)
+				if err != nil {
+					return out, withCode(ErrDatastore, "%w", err)
+				}
+				out[f] = pools
+				continue
+			}
 			for _, p := range v.pools {
-				if familyOf(p.CIDR.Addr()) != fam || p.Disabled || !p.AllowsWorkloads() {
-					continue
+				if familyOf(p.CIDR.Addr()) == fam && !p.Disabled && p.AllowsWorkloads() {
+					out[f] = append(out[f], p)
 				}
-				if automatic && (!p.Automatic() || (p.NodeSelector != "" && p.NodeSelector != "all()")) {
-					continue
-				}
-				out[f] = append(out[f], p)
 			}
 			continue
 		}
@@ -224,6 +229,8 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 				return out, configError(field, "IP pool %q (%s) is disabled", found.Name, found.CIDR)
 			case familyOf(found.CIDR.Addr()) != fam:
 				return out, configError(field, "IP pool %q is %s, not %s", found.Name, familyOf(found.CIDR.Addr()), fam)
+			case !found.AllowsWorkloads():
+				return out, configError(field, "IP pool %q (%s) does not allow Workload (allowedUses %v)", found.Name, found.CIDR, found.AllowedUses)
 			default:
 				out[f] = append(out[f], *found)
 			}
@@ -242,26 +249,69 @@ func inPools(p netip.Prefix, pools []calico.IPPool) bool {
 	return false
 }
 
-// affineCIDRs returns the CIDRs of the node's confirmed affinities inside the given pools, sorted.
+// affineCIDRs returns the CIDRs of the node's affinities inside the given pools, in the order ADD
+// tries them (calico.SortAffinities).
 func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
 	var out []netip.Prefix
-	for cidr, a := range v.affinity {
-		if a.state == calico.AffinityConfirmed && inPools(cidr, pools[familyOf(cidr.Addr())]) {
+	for cidr := range v.affinity {
+		if inPools(cidr, pools[familyOf(cidr.Addr())]) {
 			out = append(out, cidr)
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	calico.SortAffinities(out, func(c netip.Prefix) string { return v.affinity[c].state })
 	return out
 }
 
-// excluded reports whether an address must never be handed out.
-func (v *view) excluded(a netip.Addr) bool {
-	for _, p := range v.conf.Exclude {
-		if p.Contains(a) {
-			return true
+// unselected returns the node's affinities, in the families ADD assigns, to blocks of enabled pools
+// that are not among the pools ADD uses and no longer select the node (candidates for
+// releaseUnselected; none without the node's labels).
+func (v *view) unselected(using [2][]calico.IPPool) []netip.Prefix {
+	if v.node == nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for cidr := range v.affinity {
+		f := familyOf(cidr.Addr())
+		if !v.conf.Assign[f] || inPools(cidr, using[f]) {
+			continue
+		}
+		if p := v.poolOf(cidr); p != nil && !p.Disabled {
+			if ok, err := p.SelectsNode(v.node); err == nil && !ok {
+				out = append(out, cidr)
+			}
 		}
 	}
-	return false
+	return out
+}
+
+// releaseUnselected marks for deletion, with their affinities, the empty blocks of the node among
+// cidrs (from unselected), as Calico's allocator does on every assignment.
+func (v *view) releaseUnselected(cidrs []netip.Prefix) {
+	for _, cidr := range cidrs {
+		e, p := v.blocks[cidr], v.poolOf(cidr)
+		if e == nil || e.dirty || p == nil || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
+			continue
+		}
+		v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
+		e.release, e.dirty = true, true
+		v.affinityWrites[cidr] = calico.AffinityStale
+	}
+}
+
+// poolOf returns the IPPool holding the prefix, nil when none does.
+func (v *view) poolOf(p netip.Prefix) *calico.IPPool {
+	for i := range v.pools {
+		if inPools(p, v.pools[i:i+1]) {
+			return &v.pools[i]
+		}
+	}
+	return nil
+}
+
+// excluded reports whether automatic assignment must pass over an address: excluded by the
+// configuration or reserved by an IPReservation.
+func (v *view) excluded(a netip.Addr) bool {
+	return calico.Reservations(v.conf.Exclude).Contains(a) || v.reserved.Contains(a)
 }
 
 // ownedByNode reports whether the node owns the block (felix's rule: its affinity field).
@@ -270,49 +320,42 @@ func (v *view) ownedByNode(b *calico.Block) bool {
 	return o.Kind == calico.OwnerHost && o.Node == v.conf.Node
 }
 
-// assignAuto assigns one address of family f: from the node's blocks (lowest first, FIFO within a
-// block); else from a newly claimed block (respecting the block cap); else, unless strict affinity
-// is on, borrowed from another block of the pools.
+// assignAuto assigns one address of family f as Calico's autoAssign does (ipam.go): from the blocks
+// of the node's affinities (finishing a claim Calico left pending: the missing block is created, a
+// pending affinity confirmed, a stale one deleted); else from a newly claimed block, unless the node
+// holds its block limit (then it fails, without borrowing) or automatic block allocation is off;
+// else, unless strict affinity is on, borrowed from another block of the pools.
 func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
 	if len(pools) == 0 {
-		return allocation{}, configError(fmt.Sprintf("ipam.%s_pools", f), "not set and etcd holds no enabled %s IP pool for workloads", f)
+		why := ""
+		if v.node == nil && calico.NeedsNode(v.pools) {
+			why = fmt.Sprintf(" (pools with a nodeSelector need the Calico Node resource %s, which does not exist)", calico.NodeKey(v.conf.Node))
+		}
+		return allocation{}, configError(fmt.Sprintf("ipam.%s_pools", f), "not set and etcd holds no enabled %s IP pool for workloads on node %s%s", f, v.conf.Node, why)
 	}
 	var only [2][]calico.IPPool
 	only[f] = pools
-	for _, cidr := range v.affineCIDRs(only) {
-		e := v.blocks[cidr]
-		if e == nil || !v.ownedByNode(e.b) {
-			continue
-		}
-		if a, ok := v.assignFrom(e, attr); ok {
-			return a, nil
+	affine := v.affineCIDRs(only)
+	for _, cidr := range affine {
+		if a, ok, err := v.assignAffine(ctx, cidr, attr); err != nil || ok {
+			return a, err
 		}
 	}
 
 	// Claim a new block.
-	why := ""
-	limit := v.conf.MaxBlocks
-	if limit == 0 {
-		limit = v.cfg.BlockCap()
-	}
-	owned := 0
-	for cidr, a := range v.affinity {
-		if familyOf(cidr.Addr()) == f && a.state == calico.AffinityConfirmed {
-			owned++
-		}
-	}
+	limit := v.cfg.BlockLimit(v.conf.MaxBlocks)
 	switch {
+	case len(affine) >= limit:
+		return allocation{}, withCode(ErrPoolExhausted, "node %s holds %d %s blocks, the maximum per host, and they are full: at that limit Calico neither claims nor borrows",
+			v.conf.Node, len(affine), f)
 	case !v.cfg.AutoAllocateBlocks:
-		why = "auto_allocate_blocks is off in the Calico IPAM config"
-	case owned >= limit:
-		why = fmt.Sprintf("node %s holds %d %s blocks, the maximum per host", v.conf.Node, owned, f)
-	default:
-		a, ok, err := v.claim(ctx, f, pools, attr)
-		if err != nil || ok {
-			return a, err
-		}
-		why = "no free block left in the pools"
+		return allocation{}, withCode(ErrPoolExhausted, "%s: the node's blocks are full and auto_allocate_blocks is off in the Calico IPAM config", f)
 	}
+	a, ok, err := v.claim(ctx, f, pools, attr)
+	if err != nil || ok {
+		return a, err
+	}
+	why := "no free block left in the pools"
 
 	// Borrow.
 	if v.cfg.StrictAffinity {
@@ -322,20 +365,71 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 	if err := v.loadFamily(ctx, f); err != nil {
 		return allocation{}, err
 	}
-	var cands []*blockEntry
+	// Calico's order: pool by pool, each walked from the node's start index (calico.BorrowOrder).
+	var family []netip.Prefix
 	for cidr, e := range v.blocks {
-		if e != nil && familyOf(cidr.Addr()) == f && inPools(cidr, pools) && !v.ownedByNode(e.b) && e.b.Free(v.excluded) > 0 {
-			cands = append(cands, e)
+		if e != nil && familyOf(cidr.Addr()) == f {
+			family = append(family, cidr)
 		}
 	}
-	if len(cands) == 0 {
+	var e *blockEntry
+	for _, pool := range pools {
+		for _, cidr := range calico.BorrowOrder(pool, v.conf.Node, family) {
+			if c := v.blocks[cidr]; !v.reserved.CoversWhole(cidr) && c.b.Free(v.excluded) > 0 {
+				e = c
+				break
+			}
+		}
+		if e != nil {
+			break
+		}
+	}
+	if e == nil {
 		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
 	}
-	// A random block spreads borrowing nodes over the pool (Calico does the same).
-	e := cands[rand.N(len(cands))]
-	a, _ := v.assignFrom(e, attr)
+	a, _ = v.assignFrom(e, attr)
 	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.addr, "why", why)
 	return a, nil
+}
+
+// assignAffine assigns from the block of one of the node's affinities, doing first what the
+// affinity's state asks for (calico.StepFor); ok is false when the block cannot serve.
+func (v *view) assignAffine(ctx context.Context, cidr netip.Prefix, attr calico.AllocationAttribute) (allocation, bool, error) {
+	if v.bad[cidr] != nil || v.reserved.CoversWhole(cidr) {
+		return allocation{}, false, nil
+	}
+	e := v.blocks[cidr]
+	var b *calico.Block
+	if e != nil {
+		b = e.b
+	}
+	switch step := calico.StepFor(v.conf.Node, v.affinity[cidr].state, b); step {
+	case calico.AffinityStale:
+		v.log.Info("deleting a stale affinity: its block belongs to another owner", "block", cidr)
+		v.affinityWrites[cidr] = step
+		return allocation{}, false, nil
+	case calico.AffinityCreate:
+		// The new block must not overlap a block of another size.
+		l, err := v.listBlocks(ctx, familyOf(cidr.Addr()))
+		if err != nil || slices.ContainsFunc(l.cidrs, cidr.Overlaps) {
+			return allocation{}, false, err
+		}
+		e = &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+		a, ok := v.assignFrom(e, attr)
+		if ok {
+			v.blocks[cidr] = e
+			v.log.Info("creating the block of an affinity left without it (an interrupted claim)", "block", cidr, "state", v.affinity[cidr].state)
+		}
+		return a, ok, nil
+	case calico.AffinityConfirm:
+		a, ok := v.assignFrom(e, attr)
+		if ok {
+			v.affinityWrites[cidr] = step
+		}
+		return a, ok, nil
+	}
+	a, ok := v.assignFrom(e, attr)
+	return a, ok, nil
 }
 
 // assignFrom takes the first usable free address of a loaded block.
@@ -358,16 +452,12 @@ func (v *view) claim(ctx context.Context, f Family, pools []calico.IPPool, attr 
 	if err != nil {
 		return allocation{}, false, err
 	}
+	reserved := append(slices.Clone(v.conf.Exclude), v.reserved...)
 	for _, pool := range pools {
 		used := slices.Clone(l.cidrs)
-		for _, x := range v.conf.Exclude {
-			if x.Bits() <= pool.BlockSize {
-				used = append(used, x)
-			}
-		}
-		// A subnet only partly excluded might still be unusable; give up on it and walk on.
+		// A subnet only partly reserved might hold no usable address; give up on it and walk on.
 		for range 64 {
-			cidr, ok := calico.FreeBlock(pool.CIDR, pool.BlockSize, calico.BlockStartIndex(v.conf.Node, pool.CIDR, pool.BlockSize), used)
+			cidr, ok := calico.NextFreeBlock(pool, v.conf.Node, used, reserved)
 			if !ok {
 				break
 			}
@@ -397,7 +487,8 @@ func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip net
 	if pool == nil {
 		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is outside the %s pools (%s)", ip, f, poolNames(pools))
 	}
-	if v.excluded(ip) {
+	// IPReservations bind automatic assignment only: Calico's AssignIP does not check them.
+	if calico.Reservations(v.conf.Exclude).Contains(ip) {
 		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is excluded (ipam.exclude)", ip)
 	}
 	e, err := v.blockHolding(ctx, ip)

@@ -33,6 +33,12 @@ type nodeCache struct {
 	Values []*cachedBlock `json:"values"`
 	// Current is the block ADD assigns from next, per family (one of Values; invalid when none).
 	Current [2]netip.Prefix `json:"current"`
+	// Reserved are the IPReservations as of ReadRev, the revision of the last full read. ADD's
+	// write from the cache is conditional on no reservation, no affinity of the node and not the
+	// node's Calico Node resource having changed since: a new reservation must be honoured, an
+	// affinity Calico left pending adopted, and a pool no longer selecting the node left alone.
+	Reserved calico.Reservations `json:"reserved,omitempty"`
+	ReadRev  int64               `json:"readRev,omitempty"`
 }
 
 // cachedBlock is a block as the node last wrote or read it.
@@ -144,6 +150,8 @@ func (c *call) cachedView(handleID string, forAdd bool) *view {
 				v.extra = append(v.extra, modRevisionIs(calico.IPPoolKey(cb.Pool), cb.PoolRev))
 			}
 		}
+		v.reserved = c.cache.Reserved
+		v.extra = append(v.extra, v.resourcesUnchanged(c.cache.ReadRev)...)
 	} else {
 		use = c.cache.Values
 	}
@@ -167,6 +175,9 @@ func (c *call) remember(v *view, used map[Family]netip.Prefix) {
 	nc := c.cache
 	if nc.path == "" {
 		return
+	}
+	if v.resourcesRead && v.readRev >= nc.ReadRev {
+		nc.Reserved, nc.ReadRev = v.reserved, v.readRev
 	}
 	if len(v.affinity) > 0 {
 		nc.Blocks = nc.Blocks[:0]

@@ -24,6 +24,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
 // Defaults of the configuration.
@@ -297,7 +299,7 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		}
 	}
 	for i, s := range im.Exclude {
-		p, err := parsePrefixOrAddr(s)
+		p, err := calico.ParsePrefixOrAddr(s)
 		if err != nil {
 			return nil, configError(fmt.Sprintf("ipam.exclude[%d]", i), "%v", err)
 		}
@@ -397,7 +399,7 @@ func LoadConfig(stdin []byte, cniArgs string, getenv func(string) string, hostna
 		reqField, req = "CNI_ARGS IP", strings.Split(args["IP"], ",")
 	}
 	for i, s := range req {
-		p, err := parsePrefixOrAddr(s)
+		p, err := calico.ParsePrefixOrAddr(s)
 		if err != nil {
 			if reqField == "CNI_ARGS IP" {
 				return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("CNI_ARGS IP: %v", err)}
@@ -464,30 +466,6 @@ func parsePoolRef(s string, f Family) (PoolRef, error) {
 		return PoolRef{}, fmt.Errorf("%q is neither a CIDR nor a pool name", s)
 	}
 	return PoolRef{Name: s}, nil
-}
-
-// parsePrefixOrAddr parses a CIDR (masked) or a single address (a /32 or /128).
-func parsePrefixOrAddr(s string) (netip.Prefix, error) {
-	s = strings.TrimSpace(s)
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		if p.Addr().Zone() != "" {
-			return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
-		}
-		return netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), p.Addr().Unmap().BitLen())).Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	if a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
-	}
-	a = a.Unmap()
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // parseCNIArgs parses CNI_ARGS ("K=V;K2=V2"), keeping every key: unlike types.LoadArgs it accepts

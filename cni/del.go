@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
@@ -38,7 +39,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 		// changed) the same transaction reads the current state instead.
 		guess := calico.NewHandle()
 		for cidr, e := range fast.blocks {
-			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.Handle() == handle })); n > 0 {
+			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })); n > 0 {
 				guess.Add(cidr, n)
 			}
 		}
@@ -53,15 +54,17 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 			}
 			if changed {
 				r := c.reads(handle, spec)
+				emptied := fast.emptied()
 				res, err := fast.commit(ctx, h, r.ops)
 				if err == nil {
+					c.releaseUnselectedEmptied(ctx, fast, emptied)
 					c.remember(fast, nil)
 					return nil
 				}
 				if !errors.Is(err, errConflict) {
 					return err
 				}
-				if v, err = c.viewFrom(handle, r, res.Ranges); err != nil {
+				if v, err = c.viewFrom(handle, r, res); err != nil {
 					return err
 				}
 			}
@@ -83,11 +86,92 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 	if err != nil || !changed {
 		return err
 	}
+	emptied := v.emptied()
 	if _, err := v.commit(ctx, h, nil); err != nil {
 		return err
 	}
+	c.releaseUnselectedEmptied(ctx, v, emptied)
 	c.remember(v, nil)
 	return nil
+}
+
+// emptied returns the blocks this attempt changed that are now empty and owned by a node.
+func (v *view) emptied() []netip.Prefix {
+	var out []netip.Prefix
+	for _, cidr := range v.dirtyCIDRs() {
+		if b := v.blocks[cidr].b; b.Empty() && calico.OwnerOf(b, false).Kind == calico.OwnerHost {
+			out = append(out, cidr)
+		}
+	}
+	return out
+}
+
+// releaseUnselectedEmptied does after a release what Calico's ensureConsistentAffinity does (ipam.go):
+// a block the release left empty, whose pool no longer selects the block's owner node, is deleted with
+// that node's affinity (calico.ReleaseWhenUnselected), in one transaction conditional on both being as
+// read. It costs a read only when a release emptied a block. Best effort: a failure is logged, and the
+// owner's next ADD does the same.
+func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []netip.Prefix) {
+	cidrs = slices.DeleteFunc(slices.Clone(cidrs), func(c netip.Prefix) bool { return v.blocks[c] == nil })
+	var owners []string
+	for _, cidr := range cidrs {
+		if o := calico.OwnerOf(v.blocks[cidr].b, false).Node; !slices.Contains(owners, o) {
+			owners = append(owners, o)
+		}
+	}
+	if len(owners) == 0 {
+		return
+	}
+	ops := []op{prefixOp(calico.IPPoolPrefix, false)}
+	for _, o := range owners {
+		ops = append(ops, getOp(calico.NodeKey(o)))
+	}
+	for _, cidr := range cidrs {
+		ops = append(ops, getOp(calico.HostAffinityKey(calico.OwnerOf(v.blocks[cidr].b, false).Node, cidr)))
+	}
+	res, err := c.etcd.txn(ctx, nil, ops, nil)
+	if err != nil || len(res.Ranges) != len(ops) {
+		c.log.Warn("cannot check whether emptied blocks' pools still select their nodes", "err", err)
+		return
+	}
+	var pools []calico.IPPool
+	for _, kv := range res.Ranges[0] {
+		if p, err := calico.DecodeIPPool(kv.Value); err == nil && !p.Disabled {
+			pools = append(pools, p)
+		}
+	}
+	nodes := map[string]*calico.Node{}
+	for i, o := range owners {
+		if kvs := res.Ranges[1+i]; len(kvs) == 1 {
+			if n, err := calico.DecodeNode(kvs[0].Value); err == nil {
+				nodes[o] = &n
+			}
+		}
+	}
+	for i, cidr := range cidrs {
+		e, affKVs := v.blocks[cidr], res.Ranges[1+len(owners)+i]
+		owner := calico.OwnerOf(e.b, false).Node
+		var pool *calico.IPPool
+		for j := range pools {
+			if inPools(cidr, pools[j:j+1]) {
+				pool = &pools[j]
+				break
+			}
+		}
+		if pool == nil || len(affKVs) != 1 || !calico.ReleaseWhenUnselected(*pool, nodes[owner], e.b, owner) {
+			continue
+		}
+		bkey, akey := calico.BlockKey(cidr), calico.HostAffinityKey(owner, cidr)
+		tr, err := c.etcd.txn(ctx, []compare{modRevisionIs(bkey, e.rev), modRevisionIs(akey, affKVs[0].ModRevision)},
+			[]op{deleteOp(bkey), deleteOp(akey)}, nil)
+		if err != nil || !tr.Succeeded {
+			c.log.Warn("could not release an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "err", err)
+			continue
+		}
+		c.log.Info("released an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "pool", pool.Name)
+		v.blocks[cidr] = nil
+		delete(v.affinity, cidr)
+	}
 }
 
 // releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that
@@ -113,7 +197,7 @@ func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribu
 			changed = true
 			continue
 		}
-		mine := func(a *calico.AllocationAttribute) bool { return a.Handle() == handle }
+		mine := func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) }
 		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
 			if err := e.b.Release(ords...); err != nil {
 				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)

@@ -166,13 +166,18 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	if err := e.b.Release(ords...); err != nil {
 		return 0, withCode(ErrDatastore, "%w", err)
 	}
-	e.b.BumpSequence()
-	data, err := calico.EncodeBlock(e.b)
-	if err != nil {
-		return 0, err
-	}
 	cmps := []compare{modRevisionIs(calico.BlockKey(cidr), e.rev)}
-	writes := []op{putOp(calico.BlockKey(cidr), data)}
+	var writes []op
+	if e.b.DeleteWhenReleased() {
+		writes = append(writes, deleteOp(calico.BlockKey(cidr)))
+	} else {
+		e.b.BumpSequence()
+		data, err := calico.EncodeBlock(e.b)
+		if err != nil {
+			return 0, err
+		}
+		writes = append(writes, putOp(calico.BlockKey(cidr), data))
+	}
 	for i, h := range handles {
 		if perHandle[h] == 0 {
 			continue

@@ -314,13 +314,7 @@ func (e *env) put(key string, val []byte) {
 
 func (e *env) snapshot() *ipamcheck.Snapshot {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, _, err := ipamcheck.Read(ctx, e.cli)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return s
+	return ipamcheck.MustRead(e.t, e.cli)
 }
 
 func (e *env) block(cidr string) *calico.Block {

@@ -269,7 +269,7 @@ func (v *view) held(handle, ifname string) []allocation {
 			continue
 		}
 		for _, ord := range e.b.Ordinals(func(a *calico.AllocationAttribute) bool {
-			return a.Handle() == handle && ifnameOf(a) == ifname
+			return a.HeldBy(handle) && ifnameOf(a) == ifname
 		}) {
 			addr, _ := calico.OrdinalAddr(e.b.CIDR, ord)
 			out = append(out, allocation{block: e.b.CIDR, addr: addr})

@@ -12,7 +12,7 @@ import (
 // endpoints), and every family ADD assigns must have a free address in the node's blocks, a block it
 // may claim, or (strict affinity off) an address it may borrow (else 50). It writes nothing.
 func (c *call) status(ctx context.Context) error {
-	v, err := c.newView(ctx, "", readSpec{config: true, pools: true, affinity: true})
+	v, err := c.newView(ctx, "", readSpec{config: true, pools: true, affinity: true, resources: true})
 	if err != nil {
 		if errors.Is(err, errUnavailable) || ctx.Err() != nil {
 			return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", strings.Join(c.conf.Endpoints, ","), err)

@@ -21,6 +21,9 @@ type blockEntry struct {
 	dirty bool
 	// created marks a block claimed by this operation (written with its affinity, if absent).
 	created bool
+	// release marks an empty block of the node whose pool no longer selects it: deleted with its
+	// affinity (calico.ReleaseWhenUnselected).
+	release bool
 	// encoded is the block's value as read or last written (nil once changed in memory).
 	encoded []byte
 }
@@ -50,9 +53,20 @@ type view struct {
 	handleValue []byte
 	cfg         calico.IPAMConfig
 	pools       []calico.IPPool
-	poolRevs    map[string]int64 // pool name -> mod revision
-	affinity    map[netip.Prefix]affinityEntry
-	blocks      map[netip.Prefix]*blockEntry
+	// node is this node's Calico Node resource (for IP pool node selectors); nil when absent or not read.
+	node *calico.Node
+	// reserved are Calico's IPReservations, never handed out by automatic assignment.
+	reserved calico.Reservations
+	// readRev is the revision of the first read of the attempt (0 for a view built from the node cache);
+	// resourcesRead says that read included the Node resource and the IPReservations.
+	readRev       int64
+	resourcesRead bool
+	// affinityWrites are changes to the node's affinity keys the write makes besides those of the
+	// blocks it creates: confirm a pending affinity of a block it uses, or delete a stale one.
+	affinityWrites map[netip.Prefix]calico.AffinityStep
+	poolRevs       map[string]int64 // pool name -> mod revision
+	affinity       map[netip.Prefix]affinityEntry
+	blocks         map[netip.Prefix]*blockEntry
 	// bad holds blocks that exist but cannot be decoded or break Calico's invariants; never written.
 	bad      map[netip.Prefix]error
 	listings [2]*listing
@@ -64,15 +78,17 @@ type view struct {
 
 func (c *call) emptyView(handleID string) *view {
 	return &view{call: c, handleID: handleID, cfg: calico.DefaultIPAMConfig(), poolRevs: map[string]int64{},
-		affinity: map[netip.Prefix]affinityEntry{}, blocks: map[netip.Prefix]*blockEntry{}, bad: map[netip.Prefix]error{}}
+		affinity: map[netip.Prefix]affinityEntry{}, blocks: map[netip.Prefix]*blockEntry{}, bad: map[netip.Prefix]error{},
+		affinityWrites: map[netip.Prefix]calico.AffinityStep{}}
 }
 
 // readSpec says what the first read of an attempt fetches, all in one transaction: the handle, the
-// IPAM config, the pools, the node's affinities, and the blocks named in hint (the node cache's list
-// of the node's blocks, so that the common path needs no second read).
+// IPAM config, the pools, the node's affinities, the node's Calico Node resource and the
+// IPReservations (resources), and the blocks named in hint (the node cache's list of the node's
+// blocks, so that the common path needs no second read).
 type readSpec struct {
-	handle, config, pools, affinity bool
-	hint                            []netip.Prefix
+	handle, config, pools, affinity, resources bool
+	hint                                       []netip.Prefix
 }
 
 // reads is the list of range operations of a readSpec, and how to interpret each answer.
@@ -99,6 +115,10 @@ func (c *call) reads(handleID string, spec readSpec) reads {
 	if spec.affinity {
 		add(prefixOp(calico.HostAffinityNodePrefix(c.conf.Node), false), "affinity", netip.Prefix{})
 	}
+	if spec.resources {
+		add(getOp(calico.NodeKey(c.conf.Node)), "node", netip.Prefix{})
+		add(prefixOp(calico.IPReservationPrefix, false), "reservations", netip.Prefix{})
+	}
 	for _, cidr := range spec.hint {
 		if len(r.ops) >= maxTxnOps-8 {
 			break
@@ -115,16 +135,18 @@ func (c *call) newView(ctx context.Context, handleID string, spec readSpec) (*vi
 	if err != nil {
 		return nil, fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
 	}
-	return c.viewFrom(handleID, r, res.Ranges)
+	return c.viewFrom(handleID, r, res)
 }
 
 // viewFrom builds a view from the answers to r (from newView, or from the failure branch of a
 // transaction built on the node cache).
-func (c *call) viewFrom(handleID string, r reads, ranges [][]kv) (*view, error) {
+func (c *call) viewFrom(handleID string, r reads, res *txnResult) (*view, error) {
+	ranges := res.Ranges
 	if len(ranges) != len(r.ops) {
 		return nil, withCode(ErrDatastore, "etcd answered %d of %d reads", len(ranges), len(r.ops))
 	}
 	v := c.emptyView(handleID)
+	v.readRev = res.Revision
 	node, log := c.conf.Node, c.log
 	for i, kind := range r.kinds {
 		kvs := ranges[i]
@@ -174,6 +196,25 @@ func (c *call) viewFrom(handleID string, r reads, ranges [][]kv) (*view, error) 
 					a.State = calico.AffinityPendingDeletion
 				}
 				v.affinity[k.CIDR] = affinityEntry{state: a.State, rev: kv.ModRevision}
+			}
+		case "node":
+			if len(kvs) == 1 {
+				n, err := calico.DecodeNode(kvs[0].Value)
+				if err != nil {
+					// Pools with node selectors then select nothing; those for every node still serve.
+					log.Warn("ignoring undecodable Calico Node resource", "key", kvs[0].Key, "err", err)
+					continue
+				}
+				v.node = &n
+			}
+		case "reservations":
+			v.resourcesRead = true
+			for _, kv := range kvs {
+				rs, err := calico.DecodeIPReservation(kv.Value)
+				if err != nil {
+					log.Warn("ignoring undecodable IPReservation entries", "key", kv.Key, "err", err)
+				}
+				v.reserved = append(v.reserved, rs...)
 			}
 		case "block":
 			v.absorbBlock(r.cidrs[i], kvs)
@@ -250,6 +291,17 @@ func decodeBlockKV(cidr netip.Prefix, kv kv) (*blockEntry, error) {
 	return &blockEntry{b: b, rev: kv.ModRevision, encoded: kv.Value}, nil
 }
 
+// resourcesUnchanged are the compares that hold while no IPReservation, no affinity of the node and
+// not its Calico Node resource was written after rev (deletions of reservations and affinities go
+// unnoticed: they only make a decision taken without them more cautious than needed).
+func (v *view) resourcesUnchanged(rev int64) []compare {
+	return []compare{
+		noneModifiedSince(calico.IPReservationPrefix, rev),
+		noneModifiedSince(calico.HostAffinityNodePrefix(v.conf.Node), rev),
+		unmodifiedSince(calico.NodeKey(v.conf.Node), rev),
+	}
+}
+
 // listBlocks lists the CIDRs of every block of family f (keys only), once per attempt.
 func (v *view) listBlocks(ctx context.Context, f Family) (*listing, error) {
 	if l := v.listings[f]; l != nil {
@@ -319,17 +371,32 @@ func (v *view) dirtyCIDRs() []netip.Prefix {
 // commit writes every changed block and the handle in one transaction, conditional on every key
 // being as read: an existing block at its mod revision, a new block still absent with no block of its
 // family created since the listing its choice was based on (so no overlapping block of another size
-// appeared), its affinity as read, the handle at its mod revision, and v.extra. newHandle nil or empty
-// deletes the handle. When the conditions fail the transaction runs failure instead (reads for the
-// next attempt) and commit returns errConflict with the transaction's result.
+// appeared), its affinity as read, the handle at its mod revision, and v.extra. A block a release left
+// empty and without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
+// v.affinityWrites confirm or delete affinities, each conditional on its mod revision. newHandle nil
+// or empty deletes the handle. When the conditions fail the transaction runs failure instead (reads
+// for the next attempt) and commit returns errConflict with the transaction's result.
 func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []op) (*txnResult, error) {
 	cmps := slices.Clone(v.extra)
+	if v.resourcesRead {
+		// The decisions rest on the reservations, the Node resource and the node's affinities as read:
+		// a write conditional on them also makes the view valid up to the write's revision (the node
+		// cache's ReadRev).
+		cmps = append(cmps, v.resourcesUnchanged(v.readRev)...)
+	}
 	var ops []op
 	var listed [2]bool
 	cidrs := v.dirtyCIDRs()
+	var deleted []netip.Prefix
 	for _, c := range cidrs {
 		e := v.blocks[c]
 		key := calico.BlockKey(c)
+		if !e.created && (e.release || e.b.DeleteWhenReleased()) {
+			cmps = append(cmps, modRevisionIs(key, e.rev))
+			ops = append(ops, deleteOp(key))
+			deleted = append(deleted, c)
+			continue
+		}
 		e.b.BumpSequence()
 		data, err := calico.EncodeBlock(e.b)
 		if err != nil {
@@ -355,6 +422,20 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 			cmps = append(cmps, modRevisionIs(key, e.rev))
 		}
 		ops = append(ops, putOp(key, data))
+	}
+	for c, step := range v.affinityWrites {
+		a, ok := v.affinity[c]
+		if e := v.blocks[c]; !ok || (e != nil && e.created) {
+			continue
+		}
+		affKey := calico.HostAffinityKey(v.conf.Node, c)
+		cmps = append(cmps, modRevisionIs(affKey, a.rev))
+		if step == calico.AffinityStale {
+			ops = append(ops, deleteOp(affKey))
+		} else {
+			aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+			ops = append(ops, putOp(affKey, aff))
+		}
 	}
 	hkey := calico.HandleKey(v.handleID)
 	if v.handleValue != nil {
@@ -395,9 +476,28 @@ func (v *view) commit(ctx context.Context, newHandle *calico.Handle, failure []o
 	if !res.Succeeded {
 		return res, errConflict
 	}
+	if v.resourcesRead {
+		v.readRev = res.Revision
+	}
 	for _, c := range cidrs {
+		if slices.Contains(deleted, c) {
+			v.blocks[c] = nil
+			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects this node)", "block", c)
+			continue
+		}
 		e := v.blocks[c]
+		if e.created {
+			v.affinity[c] = affinityEntry{state: calico.AffinityConfirmed, rev: res.Revision}
+		}
 		e.rev, e.dirty, e.created = res.Revision, false, false
 	}
+	for c, step := range v.affinityWrites {
+		if step == calico.AffinityStale {
+			delete(v.affinity, c)
+		} else if _, ok := v.affinity[c]; ok {
+			v.affinity[c] = affinityEntry{state: calico.AffinityConfirmed, rev: res.Revision}
+		}
+	}
+	clear(v.affinityWrites)
 	return res, nil
 }

@@ -20,7 +20,7 @@ const benchRoutes = 20000
 //	go test -run '^$' -bench Apply -benchtime 1x ./vppapi/
 func BenchmarkApply(b *testing.B) {
 	sim := startSim(b, vppsim.Config{})
-	h := start(b, sim, func(c *vppapi.Config) {
+	h := start(b, sim.SocketPath(), func(c *vppapi.Config) {
 		c.ReplyTimeout = vppapi.DefaultReplyTimeout
 		c.HealthInterval = vppapi.DefaultHealthInterval
 	})

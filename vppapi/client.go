@@ -45,11 +45,18 @@ func usedMessages() []api.Message {
 	}
 }
 
+// routeSourceMessages are the messages of DumpAPIRoutes. VPP has had them since 23.10, marked "in
+// progress" (CRC unchanged from 25.10 to 26.06); a VPP without them is still compatible, and
+// DumpAPIRoutes fails with ErrUnsupported there.
+func routeSourceMessages() []api.Message {
+	return []api.Message{(*ip.IPRouteV2Dump)(nil), (*ip.IPRouteV2Details)(nil)}
+}
+
 // requestMessageNames are the names of the requests this package sends: the msg label values of
 // vpp_route_agent_vpp_api_errors_total.
 func requestMessageNames() []string {
 	var names []string
-	for _, m := range usedMessages() {
+	for _, m := range append(usedMessages(), routeSourceMessages()...) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -112,6 +119,9 @@ type Status struct {
 	LastError string
 	// Reconnects counts connections established after the first.
 	Reconnects uint64
+	// RouteSource says whether the connected VPP dumps routes by source (ip_route_v2_dump), so that
+	// DumpAPIRoutes works.
+	RouteSource bool
 }
 
 // Client talks to one VPP over its binary API socket. Run keeps the connection; the other methods use
@@ -139,6 +149,8 @@ type session struct {
 	conn    *core.Connection
 	pid     uint32
 	version string
+	// routeSource: VPP has ip_route_v2_dump (DumpAPIRoutes works).
+	routeSource bool
 	// ctx is cancelled, with a cause wrapping ErrNotConnected, when the connection ends: requests in
 	// flight on it stop waiting at once.
 	ctx    context.Context
@@ -206,7 +218,8 @@ func (c *Client) Run(ctx context.Context) error {
 			lastPID = sess.pid
 			connects++
 			c.publish(sess, connects > 1)
-			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted)
+			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted,
+				"route_source_dump", sess.routeSource)
 			c.emit(ctx, Event{Kind: Connected, PID: sess.pid, Version: sess.version, Restarted: restarted})
 
 			err = c.serve(ctx, sess)
@@ -217,15 +230,18 @@ func (c *Client) Run(ctx context.Context) error {
 			c.emit(ctx, Event{Kind: Disconnected, PID: sess.pid, Version: sess.version, Err: err})
 		} else if ctx.Err() == nil {
 			c.setLastError(err)
+			// Logged when the reason changes, not on every retry while VPP is down or incompatible.
+			msg := err.Error()
 			var incompat *IncompatibleError
 			if errors.As(err, &incompat) {
-				c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
+				if msg != lastFailure {
+					c.log.Error("VPP is incompatible", "version", incompat.Version, "messages", incompat.Messages)
+				}
 				c.emit(ctx, Event{Kind: Incompatible, Version: incompat.Version, Err: err})
-			} else if msg := err.Error(); msg != lastFailure {
-				// Logged when the reason changes, not on every retry while VPP is down.
+			} else if msg != lastFailure {
 				c.log.Warn("connecting to VPP failed, retrying", "error", err)
-				lastFailure = msg
 			}
+			lastFailure = msg
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -261,7 +277,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 
-	compatErr := checkCompatibility(conn)
+	compatErr := checkCompatibility(conn, usedMessages()...)
 	sess.version = "unknown"
 	var missing []string
 	var cerr *api.CompatibilityError
@@ -280,6 +296,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 	if compatErr != nil {
 		return fail(&IncompatibleError{Version: sess.version, Messages: missing, Err: compatErr})
 	}
+	sess.routeSource = checkCompatibility(conn, routeSourceMessages()...) == nil
 	pid, err := c.ping(ctx, sess)
 	if err != nil {
 		return fail(err)
@@ -288,14 +305,14 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 	return sess, nil
 }
 
-// checkCompatibility runs GoVPP's CheckCompatiblity on exactly the messages this package uses.
-func checkCompatibility(conn *core.Connection) error {
+// checkCompatibility runs GoVPP's CheckCompatiblity (a look-up in VPP's message table) on msgs.
+func checkCompatibility(conn *core.Connection, msgs ...api.Message) error {
 	ch, err := conn.NewAPIChannel()
 	if err != nil {
 		return fmt.Errorf("open API channel: %w", err)
 	}
 	defer ch.Close()
-	return ch.CheckCompatiblity(usedMessages()...)
+	return ch.CheckCompatiblity(msgs...)
 }
 
 // contains reports whether any of msgs is among the name_crc strings of missing.
@@ -343,6 +360,7 @@ func (c *Client) publish(sess *session, reconnect bool) {
 	c.status.Connected = true
 	c.status.PID = sess.pid
 	c.status.Version = sess.version
+	c.status.RouteSource = sess.routeSource
 	if reconnect {
 		c.status.Reconnects++
 	}

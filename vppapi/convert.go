@@ -198,16 +198,17 @@ func fillRouteAddDel(msg *ip.IPRouteAddDel, r Route, isAdd bool) error {
 	return nil
 }
 
-// entryFromAPI converts one ip_route_details route: prefix masked, paths normalised and sorted.
-func entryFromAPI(r *ip.IPRoute) (FIBEntry, error) {
-	prefix, err := fromAPIPrefix(r.Prefix)
+// entryFromAPI converts one dumped route (ip_route_details or ip_route_v2_details): prefix masked, paths
+// normalised and sorted.
+func entryFromAPI(tableID uint32, apiPrefix ip_types.Prefix, paths []fib_types.FibPath) (FIBEntry, error) {
+	prefix, err := fromAPIPrefix(apiPrefix)
 	if err != nil {
-		return FIBEntry{}, fmt.Errorf("route in table %d: %w", r.TableID, err)
+		return FIBEntry{}, fmt.Errorf("route in table %d: %w", tableID, err)
 	}
-	e := FIBEntry{TableID: r.TableID, Prefix: prefix}
-	if len(r.Paths) > 0 {
-		e.Paths = make([]Path, len(r.Paths))
-		for i, p := range r.Paths {
+	e := FIBEntry{TableID: tableID, Prefix: prefix}
+	if len(paths) > 0 {
+		e.Paths = make([]Path, len(paths))
+		for i, p := range paths {
 			e.Paths[i] = fromAPIPath(p)
 		}
 		slices.SortFunc(e.Paths, Path.compare)

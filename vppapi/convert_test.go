@@ -280,7 +280,7 @@ func TestEntryFromAPI(t *testing.T) {
 		nh("192.0.2.9", 1), nh("192.0.2.7", 2), nh("192.0.2.7", 1),
 		{SwIfIndex: noInterface, Type: fib_types.FIB_API_PATH_TYPE_DROP},
 	}}
-	got, err := entryFromAPI(r)
+	got, err := entryFromAPI(r.TableID, r.Prefix, r.Paths)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestEntryFromAPI(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("entryFromAPI =\n%+v\nwant\n%+v", got, want)
 	}
-	if _, err := entryFromAPI(&ip.IPRoute{Prefix: apiPrefix4("10.0.0.0", 40)}); err == nil {
+	if _, err := entryFromAPI(0, apiPrefix4("10.0.0.0", 40), nil); err == nil {
 		t.Error("entryFromAPI accepted a /40 IPv4 prefix")
 	}
 }

@@ -20,6 +20,9 @@ var (
 	// ErrNoInterface is wrapped by SetupUplink's error when VPP has no interface of the given name or
 	// index. For an index it comes with api.INVALID_SW_IF_INDEX, what VPP itself answers to a write on it.
 	ErrNoInterface = errors.New("no such interface")
+
+	// ErrUnsupported is wrapped by DumpAPIRoutes' error when the connected VPP has no ip_route_v2_dump.
+	ErrUnsupported = errors.New("not supported by this VPP")
 )
 
 var (

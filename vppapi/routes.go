@@ -41,30 +41,62 @@ func (c *Client) EnsureTable(ctx context.Context, tableID uint32) error {
 // source is included, VPP's own special and interface routes and other clients' routes as well as ours,
 // so that the caller can tell its own apart. A table that does not exist has no routes.
 func (c *Client) DumpRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, error) {
+	return c.dumpRoutes(ctx, tableID, "routes", func(t ip.IPTable) api.Message { return &ip.IPRouteDump{Table: t} })
+}
+
+// fibSourceAPI is VPP's FIB_SOURCE_API: routes added over the binary API, by any client.
+const fibSourceAPI = 8
+
+// DumpAPIRoutes dumps the IPv4 and then the IPv6 routes of table tableID that were added over the binary
+// API (by any client: ours and others'), with their API paths, through ip_route_v2_dump filtered on the
+// API source. VPP's own entries (special, interface, recursive-resolution and adjacency /32s) and CLI
+// routes are left out. A VPP without ip_route_v2_dump fails with an error wrapping ErrUnsupported.
+func (c *Client) DumpAPIRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, error) {
+	if sess, err := c.current(); err == nil && !sess.routeSource {
+		return nil, fmt.Errorf("dump API routes of table %d: ip_route_v2_dump: %w", tableID, ErrUnsupported)
+	}
+	return c.dumpRoutes(ctx, tableID, "API routes", func(t ip.IPTable) api.Message {
+		return &ip.IPRouteV2Dump{Src: fibSourceAPI, Table: t}
+	})
+}
+
+// dumpRoutes sends the dump req builds for each family of table tableID and converts the details.
+func (c *Client) dumpRoutes(ctx context.Context, tableID uint32, what string, req func(ip.IPTable) api.Message) ([]FIBEntry, error) {
 	sess, err := c.current()
 	if err != nil {
-		return nil, fmt.Errorf("dump routes of table %d: %w", tableID, err)
+		return nil, fmt.Errorf("dump %s of table %d: %w", what, tableID, err)
 	}
 	var out []FIBEntry
 	for _, ip6 := range []bool{false, true} {
-		req := &ip.IPRouteDump{Table: ip.IPTable{TableID: tableID, IsIP6: ip6}}
-		err := c.dump(ctx, sess, req, func(m api.Message) error {
-			d, ok := m.(*ip.IPRouteDetails)
-			if !ok {
-				return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
+		err := c.dump(ctx, sess, req(ip.IPTable{TableID: tableID, IsIP6: ip6}), func(m api.Message) error {
+			e, keep, err := routeEntry(m)
+			if keep {
+				out = append(out, e)
 			}
-			e, err := entryFromAPI(&d.Route)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-			return nil
+			return err
 		})
 		if err != nil {
-			return nil, fmt.Errorf("dump %s routes of table %d: %w", family(ip6), tableID, err)
+			return nil, fmt.Errorf("dump %s %s of table %d: %w", family(ip6), what, tableID, err)
 		}
 	}
 	return out, nil
+}
+
+// routeEntry converts one ip_route_details or ip_route_v2_details; keep is false for a detail of a source
+// other than the API (from a VPP that ignored the filter).
+func routeEntry(m api.Message) (e FIBEntry, keep bool, err error) {
+	switch d := m.(type) {
+	case *ip.IPRouteDetails:
+		e, err = entryFromAPI(d.Route.TableID, d.Route.Prefix, d.Route.Paths)
+		return e, err == nil, err
+	case *ip.IPRouteV2Details:
+		if d.Route.Src != fibSourceAPI {
+			return FIBEntry{}, false, nil
+		}
+		e, err = entryFromAPI(d.Route.TableID, d.Route.Prefix, d.Route.Paths)
+		return e, err == nil, err
+	}
+	return FIBEntry{}, false, fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
 }
 
 func family(ip6 bool) string {

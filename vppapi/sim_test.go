@@ -4,16 +4,19 @@ package vppapi_test
 // unmodified socketclient.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/core"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
@@ -45,9 +49,11 @@ const (
 	eventWait = 10 * time.Second
 )
 
-// startSim starts a simulator listening on a fresh short socket path.
+// startSim starts a simulator listening on a fresh short socket path. Against a real VPP
+// (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's faults or state.
 func startSim(t testing.TB, cfg vppsim.Config) *vppsim.Sim {
 	t.Helper()
+	vpptest.RequireSim(t, "fault injection or simulator state")
 	dir, err := os.MkdirTemp("", "va")
 	if err != nil {
 		t.Fatal(err)
@@ -64,10 +70,9 @@ func startSim(t testing.TB, cfg vppsim.Config) *vppsim.Sim {
 	return sim
 }
 
-// harness is a client whose Run is running against a simulator.
+// harness is a client whose Run is running against a VPP.
 type harness struct {
 	t      testing.TB
-	sim    *vppsim.Sim
 	c      *vppapi.Client
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
@@ -76,11 +81,11 @@ type harness struct {
 
 // start runs a client against sim and waits for its first event, which must be Connected unless
 // wantConnected is false.
-func start(t testing.TB, sim *vppsim.Sim, mutate func(*vppapi.Config)) *harness {
+func start(t testing.TB, socket string, mutate func(*vppapi.Config)) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := vppapi.Config{
-		Socket:         sim.SocketPath(),
+		Socket:         socket,
 		ReplyTimeout:   testReplyTimeout,
 		ReconnectDelay: 20 * time.Millisecond,
 		HealthInterval: testHealth,
@@ -94,7 +99,7 @@ func start(t testing.TB, sim *vppsim.Sim, mutate func(*vppapi.Config)) *harness 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, sim: sim, c: c, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	h := &harness{t: t, c: c, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- c.Run(ctx) }()
 	t.Cleanup(h.stop)
 	return h
@@ -157,8 +162,21 @@ func blockRoutes(n int, nh string, table uint32) []vppapi.Route {
 
 // apiRoutes returns the simulator's API routes of a table as prefix -> "nexthop@swifindex".
 func apiRoutes(sim *vppsim.Sim, table uint32) map[netip.Prefix]string {
+	return pathStrings(sim.APIRoutes(table))
+}
+
+// vppAPIRoutes returns the API routes of table 0 of a VPP of either backend as prefix -> "nexthop@swifindex".
+func vppAPIRoutes(v *vpptest.VPP) map[netip.Prefix]string {
+	var rs []vppsim.Route
+	for _, r := range v.Routes(vppsim.SourceAPI) {
+		rs = append(rs, vppsim.Route{Prefix: r.Prefix, Paths: r.Paths})
+	}
+	return pathStrings(rs)
+}
+
+func pathStrings(routes []vppsim.Route) map[netip.Prefix]string {
 	out := map[netip.Prefix]string{}
-	for _, r := range sim.APIRoutes(table) {
+	for _, r := range routes {
 		var ps []string
 		for _, p := range r.Paths {
 			ps = append(ps, fmt.Sprintf("%v@%d", p.NextHop, p.SwIfIndex))
@@ -170,7 +188,7 @@ func apiRoutes(sim *vppsim.Sim, table uint32) map[netip.Prefix]string {
 
 func TestConnect(t *testing.T) {
 	sim := startSim(t, vppsim.Config{Version: "25.10-rc0~sim"})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	ev := h.expect(vppapi.Connected)
 	if ev.PID != sim.PID() || ev.Version != "25.10-rc0~sim" || ev.Restarted || ev.Err != nil {
 		t.Errorf("Connected event %+v, want pid %d version 25.10-rc0~sim", ev, sim.PID())
@@ -259,8 +277,8 @@ func TestNotConnected(t *testing.T) {
 func TestApplyAddReplaceDelete(t *testing.T) {
 	for _, mode := range []string{"pipelined", "sync"} {
 		t.Run(mode, func(t *testing.T) {
-			sim := startSim(t, vppsim.Config{})
-			h := start(t, sim, func(c *vppapi.Config) { c.Window = 8 })
+			v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+			h := start(t, v.Socket(), func(c *vppapi.Config) { c.Window = 8 })
 			h.expect(vppapi.Connected)
 			apply := h.c.Apply
 			if mode == "sync" {
@@ -274,7 +292,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != len(adds) {
 				t.Fatalf("add: %+v: %v", res, res.Err())
 			}
-			got := apiRoutes(sim, 0)
+			got := vppAPIRoutes(v)
 			if len(got) != len(adds) {
 				t.Fatalf("sim has %d API routes, want %d", len(got), len(adds))
 			}
@@ -291,7 +309,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != 10 || res.Deleted != 10 {
 				t.Fatalf("replace+delete: %+v: %v", res, res.Err())
 			}
-			got = apiRoutes(sim, 0)
+			got = vppAPIRoutes(v)
 			if len(got) != len(adds)-10 {
 				t.Errorf("sim has %d API routes after deleting 10, want %d", len(got), len(adds)-10)
 			}
@@ -341,7 +359,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 
 func TestApplyFailuresAttributed(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, func(c *vppapi.Config) { c.Window = 4 })
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 4 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 
@@ -415,7 +433,7 @@ func TestApplyFailuresAttributed(t *testing.T) {
 func TestSetupUplink(t *testing.T) {
 	// The uplink's name is a substring of another interface's: only the exact match may be chosen.
 	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName, "loop0"}})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 	u := vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24"), pfx("2001:db8::7/64")}}
@@ -482,7 +500,7 @@ func TestSetupUplink(t *testing.T) {
 
 func TestLookupUplinkWritesNothing(t *testing.T) {
 	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName}})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 	sim.ResetRequests()
@@ -516,7 +534,7 @@ func findIf(t *testing.T, sim *vppsim.Sim, idx uint32) vppsim.Interface {
 
 func TestDumpRoutesAllSources(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("172.16.0.1/24")}}); err != nil {
@@ -584,33 +602,35 @@ func TestDumpRoutesAllSources(t *testing.T) {
 }
 
 func TestRestart(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, nil)
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), nil)
 	first := h.expect(vppapi.Connected)
+	if first.PID != v.PID() {
+		t.Errorf("Connected pid %d, VPP's %d", first.PID, v.PID())
+	}
 	ctx := ctxT(t)
 	if res := h.c.Apply(ctx, blockRoutes(10, "192.0.2.7", 0), nil); res.Err() != nil {
 		t.Fatal(res.Err())
 	}
 
-	if err := sim.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	v.Restart()
 	if ev := h.expect(vppapi.Disconnected); ev.Err == nil || ev.PID != first.PID {
 		t.Errorf("Disconnected = %+v, want an error and the old pid", ev)
 	}
 	ev := h.expect(vppapi.Connected)
-	if !ev.Restarted || ev.PID != sim.PID() || ev.PID == first.PID {
-		t.Errorf("Connected after restart = %+v, want Restarted with new pid %d (old %d)", ev, sim.PID(), first.PID)
+	if !ev.Restarted || ev.PID != v.PID() || ev.PID == first.PID {
+		t.Errorf("Connected after restart = %+v, want Restarted with new pid %d (old %d)", ev, v.PID(), first.PID)
 	}
-	if st := h.c.Status(); st.Reconnects != 1 || st.PID != sim.PID() || st.LastError == "" {
+	if st := h.c.Status(); st.Reconnects != 1 || st.PID != v.PID() || st.LastError == "" {
 		t.Errorf("Status() = %+v", st)
 	}
-	if len(sim.APIRoutes(0)) != 0 {
-		t.Fatal("sim FIB not empty after restart")
+	if n := len(vppAPIRoutes(v)); n != 0 {
+		t.Fatalf("%d API routes after restart, want an empty FIB", n)
 	}
+	v.WaitUplink(10 * time.Second)
 	res := h.c.Apply(ctx, blockRoutes(10, "192.0.2.7", 0), nil)
-	if res.Err() != nil || len(sim.APIRoutes(0)) != 10 {
-		t.Errorf("Apply after restart: %v, sim has %d routes", res.Err(), len(sim.APIRoutes(0)))
+	if n := len(vppAPIRoutes(v)); res.Err() != nil || n != 10 {
+		t.Errorf("Apply after restart: %v, VPP has %d routes", res.Err(), n)
 	}
 	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_reconnects_total"); got != 1 {
 		t.Errorf("reconnects_total = %v", got)
@@ -619,7 +639,7 @@ func TestRestart(t *testing.T) {
 
 func TestNoReplyTimesOut(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, func(c *vppapi.Config) { c.Window = 16; c.HealthInterval = time.Hour })
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 16; c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 
@@ -658,7 +678,7 @@ func TestNoReplyTimesOut(t *testing.T) {
 
 func TestContextDeadlineHonoured(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, func(c *vppapi.Config) { c.HealthInterval = time.Hour })
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{ReplyDelay: 2 * testReplyTimeout})
 	defer sim.SetFaults(vppsim.Faults{})
@@ -685,7 +705,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 
 func TestNoPingReplyDisconnects(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{NoPingReply: true})
 	t0 := time.Now()
@@ -710,7 +730,7 @@ func TestNoPingReplyDisconnects(t *testing.T) {
 
 func TestHangUpMidApply(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, func(c *vppapi.Config) { c.Window = 8 })
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 8 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 
@@ -754,7 +774,8 @@ func TestHangUpMidApply(t *testing.T) {
 
 func TestIncompatible(t *testing.T) {
 	sim := startSim(t, vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
-	h := start(t, sim, nil)
+	var logs syncBuffer
+	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	for i := range 2 { // reported, then reported again after the backoff: it keeps retrying
 		ev := h.expect(vppapi.Incompatible)
 		var ie *vppapi.IncompatibleError
@@ -778,12 +799,33 @@ func TestIncompatible(t *testing.T) {
 	if !errors.Is(res.Err(), vppapi.ErrNotConnected) {
 		t.Errorf("Apply against an incompatible VPP: %v", res.Err())
 	}
+	if n := strings.Count(logs.String(), "VPP is incompatible"); n != 1 {
+		t.Errorf("the incompatibility was logged %d times over two attempts, want once", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestRunStopsWithoutLeaks(t *testing.T) {
 	before := goroutines()
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	if res := h.c.Apply(ctxT(t), blockRoutes(100, "192.0.2.7", 0), nil); res.Err() != nil {
 		t.Fatal(res.Err())
@@ -798,7 +840,7 @@ func TestRunStopsWithoutLeaks(t *testing.T) {
 	}
 	sim.Close()
 	// Run also stops while it waits to reconnect to a VPP that is gone.
-	h2 := start(t, sim, nil)
+	h2 := start(t, sim.SocketPath(), nil)
 	time.Sleep(100 * time.Millisecond)
 	h2.stop()
 
@@ -852,7 +894,7 @@ func firstLine(s string) string {
 func TestShuffledMessageIDs(t *testing.T) {
 	for _, seed := range []int64{1, 42} {
 		sim := startSim(t, vppsim.Config{MessageOrderSeed: seed})
-		h := start(t, sim, nil)
+		h := start(t, sim.SocketPath(), nil)
 		h.expect(vppapi.Connected)
 		ctx := ctxT(t)
 		if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.1/24")}}); err != nil {
@@ -879,7 +921,7 @@ func TestShuffledMessageIDs(t *testing.T) {
 // route, fail the rest with a connection error, not hang, and work again after the reconnect.
 func TestRestartDuringApply(t *testing.T) {
 	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim, nil)
+	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 	routes := blockRoutes(20000, "192.0.2.7", 0)

@@ -223,13 +223,15 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	}
 	defer cli.Close()
-	vpp, err := vppapi.New(vppapi.Config{Socket: cfg.vppSocket, ReplyTimeout: cfg.vppTimeout, Logger: log.With("component", "vpp"), Registerer: reg})
+	// vppapi and blockwatch name their component themselves; GoVPP's own logs go through slog too.
+	vppapi.ForwardGoVPPLogs(log)
+	vpp, err := vppapi.New(vppapi.Config{Socket: cfg.vppSocket, ReplyTimeout: cfg.vppTimeout, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
 		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.dialTimeout,
-		Logger: log.With("component", "etcd"), Registerer: reg})
+		Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}
@@ -245,6 +247,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		}
 		registration = registrar
 	}
+	cfg.agent.Logger = log.With("component", "agent")
 	a, err := agent.New(cfg.agent, vpp, watcher, registration, m)
 	if err != nil {
 		return err

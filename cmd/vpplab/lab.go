@@ -24,11 +24,8 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
-	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-const uplinkName = "GigabitEthernet0/8/0"
 
 // The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks.
 var (
@@ -49,8 +46,7 @@ type lab struct {
 
 type labNode struct {
 	name         string
-	sim          *vppsim.Sim
-	sock         string
+	vpp          dataplane
 	peer4, peer6 netip.Addr
 	metrics      string
 	logPath      string
@@ -94,7 +90,6 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 	for i := 1; i <= o.nodes; i++ {
 		n := &labNode{
 			name:    fmt.Sprintf("node-%d", i),
-			sock:    filepath.Join(o.dataDir, fmt.Sprintf("vpp-%d.sock", i)),
 			peer4:   netip.AddrFrom4([4]byte{192, 168, 100, byte(i)}),
 			peer6:   netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i)),
 			logPath: filepath.Join(o.dataDir, fmt.Sprintf("agent-node-%d.log", i)),
@@ -105,20 +100,19 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			return nil, err
 		}
 		n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
-		if n.sim, err = vppsim.New(vppsim.Config{Interfaces: []string{uplinkName},
-			Logger: slog.New(slog.DiscardHandler)}); err != nil {
-			l.close()
-			return nil, err
+		if o.vppPkg == "" {
+			n.vpp, err = newSimPlane(o.dataDir, i)
+		} else {
+			n.vpp, err = newRealPlane(ctx, o.vppBin, o.dataDir, i)
 		}
-		if len(n.sock) > 100 {
-			l.close()
-			return nil, fmt.Errorf("--data-dir %s is too long for a unix socket path", o.dataDir)
-		}
-		if err := n.sim.Listen(n.sock); err != nil {
+		if err != nil {
 			l.close()
 			return nil, err
 		}
 		l.nodes = append(l.nodes, n)
+		if ctl := n.vpp.ctl(); ctl != "" {
+			l.logf("%s: VPP pid %d, uplink %s (appears 2s after VPP starts): %s show ip fib", n.name, n.vpp.pid(), n.vpp.uplink(), ctl)
+		}
 	}
 	return l, nil
 }
@@ -126,8 +120,8 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 func (l *lab) close() {
 	for _, n := range l.nodes {
 		l.stopAgent(n)
-		if n.sim != nil {
-			n.sim.Close()
+		if n.vpp != nil {
+			n.vpp.close()
 		}
 	}
 	if l.cli != nil {
@@ -153,8 +147,8 @@ func (l *lab) startAgent(n *labNode) error {
 	cmd := exec.Command(filepath.Join(l.o.binDir, "vpp-route-agent"),
 		"--nodename", n.name,
 		"--etcd-endpoints", l.etcd.Endpoint(),
-		"--vpp-api-socket", n.sock,
-		"--uplink-interface", uplinkName,
+		"--vpp-api-socket", n.vpp.socket(),
+		"--uplink-interface", n.vpp.uplink(),
 		"--uplink-address", netip.PrefixFrom(n.peer4, 24).String(),
 		"--uplink-address", netip.PrefixFrom(n.peer6, 64).String(),
 		"--metrics-address", n.metrics,
@@ -350,10 +344,17 @@ func (l *lab) snapshot(ctx context.Context) (*blockwatch.Snapshot, error) {
 	return blockwatch.List(ctx, blockwatch.Config{Client: l.cli, LegacyHostAffinity: true, Logger: slog.New(slog.DiscardHandler)})
 }
 
-// fib returns node n's routes inside the lab's pools as "prefix via next-hop", sorted.
+// fib returns node n's routes inside the lab's pools as "prefix via next-hop", sorted; a failed dump is
+// one line saying so (which never equals a desired FIB).
 func fib(n *labNode) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	routes, err := n.vpp.apiRoutes(ctx)
+	if err != nil {
+		return []string{"dump failed: " + err.Error()}
+	}
 	var out []string
-	for _, r := range n.sim.APIRoutes(0) {
+	for _, r := range routes {
 		if !labPoolV4.CIDR.Contains(r.Prefix.Addr()) && !labPoolV6.CIDR.Contains(r.Prefix.Addr()) {
 			continue
 		}

@@ -1,5 +1,5 @@
-// Command vpplab runs the whole system on one machine: an embedded etcd, N simulated VPP nodes, one real
-// vpp-route-agent process per node, and block-ipam (the built binary, called through libcni as a
+// Command vpplab runs the whole system on one machine: an embedded etcd, N VPP nodes (simulated, or
+// real VPP processes with --vpp), one real vpp-route-agent process per node, and block-ipam (the built binary, called through libcni as a
 // container runtime calls it) placing pods so that nodes claim blocks. It then plays a scenario and
 // checks every node's FIB against the desired state after each step.
 package main
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
 )
 
 func main() {
@@ -39,6 +40,9 @@ type options struct {
 	dataDir     string
 	binDir      string
 	settle      time.Duration
+	// vppPkg is an unpacked VPP package directory (--vpp): every node runs a real VPP from it.
+	vppPkg string
+	vppBin vppproc.Binaries
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -51,6 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory for etcd data, sockets and logs (default: a new temporary directory)")
 	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding vpp-route-agent and block-ipam (default: beside vpplab)")
 	fs.DurationVar(&o.settle, "settle-timeout", 15*time.Second, "how long a step may take to converge before it FAILs")
+	fs.StringVar(&o.vppPkg, "vpp", "", "run every node on a real VPP from this unpacked package directory (bin/vpp, bin/vppctl), e.g. /opt/vpp-v26.06-minimal; default: the simulator")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: vpplab [flags]\n\nRuns etcd, --nodes simulated VPP nodes with one vpp-route-agent each, "+
 			"places pods with block-ipam,\nand plays a scenario checking every FIB. Exit status 1 on any FAIL.\n\nFlags:\n")
@@ -64,6 +69,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.pods < 1 || o.pods > 200 {
 		return fmt.Errorf("--pods: %d is outside 1-200", o.pods)
+	}
+	if o.vppPkg != "" {
+		var err error
+		if o.vppBin, err = vppproc.FromPackage(o.vppPkg); err != nil {
+			return fmt.Errorf("--vpp: %w", err)
+		}
 	}
 	if o.binDir == "" {
 		exe, err := os.Executable()

@@ -69,11 +69,11 @@ func (l *lab) scenario(ctx context.Context) int {
 	})
 
 	l.step(ctx, fmt.Sprintf("restart %s's VPP (routes restored)", first.name), func() (string, error) {
-		oldPID := first.sim.PID()
-		if err := first.sim.Restart(); err != nil {
+		oldPID := first.vpp.pid()
+		if err := first.vpp.restart(ctx); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("vpe pid %d -> %d", oldPID, first.sim.PID()), nil
+		return fmt.Sprintf("vpe pid %d -> %d", oldPID, first.vpp.pid()), nil
 	})
 
 	l.step(ctx, fmt.Sprintf("stop %s's agent (no withdrawal elsewhere)", second.name), func() (string, error) {
@@ -165,7 +165,8 @@ func (l *lab) routesTo(n *labNode) int {
 		if o == n {
 			continue
 		}
-		for _, r := range o.sim.APIRoutes(0) {
+		routes, _ := o.vpp.apiRoutes(context.Background())
+		for _, r := range routes {
 			for _, p := range r.Paths {
 				if p.NextHop == n.peer4 || p.NextHop == n.peer6 {
 					c++
@@ -236,5 +237,8 @@ func (l *lab) printHowTo() {
 	fmt.Fprintf(l.out, "routes:   %s/vpp-route-agent routes --etcd-endpoints %s --nodename %s\n", l.o.binDir, ep, l.nodes[0].name)
 	for _, n := range l.nodes {
 		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics\n", n.name, n.metrics, n.metrics, n.metrics)
+		if ctl := n.vpp.ctl(); ctl != "" {
+			fmt.Fprintf(l.out, "%s:   %s show ip fib\n", n.name, ctl)
+		}
 	}
 }

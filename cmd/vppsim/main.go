@@ -2,13 +2,21 @@
 // standalone process, for the local lab and process-level tests:
 //
 //	vppsim --socket PATH [--interface NAME]... [--version TEXT] [--crc NAME=CRC]... [--http ADDR]
+//	       [--interfaces-after DURATION] [--reply-delay DURATION] [--hang-up-after N] [--stall]
+//
+// The fault flags play a real VPP's behaviours and failures for process-level tests: interfaces created
+// by VPP's startup-config appear 2 s after every (re)start (--interfaces-after 2s), a busy main thread
+// (--reply-delay), a VPP that drops each connection after N messages (--hang-up-after), and one that
+// stops answering (--stall: requests applied, nothing answered, pings included).
 //
 // It prints one line "vppsim ready socket=PATH pid=N" (followed by
 // " http=ADDR" when --http is set) to stdout once the socket accepts, runs
 // until SIGTERM or SIGINT, and simulates a VPP restart on SIGHUP, printing
 // "vppsim restarted pid=N". With --http it serves GET /fib (JSON array of
-// every table's routes; ?source=api keeps only API routes), GET /interfaces
-// and GET /requests (JSON object: message name -> count).
+// every table's routes; ?source=api keeps only API routes), GET /interfaces,
+// GET /requests (JSON object: message name -> count) and
+// POST /neighbor?sw_if_index=N&address=A (a resolved neighbour: VPP's
+// adjacency /32).
 package main
 
 import (
@@ -20,8 +28,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -56,6 +66,8 @@ type options struct {
 	crcs       []string
 	httpAddr   string
 	debug      bool
+	faults     vppsim.Faults
+	stall      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error) {
@@ -68,6 +80,11 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 	fs.StringArrayVar(&o.crcs, "crc", nil, "NAME=CRC: advertise CRC for message NAME instead of the real one (repeatable)")
 	fs.StringVar(&o.httpAddr, "http", "", "serve GET /fib, /interfaces and /requests on this address (e.g. 127.0.0.1:0)")
 	fs.BoolVar(&o.debug, "debug", false, "log per-connection events")
+	var ifDelay time.Duration
+	fs.DurationVar(&ifDelay, "interfaces-after", 0, "the interfaces appear this long after start and after every restart (VPP's startup-config: 2s)")
+	fs.DurationVar(&o.faults.ReplyDelay, "reply-delay", 0, "delay the processing of every request (a busy VPP)")
+	fs.IntVar(&o.faults.HangUpAfter, "hang-up-after", 0, "close each connection after it received this many messages (0: never)")
+	fs.BoolVar(&o.stall, "stall", false, "apply requests but answer none, control_ping included (a stalled VPP)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return o, vppsim.Config{}, err
@@ -80,10 +97,16 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 	if o.socket == "" {
 		return o, vppsim.Config{}, fmt.Errorf("%w: --socket is required", errUsage)
 	}
+	if ifDelay < 0 || o.faults.ReplyDelay < 0 || o.faults.HangUpAfter < 0 {
+		return o, vppsim.Config{}, fmt.Errorf("%w: --interfaces-after, --reply-delay and --hang-up-after must not be negative", errUsage)
+	}
+	if o.stall {
+		o.faults.NoReply, o.faults.NoPingReply = true, true
+	}
 	if len(o.socket) > 107 {
 		return o, vppsim.Config{}, fmt.Errorf("%w: --socket %q longer than the 107 bytes a unix socket path allows", errUsage, o.socket)
 	}
-	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version}
+	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version, InterfaceDelay: ifDelay}
 	for _, kv := range o.crcs {
 		name, crc, ok := strings.Cut(kv, "=")
 		if !ok || name == "" {
@@ -111,6 +134,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	sim.SetFaults(o.faults)
 
 	// Catch signals and open everything before announcing readiness.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -192,6 +216,24 @@ func newHandler(sim *vppsim.Sim) http.Handler {
 	})
 	mux.HandleFunc("GET /requests", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, sim.RequestCounts())
+	})
+	// POST /neighbor?sw_if_index=N&address=A plays a resolved ARP/ND entry: VPP's adjacency /32 (/128).
+	mux.HandleFunc("POST /neighbor", func(w http.ResponseWriter, r *http.Request) {
+		idx, err := strconv.ParseUint(r.URL.Query().Get("sw_if_index"), 10, 32)
+		if err != nil {
+			http.Error(w, "sw_if_index: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		a, err := netip.ParseAddr(r.URL.Query().Get("address"))
+		if err != nil {
+			http.Error(w, "address: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := sim.ResolveNeighbor(uint32(idx), a); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
 }

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +23,8 @@ import (
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/binapi/memclnt"
 	"go.fd.io/govpp/core"
+
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
 
 // TestMain runs the command itself when the test binary is re-executed with
@@ -44,6 +48,8 @@ func TestFlagErrors(t *testing.T) {
 		{"--socket", "/tmp/x.sock", "--interface", "eth0", "--interface", "eth0"},
 		{"--socket", "/tmp/" + strings.Repeat("s", 120)},
 		{"--socket", "/tmp/x.sock", "extra"},
+		{"--socket", "/tmp/x.sock", "--reply-delay", "-1s"},
+		{"--socket", "/tmp/x.sock", "--hang-up-after", "-2"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(args, &stdout, &stderr)
@@ -53,6 +59,19 @@ func TestFlagErrors(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Errorf("run(%q) printed %q on stdout", args, stdout.String())
 		}
+	}
+}
+
+// TestFaultFlags: the faults a process-level test needs are flags.
+func TestFaultFlags(t *testing.T) {
+	o, cfg, err := parseFlags([]string{"--socket", "/tmp/x.sock", "--interfaces-after", "2s", "--reply-delay", "5ms",
+		"--hang-up-after", "7", "--stall"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := vppsim.Faults{HangUpAfter: 7, NoReply: true, NoPingReply: true, ReplyDelay: 5 * time.Millisecond}
+	if cfg.InterfaceDelay != 2*time.Second || o.faults != want {
+		t.Errorf("interface delay %v, faults %+v; want 2s and %+v", cfg.InterfaceDelay, o.faults, want)
 	}
 }
 
@@ -179,8 +198,18 @@ func TestProcess(t *testing.T) {
 		t.Errorf("/fib?source=api = %+v", fib)
 	}
 	getJSON(t, "http://"+httpAddr+"/fib", &fib)
-	if len(fib) != 7 { // 5 IPv4 specials, the API route, ::/0
+	if len(fib) != 8 { // 5 IPv4 specials, the API route, ::/0, fe80::/10
 		t.Errorf("/fib has %d routes: %+v", len(fib), fib)
+	}
+	resp, err := http.Post("http://"+httpAddr+"/neighbor?sw_if_index=1&address=172.16.0.9", "", nil)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("POST /neighbor: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	fib = nil
+	getJSON(t, "http://"+httpAddr+"/fib?source=adjacency", &fib)
+	if len(fib) != 1 || fib[0].Prefix != "172.16.0.9/32" || fib[0].Paths[0].NextHop != "172.16.0.9" || fib[0].Paths[0].SwIfIndex != 1 {
+		t.Errorf("/fib?source=adjacency after POST /neighbor = %+v", fib)
 	}
 	var counts map[string]int
 	getJSON(t, "http://"+httpAddr+"/requests", &counts)
@@ -217,7 +246,12 @@ func TestProcess(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no exit after SIGTERM")
 	}
-	if _, err := os.Stat(sock); !os.IsNotExist(err) {
-		t.Errorf("socket left behind: %v", err)
+	// Like VPP, the simulator leaves its socket file behind; connecting to it is refused.
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("socket file gone: %v", err)
+	}
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		t.Error("a connection to the socket of an exited simulator succeeded")
 	}
 }

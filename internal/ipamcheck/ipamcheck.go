@@ -12,6 +12,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -65,6 +67,18 @@ func Read(ctx context.Context, c *clientv3.Client) (*Snapshot, map[string][]byte
 		s.Revision = resp.Header.Revision
 	}
 	return s, kvs, err
+}
+
+// MustRead is Read for tests: it fails t when etcd cannot be read within 10 s.
+func MustRead(t testing.TB, c *clientv3.Client) *Snapshot {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, _, err := Read(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // Check reads the datastore through c and returns every broken invariant, joined; nil means

@@ -29,6 +29,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -268,6 +269,8 @@ type agentConfig struct {
 	uplink netip.Prefix
 	// logLevel defaults to info.
 	logLevel string
+	// uplinkIf is the uplink interface's name; default uplinkName.
+	uplinkIf string
 	extra    []string
 }
 
@@ -276,12 +279,16 @@ func (c agentConfig) args() []string {
 	if lvl == "" {
 		lvl = "info"
 	}
+	ifName := c.uplinkIf
+	if ifName == "" {
+		ifName = uplinkName
+	}
 	args := []string{
 		"--nodename", c.node,
 		"--etcd-endpoints", c.etcd,
 		"--etcd-dial-timeout", "2s",
 		"--vpp-api-socket", c.socket,
-		"--uplink-interface", uplinkName,
+		"--uplink-interface", ifName,
 		"--metrics-address", "127.0.0.1:0",
 		"--log-format", "json",
 		"--log-level", lvl,
@@ -524,8 +531,10 @@ func remotePeer(i int) netip.Addr {
 func remoteNode(i int) string { return fmt.Sprintf("node-%03d", i) }
 
 // startSim starts an in-process VPP simulator with the uplink interface and returns it and its socket.
+// Against real VPP (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's state or faults.
 func startSim(t testing.TB) (*vppsim.Sim, string) {
 	t.Helper()
+	vpptest.RequireSim(t, "simulator state or faults")
 	sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
 	if err != nil {
 		t.Fatal(err)
@@ -599,6 +608,7 @@ type simProc struct {
 // startSimProc runs cmd/vppsim on sock and waits for its ready line.
 func startSimProc(t testing.TB, sock string) *simProc {
 	t.Helper()
+	vpptest.RequireSim(t, "the vppsim binary")
 	pr, pw := io.Pipe()
 	p := startProc(t, "vppsim", simBin, nil, pw, "--socket", sock, "--http", "127.0.0.1:0", "--interface", uplinkName)
 	s := &simProc{proc: p, lines: make(chan string, 16)}

@@ -11,20 +11,21 @@ import (
 
 // VPP API return values the simulator produces.
 const (
-	rvOK                   int32 = 0
-	rvUnspecified          int32 = -1
-	rvInvalidSwIfIndex     int32 = -2
-	rvNoSuchFIB            int32 = -3
-	rvInvalidRegistration  int32 = -31
-	rvNoPathsInRoute       int32 = -52
-	rvNoMatchingInterface  int32 = -54
-	rvAddressNotFound      int32 = -60
-	rvNoSuchTable          int32 = -65
-	rvAddressInUse         int32 = -105
-	rvUnsupported          int32 = -126
-	rvDuplicateIfAddress   int32 = -127
-	rvInvalidPrefixLength  int32 = -171
-	sockclntDeleteResponse int32 = 1
+	rvOK                    int32 = 0
+	rvUnspecified           int32 = -1
+	rvInvalidSwIfIndex      int32 = -2
+	rvNoSuchFIB             int32 = -3
+	rvInvalidRegistration   int32 = -31
+	rvNoPathsInRoute        int32 = -52
+	rvNoMatchingInterface   int32 = -54
+	rvAddressLengthMismatch int32 = -59
+	rvAddressNotFound       int32 = -60
+	rvNoSuchTable           int32 = -65
+	rvAddressInUse          int32 = -105
+	rvUnsupported           int32 = -126
+	rvDuplicateIfAddress    int32 = -127
+	rvInvalidPrefixLength   int32 = -171
+	sockclntDeleteResponse  int32 = 1
 )
 
 // prefixFromAPI decodes a binapi prefix. ok is false when the length exceeds

@@ -2,6 +2,7 @@ package vppsim
 
 import (
 	"cmp"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 
@@ -12,23 +13,33 @@ import (
 // contributions and interfaces with their addresses. It does no I/O; all of it
 // is guarded by Sim.mu.
 
-// Source tells which part of VPP owns the path set a FIB entry forwards with.
-type Source int
+// Source tells which part of VPP owns the path set a FIB entry forwards
+// with. The values are VPP 26.06's fib_source_t, as ip_route_v2_details
+// carries them and ip_route_v2_dump filters on them (measured).
+type Source uint8
 
 const (
-	// SourceSpecial marks the routes VPP creates with every table (the IPv4
-	// drop routes for 0.0.0.0/0, 0.0.0.0/32, 224.0.0.0/4, 240.0.0.0/4,
-	// 255.255.255.255/32 and the IPv6 default drop route ::/0).
-	SourceSpecial Source = iota + 1
+	// SourceSpecial marks the routes VPP creates with every table
+	// (224.0.0.0/4 and 240.0.0.0/4 drops, IPv6 fe80::/10).
+	SourceSpecial Source = 1
 	// SourceInterface marks the routes VPP derives from interface addresses
 	// (connected subnet, local address, network and broadcast drops).
-	SourceInterface
+	SourceInterface Source = 4
 	// SourceAPI marks routes added with ip_route_add_del (by any client) or
 	// with Sim.AddRoute.
-	SourceAPI
+	SourceAPI Source = 8
+	// SourceAdjacency marks the /32 (/128) of a resolved neighbour
+	// (Sim.ResolveNeighbor).
+	SourceAdjacency Source = 15
+	// SourceRR marks the recursive-resolution /32 (/128) VPP makes for the
+	// next hop of a recursive path; it forwards with its cover's paths.
+	SourceRR Source = 18
+	// SourceDefault marks the default routes 0.0.0.0/0 and ::/0 and the
+	// 0.0.0.0/32 and 255.255.255.255/32 drops.
+	SourceDefault Source = 20
 )
 
-// String returns "special", "interface" or "api".
+// String returns the source's name, as VPP's "show ip fib" spells it.
 func (s Source) String() string {
 	switch s {
 	case SourceSpecial:
@@ -37,6 +48,12 @@ func (s Source) String() string {
 		return "interface"
 	case SourceAPI:
 		return "api"
+	case SourceAdjacency:
+		return "adjacency"
+	case SourceRR:
+		return "recursive-resolution"
+	case SourceDefault:
+		return "default-route"
 	}
 	return "unknown"
 }
@@ -161,15 +178,21 @@ func protoOf(ip6 bool) fib_types.FibPathNhProto {
 	return fib_types.FIB_API_PATH_NH_PROTO_IP4
 }
 
-// entry is one prefix of a table with the contribution of each source. The
-// best source wins: special, then interface, then API, then the default route.
+// entry is one prefix of a table with the contribution of each source (nil:
+// none). The best source wins: special, interface, API, adjacency,
+// recursive-resolution, then the default route.
 type entry struct {
-	prefix  netip.Prefix
+	prefix netip.Prefix // masked: the key
+	// shown is the prefix as first created, host bits kept: what VPP dumps
+	// (measured: 10.1.2.5/26, a connected 172.16.0.1/24).
+	shown   netip.Prefix
 	stats   uint32
-	special []fibPath // FIB_SOURCE_SPECIAL, cannot be overridden
+	special []fibPath // cannot be overridden
 	iface   []fibPath
 	api     []fibPath
-	deflt   []fibPath // FIB_SOURCE_DEFAULT_ROUTE, the lowest priority
+	adj     []fibPath
+	rr      []fibPath
+	deflt   []fibPath // the lowest priority
 }
 
 func (e *entry) best() (Source, []fibPath) {
@@ -180,13 +203,36 @@ func (e *entry) best() (Source, []fibPath) {
 		return SourceInterface, e.iface
 	case e.api != nil:
 		return SourceAPI, e.api
+	case e.adj != nil:
+		return SourceAdjacency, e.adj
+	case e.rr != nil:
+		return SourceRR, e.rr
 	default:
-		return SourceSpecial, e.deflt
+		return SourceDefault, e.deflt
 	}
 }
 
+// source returns the contribution of src (nil: none).
+func (e *entry) source(src Source) []fibPath {
+	switch src {
+	case SourceSpecial:
+		return e.special
+	case SourceInterface:
+		return e.iface
+	case SourceAPI:
+		return e.api
+	case SourceAdjacency:
+		return e.adj
+	case SourceRR:
+		return e.rr
+	case SourceDefault:
+		return e.deflt
+	}
+	return nil
+}
+
 func (e *entry) empty() bool {
-	return e.special == nil && e.iface == nil && e.api == nil && e.deflt == nil
+	return e.special == nil && e.iface == nil && e.api == nil && e.adj == nil && e.rr == nil && e.deflt == nil
 }
 
 type tableKey struct {
@@ -198,32 +244,27 @@ type fibTable struct {
 	key     tableKey
 	name    string
 	entries map[netip.Prefix]*entry
+	// rrRefs counts, per next hop, the recursive API paths that need its
+	// recursive-resolution /32 (/128); rrEntries are the entries with a
+	// recursive-resolution contribution.
+	rrRefs    map[netip.Addr]int
+	rrEntries map[netip.Prefix]*entry
 }
 
 var (
-	specialV4 = []netip.Prefix{
+	defaultV4 = []netip.Prefix{
 		netip.MustParsePrefix("0.0.0.0/0"),
 		netip.MustParsePrefix("0.0.0.0/32"),
 		netip.MustParsePrefix("255.255.255.255/32"),
+	}
+	specialV4 = []netip.Prefix{
 		netip.MustParsePrefix("224.0.0.0/4"),
 		netip.MustParsePrefix("240.0.0.0/4"),
 	}
-	specialV6 = []netip.Prefix{
-		netip.MustParsePrefix("::/0"),
-	}
+	defaultV6 = []netip.Prefix{netip.MustParsePrefix("::/0")}
+	// linkLocalV6 is in every IPv6 table, dumped with no path (measured).
+	linkLocalV6 = netip.MustParsePrefix("fe80::/10")
 )
-
-// dumpRank orders the special prefixes first in ip_route_dump, as VPP does.
-func dumpRank(p netip.Prefix) int {
-	list := specialV4
-	if p.Addr().Is6() {
-		list = specialV6
-	}
-	if i := slices.Index(list, p); i >= 0 {
-		return i
-	}
-	return len(list)
-}
 
 func comparePrefixes(a, b netip.Prefix) int {
 	if c := a.Addr().Compare(b.Addr()); c != 0 {
@@ -232,30 +273,35 @@ func comparePrefixes(a, b netip.Prefix) int {
 	return cmp.Compare(a.Bits(), b.Bits())
 }
 
-// newTable creates a table with the special routes VPP puts in every table.
+// newTable creates a table with the routes VPP puts in every table.
 func (s *Sim) newTable(key tableKey, name string) *fibTable {
-	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry)}
-	specials := specialV4
+	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry), rrRefs: make(map[netip.Addr]int),
+		rrEntries: make(map[netip.Prefix]*entry)}
 	if key.ip6 {
-		specials = specialV6
-	}
-	for _, p := range specials {
-		e := s.getEntry(t, p)
-		if p.Bits() == 0 {
-			e.deflt = []fibPath{dropPath(key.ip6)}
-		} else {
-			e.special = []fibPath{dropPath(key.ip6)}
+		for _, p := range defaultV6 {
+			s.getEntry(t, p).deflt = []fibPath{dropPath(true)}
 		}
+		s.getEntry(t, linkLocalV6).special = []fibPath{}
+		return t
+	}
+	for _, p := range defaultV4 {
+		s.getEntry(t, p).deflt = []fibPath{dropPath(false)}
+	}
+	for _, p := range specialV4 {
+		s.getEntry(t, p).special = []fibPath{dropPath(false)}
 	}
 	return t
 }
 
+// getEntry returns the entry of p, creating it (as p, host bits kept) if
+// there is none.
 func (s *Sim) getEntry(t *fibTable, p netip.Prefix) *entry {
-	e := t.entries[p]
+	key := p.Masked()
+	e := t.entries[key]
 	if e == nil {
 		s.statsIndex++
-		e = &entry{prefix: p, stats: s.statsIndex}
-		t.entries[p] = e
+		e = &entry{prefix: key, shown: p, stats: s.statsIndex}
+		t.entries[key] = e
 	}
 	return e
 }
@@ -266,38 +312,94 @@ func (t *fibTable) gc(e *entry) {
 	}
 }
 
-// sortedEntries returns the table's entries in ip_route_dump order.
-func (t *fibTable) sortedEntries() []*entry {
+// entries returns the table's entries in no particular order, different
+// from one call to the next: VPP dumps in hash order (measured), and clients
+// must not depend on any.
+func (t *fibTable) entryList() []*entry {
 	es := make([]*entry, 0, len(t.entries))
 	for _, e := range t.entries {
 		es = append(es, e)
 	}
-	slices.SortFunc(es, func(a, b *entry) int {
-		if c := cmp.Compare(dumpRank(a.prefix), dumpRank(b.prefix)); c != 0 {
-			return c
-		}
-		return comparePrefixes(a.prefix, b.prefix)
-	})
+	rand.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
 	return es
+}
+
+// setAPI replaces the API contribution of e (nil: none), keeping the
+// recursive-resolution entries of recursive paths in step.
+func (s *Sim) setAPI(t *fibTable, e *entry, paths []fibPath) {
+	for _, p := range e.api {
+		if p.recursive() {
+			if t.rrRefs[p.nh]--; t.rrRefs[p.nh] <= 0 {
+				delete(t.rrRefs, p.nh)
+			}
+		}
+	}
+	e.api = paths
+	for _, p := range e.api {
+		if p.recursive() {
+			t.rrRefs[p.nh]++
+		}
+	}
+	t.gc(e)
+	s.syncRR(t)
+}
+
+// recursive reports whether p resolves through the FIB (a next hop, no
+// interface).
+func (p fibPath) recursive() bool {
+	return p.typ == fib_types.FIB_API_PATH_TYPE_NORMAL && p.swIfIndex == ^uint32(0) && p.nh.IsValid()
+}
+
+// syncRR makes the recursive-resolution entries of t match its recursive
+// next hops: each /32 (/128) forwards with the paths of its cover, the
+// longest other prefix containing it, as VPP dumps it (measured: a route via
+// 10.1.7.1 makes "10.1.7.1/32 via 192.0.2.9 if 1" under the covering
+// "10.1.7.0/26 via 192.0.2.9 if 1").
+func (s *Sim) syncRR(t *fibTable) {
+	for p, e := range t.rrEntries {
+		if _, ok := t.rrRefs[p.Addr()]; !ok {
+			e.rr = nil
+			delete(t.rrEntries, p)
+			t.gc(e)
+		}
+	}
+	for nh := range t.rrRefs {
+		host := netip.PrefixFrom(nh, nh.BitLen())
+		var cover []fibPath
+		for bits := nh.BitLen() - 1; bits >= 0; bits-- {
+			if c := t.entries[netip.PrefixFrom(nh, bits).Masked()]; c != nil {
+				if _, paths := c.best(); paths != nil {
+					cover = paths
+					break
+				}
+			}
+		}
+		if cover == nil {
+			cover = []fibPath{dropPath(nh.Is6())}
+		}
+		e := s.getEntry(t, host)
+		e.rr = slices.Clone(cover)
+		t.rrEntries[host] = e
+	}
 }
 
 // apiReplace sets the API paths of prefix p (ip_route_add_del, not multipath).
 func (s *Sim) apiReplace(t *fibTable, p netip.Prefix, paths []fibPath) *entry {
 	e := s.getEntry(t, p)
-	e.api = normalizePaths(paths)
+	s.setAPI(t, e, normalizePaths(paths))
 	return e
 }
 
 // apiAddPaths adds paths to the API path set of p (multipath add).
 func (s *Sim) apiAddPaths(t *fibTable, p netip.Prefix, paths []fibPath) *entry {
 	e := s.getEntry(t, p)
-	e.api = normalizePaths(append(slices.Clone(e.api), paths...))
+	s.setAPI(t, e, normalizePaths(append(slices.Clone(e.api), paths...)))
 	return e
 }
 
 // apiRemovePaths removes paths from the API path set of p (multipath delete);
 // the API source goes away with its last path.
-func (t *fibTable) apiRemovePaths(p netip.Prefix, paths []fibPath) {
+func (s *Sim) apiRemovePaths(t *fibTable, p netip.Prefix, paths []fibPath) {
 	e := t.entries[p]
 	if e == nil || e.api == nil {
 		return
@@ -311,15 +413,15 @@ func (t *fibTable) apiRemovePaths(p netip.Prefix, paths []fibPath) {
 	if len(kept) == 0 {
 		kept = nil
 	}
-	e.api = kept
-	t.gc(e)
+	s.setAPI(t, e, kept)
 }
 
-// apiDelete removes the API source of p (delete, not multipath).
-func (t *fibTable) apiDelete(p netip.Prefix) {
-	if e := t.entries[p]; e != nil {
-		e.api = nil
-		t.gc(e)
+// apiDelete removes the API source of p (delete, not multipath). Other
+// sources stay: deleting VPP's own recursive-resolution or adjacency entry
+// over the API is accepted and changes nothing.
+func (s *Sim) apiDelete(t *fibTable, p netip.Prefix) {
+	if e := t.entries[p]; e != nil && e.api != nil {
+		s.setAPI(t, e, nil)
 	}
 }
 
@@ -374,7 +476,7 @@ func (s *Sim) syncInterfaceRoutes() {
 		if !slices.Contains(e.iface, fp) {
 			e.iface = normalizePaths(append(e.iface, fp))
 		}
-		s.ifacePrefixes[p] = struct{}{}
+		s.ifacePrefixes[e.prefix] = struct{}{}
 	}
 	for _, ifc := range s.ifaces {
 		if !ifc.adminUp {
@@ -387,7 +489,7 @@ func (s *Sim) syncInterfaceRoutes() {
 			attached := fibPath{typ: fib_types.FIB_API_PATH_TYPE_NORMAL, proto: proto, swIfIndex: ifc.index, weight: 1, attached: true}
 			switch {
 			case !ip6 && a.Bits() <= 30, ip6 && a.Bits() < 128:
-				add(a.Masked(), attached)
+				add(a, attached) // dumped as the address was given: 172.16.0.1/24
 				if !ip6 {
 					network := netip.PrefixFrom(a.Masked().Addr(), 32)
 					if network != host {
@@ -399,6 +501,9 @@ func (s *Sim) syncInterfaceRoutes() {
 					}
 				}
 			case !ip6 && a.Bits() == 31:
+				// The connected /31 and the peer's /32 (measured: 10.9.0.1/31 gives
+				// 10.9.0.1/31, 10.9.0.0/32 and the local 10.9.0.1/32).
+				add(a, attached)
 				b := a.Addr().As4()
 				b[3] ^= 1
 				other := netip.AddrFrom4(b)

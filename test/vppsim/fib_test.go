@@ -75,6 +75,8 @@ func dumpRoutes(t *testing.T, ch api.Channel, table uint32, ip6 bool) []ip.IPRou
 			t.Fatalf("ip_route_dump: %v", err)
 		}
 		if last {
+			// VPP promises no order: compare sorted.
+			slices.SortFunc(out, func(a, b ip.IPRoute) int { return strings.Compare(routeString(a), routeString(b)) })
 			return out
 		}
 		out = append(out, d.Route)
@@ -100,10 +102,13 @@ func routeString(r ip.IPRoute) string {
 	return p.String() + " via " + strings.Join(ps, ",")
 }
 
+// findRoute returns the route whose prefix, masked, is prefix (VPP dumps
+// prefixes as first created, host bits and all).
 func findRoute(routes []ip.IPRoute, prefix string) (string, bool) {
+	want := netip.MustParsePrefix(prefix)
 	for _, r := range routes {
-		if s := routeString(r); strings.HasPrefix(s, prefix+" ") {
-			return s, true
+		if p, _, _ := prefixFromAPI(r.Prefix); p.Masked() == want {
+			return routeString(r), true
 		}
 	}
 	return "", false
@@ -158,17 +163,21 @@ func TestRouteAddDelSemantics(t *testing.T) {
 		t.Errorf("API routes after the rows: %d (%v), want 2", got, s.APIRoutes(0))
 	}
 
-	t.Run("host bits are masked", func(t *testing.T) {
+	t.Run("host bits are kept in dumps, masked for lookups", func(t *testing.T) {
 		if rv := do(t, ch, routeReq(true, false, 0, "10.1.2.5/26", nhPath("172.16.0.2", 1)), new(ip.IPRouteAddDelReply)); rv != 0 {
 			t.Fatalf("retval %d", rv)
 		}
+		// Replacing and deleting by the masked prefix reach the same entry.
+		do(t, ch, routeReq(true, false, 0, "10.1.2.0/26", nhPath("172.16.0.3", 1)), new(ip.IPRouteAddDelReply))
 		got, ok := findRoute(dumpRoutes(t, ch, 0, false), "10.1.2.0/26")
-		if !ok || got != "10.1.2.0/26 via 172.16.0.2@1" {
-			t.Errorf("dumped %q", got)
+		if !ok || got != "10.1.2.5/26 via 172.16.0.3@1" {
+			t.Errorf("dumped %q, want the prefix as first created", got)
 		}
-		if _, ok := findRoute(dumpRoutes(t, ch, 0, false), "10.1.2.5/26"); ok {
-			t.Error("unmasked prefix in the FIB")
+		do(t, ch, routeReq(false, false, 0, "10.1.2.0/26"), new(ip.IPRouteAddDelReply))
+		if got, ok := findRoute(dumpRoutes(t, ch, 0, false), "10.1.2.0/26"); ok {
+			t.Errorf("left after delete: %q", got)
 		}
+		do(t, ch, routeReq(true, false, 0, "10.1.2.5/26", nhPath("172.16.0.2", 1)), new(ip.IPRouteAddDelReply))
 	})
 
 	t.Run("add replaces the path set; identical re-add is a no-op", func(t *testing.T) {
@@ -234,7 +243,7 @@ func TestRouteAddDelSemantics(t *testing.T) {
 			t.Fatalf("retval %d", rv)
 		}
 		got, _ := findRoute(dumpRoutes(t, ch, 0, true), "2001:db8:1::/64")
-		if got != "2001:db8:1::/64 via fd00::2@1" {
+		if got != "2001:db8:1::5/64 via fd00::2@1" {
 			t.Errorf("dumped %q", got)
 		}
 	})
@@ -247,9 +256,9 @@ func TestDefaultTablesAndSpecialRoutes(t *testing.T) {
 	want := []string{
 		"0.0.0.0/0 via invalid IP@-1:drop",
 		"0.0.0.0/32 via invalid IP@-1:drop",
-		"255.255.255.255/32 via invalid IP@-1:drop",
 		"224.0.0.0/4 via invalid IP@-1:drop",
 		"240.0.0.0/4 via invalid IP@-1:drop",
+		"255.255.255.255/32 via invalid IP@-1:drop",
 	}
 	var got []string
 	for _, r := range v4 {
@@ -259,7 +268,8 @@ func TestDefaultTablesAndSpecialRoutes(t *testing.T) {
 		t.Errorf("IPv4 table 0:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	v6 := dumpRoutes(t, ch, 0, true)
-	if len(v6) != 1 || !strings.HasPrefix(routeString(v6[0]), "::/0 via") {
+	// Every IPv6 table has ::/0 (drop) and fe80::/10, dumped with no path (measured).
+	if len(v6) != 2 || !strings.HasPrefix(routeString(v6[0]), "::/0 via") || routeString(v6[1]) != "fe80::/10 via " {
 		t.Errorf("IPv6 table 0: %v", v6)
 	}
 
@@ -272,13 +282,20 @@ func TestDefaultTablesAndSpecialRoutes(t *testing.T) {
 	if r := dumpRoutes(t, ch, 0, false)[0]; r.Paths[0].Type != fib_types.FIB_API_PATH_TYPE_DROP {
 		t.Errorf("default route after delete %q", routeString(r))
 	}
-	// A special /32 cannot be overridden.
+	// Measured on 26.06: an API route overrides the default-route source's 255.255.255.255/32 drop, not
+	// the special source's 224.0.0.0/4.
 	do(t, ch, routeReq(true, false, 0, "255.255.255.255/32", nhPath("172.16.0.1", 1)), new(ip.IPRouteAddDelReply))
+	do(t, ch, routeReq(true, false, 0, "224.0.0.0/4", nhPath("172.16.0.1", 1)), new(ip.IPRouteAddDelReply))
 	for _, r := range s.Routes(0, false) {
-		if r.Prefix.String() == "255.255.255.255/32" && (r.Source != SourceSpecial || r.Paths[0].Type != "drop") {
+		if r.Prefix.String() == "224.0.0.0/4" && (r.Source != SourceSpecial || r.Paths[0].Type != "drop") {
 			t.Errorf("special route overridden: %+v", r)
 		}
+		if r.Prefix.String() == "255.255.255.255/32" && r.Source != SourceAPI {
+			t.Errorf("default-route /32 not overridden: %+v", r)
+		}
 	}
+	do(t, ch, routeReq(false, false, 0, "255.255.255.255/32"), new(ip.IPRouteAddDelReply))
+	do(t, ch, routeReq(false, false, 0, "224.0.0.0/4"), new(ip.IPRouteAddDelReply))
 
 	// Tables: create (idempotent), dump, route in it, delete.
 	if rv := do(t, ch, &ip.IPTableAddDel{IsAdd: true, Table: ip.IPTable{TableID: 10}}, new(ip.IPTableAddDelReply)); rv != 0 {
@@ -442,7 +459,7 @@ func TestInterfaces(t *testing.T) {
 	}
 	routes := dumpRoutes(t, ch, 0, false)
 	for prefix, want := range map[string]string{
-		"172.16.0.0/24":   "172.16.0.0/24 via 0.0.0.0@1",
+		"172.16.0.0/24":   "172.16.0.1/24 via 0.0.0.0@1", // dumped as the address was given (measured)
 		"172.16.0.1/32":   "172.16.0.1/32 via 172.16.0.1@1:local",
 		"172.16.0.0/32":   "172.16.0.0/32 via 0.0.0.0@-1:drop",
 		"172.16.0.255/32": "172.16.0.255/32 via 0.0.0.0@-1:drop",
@@ -456,8 +473,13 @@ func TestInterfaces(t *testing.T) {
 			t.Errorf("connected route %+v", r)
 		}
 	}
-	if rv := do(t, ch, addrReq(1, true, "172.16.0.1/24"), new(interfaces.SwInterfaceAddDelAddressReply)); rv != -127 {
-		t.Errorf("duplicate address: %d, want -127", rv)
+	if rv := do(t, ch, addrReq(1, true, "172.16.0.1/24"), new(interfaces.SwInterfaceAddDelAddressReply)); rv != -105 {
+		t.Errorf("duplicate IPv4 address: %d, want -105", rv)
+	}
+	long := addrReq(1, true, "10.77.0.1/32")
+	long.Prefix.Len = 33
+	if rv := do(t, ch, long, new(interfaces.SwInterfaceAddDelAddressReply)); rv != -59 {
+		t.Errorf("IPv4 /33: %d, want -59", rv)
 	}
 	if rv := do(t, ch, addrReq(2, true, "172.16.0.7/25"), new(interfaces.SwInterfaceAddDelAddressReply)); rv != -105 {
 		t.Errorf("overlapping subnet on another interface: %d, want -105", rv)
@@ -473,11 +495,17 @@ func TestInterfaces(t *testing.T) {
 	}
 	do(t, ch, &interfaces.SwInterfaceSetFlags{SwIfIndex: 2, Flags: interface_types.IF_STATUS_API_FLAG_ADMIN_UP}, new(interfaces.SwInterfaceSetFlagsReply))
 	v6 := dumpRoutes(t, ch, 0, true)
-	if got, _ := findRoute(v6, "fd00::/64"); got != "fd00::/64 via ::@2" {
+	if got, _ := findRoute(v6, "fd00::/64"); got != "fd00::1/64 via ::@2" {
 		t.Errorf("IPv6 connected route %q", got)
 	}
 	if got, _ := findRoute(v6, "fd00::1/128"); got != "fd00::1/128 via fd00::1@2:local" {
 		t.Errorf("IPv6 local route %q", got)
+	}
+	if rv := do(t, ch, addrReq(2, true, "fd00::1/64"), new(interfaces.SwInterfaceAddDelAddressReply)); rv != -127 {
+		t.Errorf("duplicate IPv6 address: %d, want -127", rv)
+	}
+	if rv := do(t, ch, addrReq(1, true, "fd00::9/96"), new(interfaces.SwInterfaceAddDelAddressReply)); rv != -127 {
+		t.Errorf("overlapping IPv6 address on another interface: %d, want -127", rv)
 	}
 
 	var addrs []string

@@ -32,6 +32,7 @@ var handlers = map[string]handlerFunc{
 	"ip_table_dump":                handleIPTableDump,
 	"ip_route_add_del":             handleIPRouteAddDel,
 	"ip_route_dump":                handleIPRouteDump,
+	"ip_route_v2_dump":             handleIPRouteV2Dump,
 }
 
 // handleSockclntCreate registers the connection as a client and answers with
@@ -182,9 +183,9 @@ func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
 	if ifc.index == 0 {
 		return rvUnsupported // local0 does not support IP addressing
 	}
-	a, _, ok := prefixFromAPI(ip_types.Prefix(m.Prefix))
+	a, ip6, ok := prefixFromAPI(ip_types.Prefix(m.Prefix))
 	if !ok {
-		return rvInvalidPrefixLength
+		return rvAddressLengthMismatch
 	}
 	if !m.IsAdd {
 		i := slices.Index(ifc.addrs, a)
@@ -195,11 +196,18 @@ func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
 		s.syncInterfaceRoutes()
 		return rvOK
 	}
-	if slices.Contains(ifc.addrs, a) {
-		return rvDuplicateIfAddress
+	// Measured on 26.06: an IPv4 address already on the interface is -105
+	// (the overlap check runs first), an IPv6 one -127; an overlap with
+	// another interface of the VRF is -105 for IPv4 and -127 for IPv6.
+	// Several addresses of one prefix (same length) on one interface are
+	// accepted.
+	inUse := rvAddressInUse
+	if ip6 {
+		inUse = rvDuplicateIfAddress
 	}
-	// VPP refuses overlapping subnets in a VRF, except several addresses of
-	// one prefix (same length) on the same interface.
+	if slices.Contains(ifc.addrs, a) {
+		return inUse
+	}
 	for _, other := range s.ifaces {
 		for _, x := range other.addrs {
 			if !overlaps(a, x) {
@@ -208,7 +216,7 @@ func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
 			if other == ifc && x.Bits() == a.Bits() {
 				continue
 			}
-			return rvAddressInUse
+			return inUse
 		}
 	}
 	ifc.addrs = append(ifc.addrs, a)
@@ -323,11 +331,12 @@ func (s *Sim) routeAddDel(m *ip.IPRouteAddDel) (int32, uint32) {
 			paths[i] = p
 		}
 	}
+	// The entry keeps the prefix as first given (host bits and all) for its
+	// dumps; it is keyed, and looked up, masked.
 	pfx, _, ok := prefixFromAPI(m.Route.Prefix)
 	if !ok {
 		return rvInvalidPrefixLength, 0
 	}
-	pfx = pfx.Masked()
 	switch {
 	case m.IsMultipath && len(paths) == 0, !m.IsMultipath && m.IsAdd && len(paths) == 0:
 		return rvNoPathsInRoute, 0
@@ -336,46 +345,82 @@ func (s *Sim) routeAddDel(m *ip.IPRouteAddDel) (int32, uint32) {
 	case m.IsAdd:
 		return rvOK, s.apiReplace(t, pfx, paths).stats
 	case m.IsMultipath:
-		t.apiRemovePaths(pfx, paths)
+		s.apiRemovePaths(t, pfx.Masked(), paths)
 	default:
-		t.apiDelete(pfx)
+		s.apiDelete(t, pfx.Masked())
 	}
-	return rvOK, 0
+	return rvOK, ^uint32(0) // a delete's stats_index is ~0 (measured)
 }
 
-// handleIPRouteDump sends one ip_route_details per entry of the table, special
-// routes first, each with its best source's paths (normalised: sorted, weight
-// at least 1). An unknown table yields no details.
+// handleIPRouteDump sends one ip_route_details per entry of the table, in no
+// particular order, each with its best source's paths (normalised: sorted,
+// weight at least 1) and its prefix as first created. An unknown table
+// yields no details.
 func handleIPRouteDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPRouteDump)
 	s.mu.Lock()
-	t := s.tables[tableKey{m.Table.TableID, m.Table.IsIP6}]
 	var out []*ip.IPRouteDetails
-	if t != nil {
-		es := t.sortedEntries()
-		out = make([]*ip.IPRouteDetails, len(es))
-		for i, e := range es {
-			_, paths := e.best()
-			if len(paths) > 255 {
-				paths = paths[:255] // n_paths is a u8
-			}
-			d := &ip.IPRouteDetails{Route: ip.IPRoute{
-				TableID:    t.key.id,
-				StatsIndex: e.stats,
-				Prefix:     prefixToAPI(e.prefix),
-				NPaths:     uint8(len(paths)),
-				Paths:      make([]fib_types.FibPath, len(paths)),
-			}}
-			for j, p := range paths {
-				d.Route.Paths[j] = pathToAPI(p)
-			}
-			out[i] = d
-		}
+	for _, r := range s.dumpTable(m.Table, 0) {
+		out = append(out, &ip.IPRouteDetails{Route: ip.IPRoute{TableID: r.TableID, StatsIndex: r.StatsIndex,
+			Prefix: r.Prefix, NPaths: r.NPaths, Paths: r.Paths}})
 	}
 	s.mu.Unlock()
 	for _, d := range out {
 		c.reply(ctx, d)
 	}
+}
+
+// handleIPRouteV2Dump is ip_route_dump with sources: src 0 dumps every entry
+// with its best source, any other src only the entries that source
+// contributes to, with that source's paths (measured on 26.06: src 8 returns
+// the API routes only). Each detail carries its source.
+func handleIPRouteV2Dump(s *Sim, c *conn, ctx uint32, msg api.Message) {
+	m := msg.(*ip.IPRouteV2Dump)
+	s.mu.Lock()
+	var out []*ip.IPRouteV2Details
+	for _, r := range s.dumpTable(m.Table, Source(m.Src)) {
+		out = append(out, &ip.IPRouteV2Details{Route: r})
+	}
+	s.mu.Unlock()
+	for _, d := range out {
+		c.reply(ctx, d)
+	}
+}
+
+// dumpTable returns the routes of a table in no particular order: those of
+// source src, or with src 0 every entry with its best source. Call with s.mu
+// held.
+func (s *Sim) dumpTable(table ip.IPTable, src Source) []ip.IPRouteV2 {
+	t := s.tables[tableKey{table.TableID, table.IsIP6}]
+	if t == nil {
+		return nil
+	}
+	var out []ip.IPRouteV2
+	for _, e := range t.entryList() {
+		from, paths := e.best()
+		if src != 0 {
+			from, paths = src, e.source(src)
+			if paths == nil {
+				continue
+			}
+		}
+		if len(paths) > 255 {
+			paths = paths[:255] // n_paths is a u8
+		}
+		r := ip.IPRouteV2{
+			TableID:    t.key.id,
+			StatsIndex: e.stats,
+			Prefix:     prefixToAPI(e.shown),
+			NPaths:     uint8(len(paths)),
+			Src:        uint8(from),
+			Paths:      make([]fib_types.FibPath, len(paths)),
+		}
+		for j, p := range paths {
+			r.Paths[j] = pathToAPI(p)
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // String describes the simulator for logs.

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"go.fd.io/govpp/api"
+	"go.fd.io/govpp/binapi/fib_types"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 )
@@ -67,6 +68,11 @@ type Config struct {
 	// order of the handshake's message table (as builds of VPP differ), so
 	// tests can prove a client hard-codes no id. 0 keeps the stable order.
 	MessageOrderSeed int64
+	// InterfaceDelay, when not zero, makes the configured interfaces appear
+	// only this long after the simulator starts and after every Restart
+	// (local0 is there at once), as interfaces created by VPP's
+	// startup-config appear 2 s after its API answers.
+	InterfaceDelay time.Duration
 }
 
 // Faults are switchable misbehaviours, applied from the next message on.
@@ -114,6 +120,7 @@ type Sim struct {
 	ifaces        []*iface // indexed by sw_if_index
 	ifacePrefixes map[netip.Prefix]struct{}
 	statsIndex    uint32
+	lateIfaces    *time.Timer // creates the interfaces after InterfaceDelay; nil when none is due
 
 	rmu    sync.Mutex // guards the request log below
 	reqs   []Request
@@ -180,21 +187,46 @@ func (s *Sim) reset() {
 		k := tableKey{0, ip6}
 		s.tables[k] = s.newTable(k, defaultTableName(k))
 	}
-	if s.ifaces == nil {
-		s.ifaces = append(s.ifaces, &iface{index: 0, name: "local0"})
-		for i, n := range s.cfg.Interfaces {
-			idx := uint32(i + 1)
-			s.ifaces = append(s.ifaces, &iface{
-				index: idx,
-				name:  n,
-				mac:   [6]byte{0x02, 0xfe, byte(idx >> 24), byte(idx >> 16), byte(idx >> 8), byte(idx)},
+	if s.lateIfaces != nil {
+		s.lateIfaces.Stop()
+		s.lateIfaces = nil
+	}
+	if s.ifaces == nil || s.cfg.InterfaceDelay > 0 {
+		s.ifaces = []*iface{{index: 0, name: "local0"}}
+		if s.cfg.InterfaceDelay > 0 {
+			var t *time.Timer
+			t = time.AfterFunc(s.cfg.InterfaceDelay, func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if s.lateIfaces == t {
+					s.lateIfaces = nil
+					s.createInterfaces()
+					s.log.Info("vppsim: interfaces created", "interfaces", s.cfg.Interfaces)
+				}
 			})
+			s.lateIfaces = t
+		} else {
+			s.createInterfaces()
 		}
 	}
 	for _, ifc := range s.ifaces {
 		ifc.adminUp = false
 		ifc.carrier = ifc.index != 0
 		ifc.addrs = nil
+	}
+}
+
+// createInterfaces adds the configured interfaces, sw_if_index 1..N, admin
+// down with carrier. Call with s.mu held.
+func (s *Sim) createInterfaces() {
+	for i, n := range s.cfg.Interfaces {
+		idx := uint32(i + 1)
+		s.ifaces = append(s.ifaces, &iface{
+			index:   idx,
+			name:    n,
+			carrier: true,
+			mac:     [6]byte{0x02, 0xfe, byte(idx >> 24), byte(idx >> 16), byte(idx >> 8), byte(idx)},
+		})
 	}
 }
 
@@ -228,6 +260,7 @@ func (s *Sim) listen(socketPath string) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", socketPath, err)
 	}
+	ln.SetUnlinkOnClose(false)
 	s.lmu.Lock()
 	s.ln, s.path, s.closed = ln, socketPath, false
 	s.lmu.Unlock()
@@ -267,8 +300,9 @@ func (s *Sim) acceptLoop(ln *net.UnixListener) {
 	}
 }
 
-// stop closes the listener (which removes the socket file) and every
-// connection, and waits for their goroutines.
+// stop closes the listener and every connection, and waits for their
+// goroutines. Like VPP, it leaves the socket file behind: connecting to it
+// fails with ECONNREFUSED until the next Listen replaces it.
 func (s *Sim) stop() {
 	s.lmu.Lock()
 	ln := s.ln
@@ -281,17 +315,10 @@ func (s *Sim) stop() {
 	}
 	s.lmu.Unlock()
 	s.wg.Wait()
-	if s.path != "" {
-		// The listener unlinks its socket; remove it anyway in case another
-		// process replaced it meanwhile.
-		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("vppsim remove socket failed", "socket", s.path, "err", err)
-		}
-	}
 }
 
-// Close stops accepting, closes all connections and removes the socket. It
-// is idempotent.
+// Close stops accepting and closes all connections, leaving the socket file
+// behind as VPP does. It is idempotent.
 func (s *Sim) Close() error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -303,6 +330,12 @@ func (s *Sim) Close() error {
 		return nil
 	}
 	s.stop()
+	s.mu.Lock()
+	if s.lateIfaces != nil {
+		s.lateIfaces.Stop()
+		s.lateIfaces = nil
+	}
+	s.mu.Unlock()
 	return nil
 }
 
@@ -446,6 +479,26 @@ func (s *Sim) AddRoute(r Route) error {
 		paths = append(paths, fp)
 	}
 	s.apiReplace(t, pfx, paths)
+	return nil
+}
+
+// ResolveNeighbor plays a resolved ARP/ND entry of addr on interface
+// swIfIndex: VPP then has an adjacency /32 (/128) "addr via addr" on that
+// interface in table 0, which ip_route_dump returns like any route and an
+// API delete does not remove (measured).
+func (s *Sim) ResolveNeighbor(swIfIndex uint32, addr netip.Addr) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() {
+		return errors.New("resolve neighbor: invalid address")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if int(swIfIndex) >= len(s.ifaces) || swIfIndex == 0 {
+		return fmt.Errorf("resolve neighbor %v: no interface with sw_if_index %d", addr, swIfIndex)
+	}
+	t := s.tables[tableKey{0, addr.Is6()}]
+	e := s.getEntry(t, netip.PrefixFrom(addr, addr.BitLen()))
+	e.adj = []fibPath{{typ: fib_types.FIB_API_PATH_TYPE_NORMAL, proto: protoOf(addr.Is6()), swIfIndex: swIfIndex, nh: addr, weight: 1}}
 	return nil
 }
 

@@ -1,0 +1,163 @@
+package agent_test
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+)
+
+// TestVPPOwnRoutesInPool: VPP's recursive-resolution and adjacency /32s inside a managed pool are not the
+// agent's, whether VPP can tell the route source (ip_route_v2_dump) or not (an older VPP): no drift
+// repeats and no route of VPP's is deleted again and again.
+func TestVPPOwnRoutesInPool(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sim      func(*vppsim.Config)
+		bySource bool
+	}{
+		{"route source", nil, true},
+		{"no ip_route_v2_dump", func(c *vppsim.Config) {
+			c.CRCOverrides = map[string]string{"ip_route_v2_dump": "deadbeef"}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, clusterOpts{resync: 150 * time.Millisecond, sim: tc.sim}, "a", "b")
+			c.putBlock("10.244.2.0/26", "b", nil)
+			want := c.want(map[string]string{"10.244.2.0/26": "b"})
+			c.eventually("a", want, settle)
+
+			sim := c.nodes["a"].sim
+			// Another client's route recursive via a pod of b's block: VPP adds 10.244.2.5/32 via b's peer on
+			// the uplink. A neighbour resolved on the uplink inside the pool: an adjacency /32.
+			rec := vppsim.Route{Prefix: netip.MustParsePrefix("10.99.0.0/24"),
+				Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("10.244.2.5"), SwIfIndex: ^uint32(0)}}}
+			if err := sim.AddRoute(rec); err != nil {
+				t.Fatal(err)
+			}
+			if err := sim.ResolveNeighbor(1, netip.MustParseAddr("10.244.2.9")); err != nil {
+				t.Fatal(err)
+			}
+			vppOwn := func() int {
+				n := 0
+				for _, r := range sim.Routes(0, false) {
+					if r.Source == vppsim.SourceRR || r.Source == vppsim.SourceAdjacency {
+						n++
+					}
+				}
+				return n
+			}
+			time.Sleep(time.Second) // several resyncs
+			if n := vppOwn(); n != 2 {
+				t.Fatalf("VPP's own /32s: %d, want 2", n)
+			}
+			drift := c.metric("a", "vpp_route_agent_drift_corrections_total")
+			deletes := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete")
+			time.Sleep(time.Second) // several more
+			if d := c.metric("a", "vpp_route_agent_drift_corrections_total"); d != drift {
+				t.Errorf("drift corrections went on: %v then %v", drift, d)
+			}
+			if d := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete"); d != deletes {
+				t.Errorf("deletes went on: %v then %v", deletes, d)
+			}
+			undeletable := c.metric("a", "vpp_route_agent_routes_undeletable_total")
+			logged := c.nodes["a"].logs.count("VPP kept a route the agent deleted")
+			if tc.bySource {
+				if drift != 0 || deletes != 0 || undeletable != 0 || logged != 0 {
+					t.Errorf("with the route source: drift %v, deletes %v, undeletable %v, logged %d; want all 0",
+						drift, deletes, undeletable, logged)
+				}
+			} else if undeletable != 2 || logged != 2 {
+				t.Errorf("without the route source: undeletable %v, logged %d; want 2 each (once per route)", undeletable, logged)
+			}
+			c.eventually("a", want, settle)
+			if got := c.debug("a").Foreign; !slices.Contains(got, netip.MustParsePrefix("10.244.2.5/32")) && !tc.bySource {
+				t.Errorf("foreign_in_pools %v lacks the recursive-resolution /32", got)
+			}
+		})
+	}
+}
+
+// TestUplinkAppearsLate: VPP answers before its startup-config created the uplink, after a start and
+// after every restart. The agent waits, says so, counts no error, and programs the routes once it appears.
+func TestUplinkAppearsLate(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	c := newCluster(t, clusterOpts{sim: func(cfg *vppsim.Config) { cfg.InterfaceDelay = delay }}, "a", "b")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	want := c.want(map[string]string{"10.244.2.0/26": "b"})
+	for _, step := range []string{"start", "restart"} {
+		if step == "restart" {
+			if err := c.nodes["a"].sim.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.waitFor(step+": waiting for the uplink", 2*time.Second, func() bool {
+			_, missing := c.nodes["a"].agent.Ready()
+			return slices.Contains(missing, "waiting for uplink "+uplinkName) &&
+				c.metric("a", "vpp_route_agent_uplink_waiting") == 1
+		})
+		c.eventually("a", want, settle)
+		c.waitFor(step+": ready", settle, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
+		if v := c.metric("a", "vpp_route_agent_uplink_waiting"); v != 0 {
+			t.Errorf("%s: uplink_waiting %v after the uplink appeared", step, v)
+		}
+		if n := c.metric("a", "vpp_route_agent_syncs_total", "result", "error"); n != 0 {
+			t.Errorf("%s: %v failed resyncs counted for the wait", step, n)
+		}
+	}
+	if n := c.nodes["a"].logs.count("VPP has no uplink interface yet"); n != 2 {
+		t.Errorf("the wait was logged %d times, want once per VPP start", n)
+	}
+}
+
+// TestLongResyncKeepsHealth: a resync against a slow VPP keeps the reconcile loop from turning for
+// seconds; /healthz (HealthyWithin) and the watchdog must stay fed meanwhile.
+func TestLongResyncKeepsHealth(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	for i := range 8 {
+		c.putBlock(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26).String(), "b", nil)
+	}
+	c.waitFor("routes", settle, func() bool { return len(c.fib("a")) == 8 })
+	a := c.nodes["a"]
+	a.sim.SetFaults(vppsim.Faults{ReplyDelay: 300 * time.Millisecond})
+	defer a.sim.SetFaults(vppsim.Faults{})
+	// Replace every route: 8 slow writes after slow dumps, several seconds in one turn of the loop.
+	for i := range 8 {
+		c.putBlock(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26).String(), "", nil)
+	}
+	a.agent.Relist()
+	busySeen := false
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		if !a.agent.HealthyWithin(time.Second) {
+			t.Fatal("unhealthy while a resync was running")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if _, err := a.agent.DebugRoutes(ctx); err != nil {
+			busySeen = true
+		}
+		cancel()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !busySeen {
+		t.Error("the reconcile loop was never busy: the test proved nothing")
+	}
+}
+
+// TestStalledVPPShows: a VPP that stops answering is reported as not connected, with why.
+func TestStalledVPPShows(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a")
+	a := c.nodes["a"]
+	c.waitFor("ready", settle, func() bool { ok, _ := a.agent.Ready(); return ok })
+	a.sim.SetFaults(vppsim.Faults{NoReply: true, NoPingReply: true})
+	c.waitFor("not connected", 10*time.Second, func() bool {
+		_, missing := a.agent.Ready()
+		return slices.ContainsFunc(missing, func(m string) bool { return strings.HasPrefix(m, "VPP not connected") }) &&
+			c.metric("a", "vpp_route_agent_vpp_connected") == 0
+	})
+	a.sim.SetFaults(vppsim.Faults{})
+	c.waitFor("ready again", settle, func() bool { ok, _ := a.agent.Ready(); return ok })
+}

@@ -1,0 +1,141 @@
+package calico
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Key prefixes of the Calico v3 resources an allocator reads besides IP pools.
+const (
+	// NodePrefix holds Calico Node resources (metadata.labels is what IP pool node selectors match).
+	NodePrefix = "/calico/resources/v3/projectcalico.org/nodes/"
+	// IPReservationPrefix holds IPReservation resources (spec.reservedCIDRs).
+	IPReservationPrefix = "/calico/resources/v3/projectcalico.org/ipreservations/"
+)
+
+// NodeKey returns the etcd key of the Calico Node resource of node.
+func NodeKey(node string) string { return NodePrefix + node }
+
+// Node is what an allocator needs of a Calico v3 Node resource: its labels.
+type Node struct {
+	Name   string
+	Labels map[string]string
+}
+
+// DecodeNode decodes a v3 Node resource.
+func DecodeNode(data []byte) (Node, error) {
+	var j struct {
+		Metadata struct {
+			Name   string            `json:"name"`
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(data, &j); err != nil {
+		return Node{}, fmt.Errorf("decode node: %w", err)
+	}
+	return Node{Name: j.Metadata.Name, Labels: j.Metadata.Labels}, nil
+}
+
+// IPReservationKey returns the etcd key of the named IPReservation.
+func IPReservationKey(name string) string { return IPReservationPrefix + name }
+
+// DecodeIPReservation decodes a v3 IPReservation resource and returns its reserved ranges (a single
+// address is a /32 or /128, as Calico's ParseCIDROrIP reads it). Entries that do not parse are left out
+// and named in the error, which is returned together with the good ones.
+func DecodeIPReservation(data []byte) (Reservations, error) {
+	var j struct {
+		Spec struct {
+			ReservedCIDRs []string `json:"reservedCIDRs"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("decode ipreservation: %w", err)
+	}
+	var out Reservations
+	var errs []error
+	for _, s := range j.Spec.ReservedCIDRs {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		p, err := ParsePrefixOrAddr(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reservedCIDRs entry %q: %w", s, err))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, errors.Join(errs...)
+}
+
+// ParsePrefixOrAddr parses a CIDR (masked, unmapped) or a single address (a /32 or /128).
+func ParsePrefixOrAddr(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		if p.Addr().Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
+		}
+		return Canonical(p), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
+	}
+	return HostPrefix(a), nil
+}
+
+// Reservations are address ranges automatic assignment never hands out and block claims pass over
+// when they cover a whole block (Calico's IPReservations; libcalico-go lib/ipam/addr_filter.go).
+type Reservations []netip.Prefix
+
+// Contains reports whether the address is reserved.
+func (r Reservations) Contains(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range r {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// CoversWhole reports whether every address of p is reserved, by one range or by several together
+// (Calico's cidrSliceFilter.MatchesWholeCIDR).
+func (r Reservations) CoversWhole(p netip.Prefix) bool {
+	p = Canonical(p)
+	var inside []netip.Prefix
+	for _, q := range r {
+		if q.Addr().Is4() != p.Addr().Is4() || !q.Overlaps(p) {
+			continue
+		}
+		if q.Bits() <= p.Bits() {
+			return true
+		}
+		inside = append(inside, q)
+	}
+	if len(inside) == 0 {
+		return false
+	}
+	// Count the addresses of the ranges inside p, each once (a range inside another adds nothing).
+	slices.SortFunc(inside, func(a, b netip.Prefix) int { return a.Bits() - b.Bits() })
+	total := new(big.Int)
+	for i, q := range inside {
+		if slices.ContainsFunc(inside[:i], func(o netip.Prefix) bool { return o.Contains(q.Addr()) }) {
+			continue
+		}
+		total.Add(total, new(big.Int).Lsh(big.NewInt(1), uint(q.Addr().BitLen()-q.Bits())))
+	}
+	return total.Cmp(new(big.Int).Lsh(big.NewInt(1), uint(p.Addr().BitLen()-p.Bits()))) == 0
+}

@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
+)
+
+// These tests run against the simulator by default and against a real VPP process with
+// VPP_TEST_BACKEND=real (make test-vpp): the VPP's uplink appears 2 s after every (re)start, as one
+// created by VPP's startup-config does.
+
+// TestVPPRestartLateUplink: after a VPP restart the uplink is missing for 2 s. The agent waits for it
+// without counting an error, says so in /readyz and a metric, and programs every route once it appears.
+func TestVPPRestartLateUplink(t *testing.T) {
+	c := newCluster(t)
+	const nodes = 4
+	blocks := remoteCluster(c, nodes, 100)
+	want := wantRoutes(blocks, nodes)
+	v := vpptest.New(t, vpptest.Options{LateUplink: true})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink()})
+
+	for _, step := range []string{"start", "restart"} {
+		if step == "restart" {
+			v.Restart()
+		}
+		// While the uplink is missing: /readyz and the metric say so.
+		waiting := "- waiting for uplink " + v.Uplink() + "\n"
+		eventually(t, vpptest.StartupDelay, func() string {
+			code, body := a.get("/readyz")
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, waiting) || strings.Contains(body, "VPP not connected") {
+				return fmt.Sprintf("%s: /readyz = %d %q, want 503 with %q", step, code, body, waiting)
+			}
+			if m := a.metrics(); m.value(t, "vpp_route_agent_uplink_waiting") != 1 {
+				return step + ": vpp_route_agent_uplink_waiting is not 1"
+			}
+			return ""
+		})
+		appeared := v.WaitUplink(10 * time.Second)
+		eventually(t, 10*time.Second, func() string {
+			if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+				return fmt.Sprintf("%s: %d of %d routes", step, len(got), len(want))
+			}
+			return ""
+		})
+		t.Logf("%s: all %d routes in %s after the uplink appeared (polled every 10ms)", step, len(want),
+			time.Since(appeared).Round(time.Millisecond))
+		a.waitReady(5 * time.Second)
+		m := a.metrics()
+		if n := m.value(t, "vpp_route_agent_syncs_total", "result", "error"); n != 0 {
+			t.Errorf("%s: %v failed resyncs counted", step, n)
+		}
+		if n := m.value(t, "vpp_route_agent_uplink_waiting"); n != 0 {
+			t.Errorf("%s: uplink_waiting %v once ready", step, n)
+		}
+	}
+	a.stop()
+	checkLogLines(t, a.proc, map[string]int{"connected to VPP": 2, "lost connection to VPP": 1,
+		"VPP has no uplink interface yet; waiting for it": 2, "uplink interface appeared": 2})
+}
+
+// checkLogLines checks what an operator reads in the --log-format json output: nothing but JSON lines,
+// at most one component key on each, and each connection change logged once (by one package): the
+// given messages exactly as many times as given.
+func checkLogLines(t *testing.T, p *proc, want map[string]int) {
+	t.Helper()
+	got := map[string]int{}
+	for _, l := range strings.Split(p.output(), "\n") {
+		if l == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Errorf("a log line that is not JSON: %q", l)
+			continue
+		}
+		if n := strings.Count(l, `"component":`); n > 1 {
+			t.Errorf("%d component keys: %s", n, l)
+		}
+		got[rec["msg"].(string)]++
+	}
+	for msg, n := range want {
+		if got[msg] != n {
+			t.Errorf("%q logged %d times, want %d", msg, got[msg], n)
+		}
+	}
+}
+
+// TestRecursiveResolutionInPool: another client's route recursive via a pod address makes VPP add a
+// recursive-resolution /32 inside the pool, dumped via the uplink like the agent's own; a resolved
+// neighbour adds an adjacency /32. Neither is the agent's: no delete, no drift, resync after resync.
+func TestRecursiveResolutionInPool(t *testing.T) {
+	c := newCluster(t)
+	blocks := remoteCluster(c, 2, 4)
+	want := wantRoutes(blocks, 2)
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink(), extra: []string{"--resync-interval", "1s"}})
+	a.waitReady(15 * time.Second)
+
+	pod := blocks[1].Addr().Next().Next() // a pod of a remote block
+	v.AddRecursiveRoute(netip.MustParsePrefix("172.20.0.0/24"), pod)
+	v.ResolveNeighbor(blocks[2].Addr().Next())
+	own := 0
+	for _, r := range v.Routes(0) {
+		if r.Prefix == netip.PrefixFrom(pod, 32) && len(r.Paths) == 1 && r.Paths[0].NextHop == want[blocks[1]] {
+			own++
+		}
+	}
+	if own != 1 {
+		t.Fatalf("VPP did not add the recursive-resolution %s/32 via %s: %v", pod, want[blocks[1]], v.Routes(0))
+	}
+	before := a.metrics()
+	time.Sleep(3500 * time.Millisecond) // three periodic resyncs
+	after := a.metrics()
+	for _, name := range []string{"vpp_route_agent_drift_corrections_total", "vpp_route_agent_routes_undeletable_total"} {
+		if b, a := before.value(t, name), after.value(t, name); a != 0 || b != 0 {
+			t.Errorf("%s = %v then %v, want 0", name, b, a)
+		}
+	}
+	if d := after.value(t, "vpp_route_agent_route_operations_total", "op", "delete"); d != 0 {
+		t.Errorf("%v deletes: the agent took VPP's own /32s for its routes", d)
+	}
+	if n := after.value(t, "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok") -
+		before.value(t, "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok"); n < 3 {
+		t.Errorf("%v periodic resyncs in 3.5s, want 3", n)
+	}
+	if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+		t.Errorf("API routes in the pool:\n got %v\nwant %v", got, want)
+	}
+	a.stop()
+}
