@@ -41,6 +41,6 @@ LABEL org.opencontainers.image.title="vpp-route-agent" \
 COPY --from=build /out/vpp-route-agent /out/block-ipam /out/vppsim /usr/local/bin/
 # distroless' nonroot user, given by number so that Kubernetes' runAsNonRoot can verify it.
 USER 65532:65532
-# /metrics, /healthz, /readyz, /debug/routes (--metrics-address).
+# /metrics, /healthz, /readyz, /debug/routes (--metrics-address: 127.0.0.1:9482 unless set otherwise).
 EXPOSE 9482
 ENTRYPOINT ["/usr/local/bin/vpp-route-agent"]

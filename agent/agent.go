@@ -10,8 +10,11 @@
 // ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
 // that VPP has not created yet is waited for, polled every 100ms.
 //
-// Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down), and
-// a route whose owner's registration disappeared is kept for PeerLossGrace before it is withdrawn.
+// Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down),
+// never inside a block whose value cannot be read (held: its key names the CIDR), and a route whose
+// owner's registration disappeared — or was refused as a next hop (CheckNextHop, this node's own
+// address, an address another node registered first) — is kept for PeerLossGrace before it is
+// withdrawn.
 package agent
 
 import (
@@ -21,9 +24,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
@@ -48,9 +54,11 @@ type Source interface {
 	Relist()
 }
 
-// Registration reports whether this node's peer IPs are registered; *Registrar implements it.
+// Registration reports whether this node's peer IPs are registered, and if not because of a
+// conflict, what it is; *Registrar implements it.
 type Registration interface {
 	Up() bool
+	Problem() string
 }
 
 var (
@@ -80,7 +88,10 @@ type Config struct {
 	DryRun bool
 	// WithdrawOnExit removes every owned route when Run ends.
 	WithdrawOnExit bool
-	Logger         *slog.Logger
+	// PeerIPs are this node's own peer IPs (the uplink addresses are counted too): another node that
+	// registers one of them is refused as a next hop.
+	PeerIPs []netip.Addr
+	Logger  *slog.Logger
 }
 
 // Defaults of Config.
@@ -100,8 +111,8 @@ const (
 
 // Validate checks the configuration and fills in defaults.
 func (c *Config) Validate() error {
-	if c.NodeName == "" {
-		return errors.New("node name is empty")
+	if err := CheckNodeName(c.NodeName); err != nil {
+		return err
 	}
 	if c.Uplink.Name == "" && !c.Uplink.HasIndex {
 		return errors.New("no uplink interface: give its name or its sw_if_index")
@@ -125,6 +136,39 @@ func (c *Config) Validate() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// CheckNodeName reports whether name can name a node in the registration keys
+// (<hosts prefix><name>/peerip/...) and in Calico's "host:<name>" affinities: one key segment, printable.
+func CheckNodeName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("node name is empty")
+	case name == "." || name == "..":
+		return fmt.Errorf("node name %q is not a name", name)
+	case len(name) > 253:
+		return fmt.Errorf("node name is %d bytes long, more than 253", len(name))
+	case !utf8.ValidString(name):
+		return fmt.Errorf("node name %q is not UTF-8", name)
+	case strings.ContainsRune(name, '/'):
+		return fmt.Errorf("node name %q contains '/', which would make it several etcd key segments", name)
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("node name %q contains a control or space character (%U)", name, r)
+		}
+	}
+	return nil
+}
+
+// options are the Options of this agent's view.
+func (c *Config) options() Options {
+	o := Options{NodeName: c.NodeName, Pools: c.Pools, PeerIPs: slices.Clone(c.PeerIPs)}
+	for _, p := range c.Uplink.Addresses {
+		o.PeerIPs = append(o.PeerIPs, p.Addr())
+		o.UplinkPrefixes = append(o.UplinkPrefixes, p)
+	}
+	return o
 }
 
 // Agent reconciles the VPP FIB with the desired routes.
@@ -163,8 +207,10 @@ type Agent struct {
 	heartbeat atomic.Int64 // UnixNano of the loop's last turn
 	// busyUntil is the deadline (UnixNano) of the VPP work the loop is doing now, 0 when idle: the loop
 	// is alive until then even if it does not turn.
-	busyUntil atomic.Int64
-	debugReq  chan chan Debug
+	busyUntil   atomic.Int64
+	debugWanted atomic.Bool // DebugRoutes asked for a fresh state
+	debugPub    atomic.Pointer[debugState]
+	debugAt     time.Time // when the loop last published debugPub; owned by Run
 
 	mu   sync.Mutex // guards view
 	view readiness
@@ -186,13 +232,12 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 	}
 	a := &Agent{
 		cfg: cfg, dp: dp, src: src, reg: reg, log: cfg.Logger,
-		desired:      newDesiredSet(cfg.NodeName),
+		desired:      newDesiredSet(cfg.options().peerCheck()),
 		programmed:   map[netip.Prefix]vppapi.Route{},
 		foreign:      map[netip.Prefix]struct{}{},
 		deleted:      map[netip.Prefix]vppapi.Route{},
 		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
-		debugReq:     make(chan chan Debug),
 		m:            m.orNop(),
 	}
 	a.heartbeat.Store(time.Now().UnixNano())
@@ -226,8 +271,6 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.fullSync(ctx, a.retryKind)
 		case <-a.grace.C:
 			a.expireGrace(ctx)
-		case ch := <-a.debugReq:
-			ch <- a.debugView()
 		case <-beat.C:
 		}
 		if a.needFull != "" {
@@ -243,12 +286,13 @@ func (a *Agent) Relist() { a.src.Relist() }
 func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
 	first := a.snap == nil
+	prev := a.snap
 	a.snap = snap
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
 		a.pools = pools
 		a.desired.reset(snap, pools)
-		a.trackPeers(snap, nil)
+		a.trackPeers()
 		reason := snap.RelistReason
 		if reason == "" {
 			reason = "initial"
@@ -260,7 +304,8 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 		return
 	}
 	dirty := a.desired.update(snap)
-	a.trackPeers(snap, snap.ChangedPeers)
+	a.trackPeers()
+	a.releaseHeld(prev, snap, dirty)
 	if !a.vppUp || !a.uplinkReady {
 		return // the full resync after (re)connect picks it up
 	}
@@ -537,6 +582,9 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 				adds = append(adds, want)
 			}
 		case programmed:
+			if !ok && a.held(p) {
+				continue // inside a block whose value cannot be read: keep it as it is
+			}
 			if ok && tgt.missingPeer.node != "" {
 				since, seen := a.missingSince[tgt.missingPeer]
 				if !seen {
@@ -596,12 +644,48 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 	return len(adds) + len(dels) - len(res.Failed)
 }
 
-// trackPeers keeps missingSince in step with the snapshot: a registration that is back is no longer
-// missing. nodes nil means every node.
-func (a *Agent) trackPeers(snap *blockwatch.Snapshot, nodes []string) {
+// trackPeers keeps missingSince in step with the usable peers: a registration that is back (and
+// valid) is no longer missing. It also logs refused peer IPs the first time they are seen.
+func (a *Agent) trackPeers() {
 	for pf := range a.missingSince {
-		if (nodes == nil || slices.Contains(nodes, pf.node)) && pf.registered(snap.Peers) {
+		if pf.registered(a.desired.peers) {
 			delete(a.missingSince, pf)
+		}
+	}
+	for _, inv := range a.desired.newlyInvalid {
+		a.log.Warn("refusing a peer IP as next hop; routes to that node are handled as if it had registered none",
+			"node", inv.Node, "peer_ip", inv.Addr, "reason", inv.Reason)
+	}
+	a.desired.newlyInvalid = nil
+}
+
+// held reports whether route prefix p lies inside a held block (its value cannot be read).
+func (a *Agent) held(p netip.Prefix) bool {
+	if a.snap == nil {
+		return false
+	}
+	for cidr := range a.snap.Held {
+		if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseHeld adds to dirty the programmed routes inside blocks that were held in prev and are not in
+// snap: a readable value now decides about them, even those it does not mention.
+func (a *Agent) releaseHeld(prev, snap *blockwatch.Snapshot, dirty map[netip.Prefix]struct{}) {
+	if prev == nil || len(prev.Held) == 0 {
+		return
+	}
+	for cidr := range prev.Held {
+		if _, still := snap.Held[cidr]; still {
+			continue
+		}
+		for p := range a.programmed {
+			if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+				dirty[p] = struct{}{}
+			}
 		}
 	}
 }

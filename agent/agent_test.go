@@ -208,10 +208,13 @@ func TestExplicitPoolsAndReadiness(t *testing.T) {
 	}
 }
 
-func (c *cluster) addNode(name string) {
+func (c *cluster) addNode(name string) { c.addNodeAs(name, "") }
+
+// addNodeAs adds a node with its own VPP and peer IPs whose agent runs as node name as ("": name).
+func (c *cluster) addNodeAs(name, as string) {
 	c.t.Helper()
 	i := len(c.nodes) + 1
-	n := &node{name: name, index: i,
+	n := &node{name: name, index: i, as: as,
 		peerV4: netip.AddrFrom4([4]byte{192, 168, 100, byte(i)}),
 		peerV6: netip.MustParseAddr("fd00:100::" + string(rune('0'+i))),
 		sock:   c.dir + "/" + name + ".sock"}

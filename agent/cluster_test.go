@@ -19,10 +19,13 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -40,7 +43,8 @@ var (
 // daemon wires them (vppapi client, blockwatch watcher, registrar, reconciler), over real sockets.
 type cluster struct {
 	t     *testing.T
-	etcd  *etcdtest.Server
+	etcd  *etcdtest.Server  // single-member clusters
+	ecl   *etcdtest.Cluster // multi-member clusters (clusterOpts.members > 1)
 	cli   *clientv3.Client
 	dir   string
 	nodes map[string]*node
@@ -51,6 +55,11 @@ type clusterOpts struct {
 	resync time.Duration
 	grace  time.Duration
 	pools  []netip.Prefix // nil: IPPools from etcd
+	// members > 1 runs a real etcd cluster; the agents reach it through the members' proxies, the
+	// test's own client directly.
+	members int
+	// probe is the watch's progress-probe interval; 0 means 500ms, -1 the daemon's default.
+	probe time.Duration
 	// sim, if set, adjusts each node's simulator (faults of VPP at start, an older VPP's message table).
 	sim func(*vppsim.Config)
 }
@@ -69,11 +78,25 @@ type node struct {
 	agent  *agent.Agent
 	reg    *prometheus.Registry // the metrics of the running agent
 	logs   *logBuffer           // its log lines, every level
+	// as overrides the node name the agent runs as (a second agent for one name); peer IPs stay n's.
+	as string
 }
 
 func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 	t.Helper()
-	srv, cli := etcdtest.Start(t)
+	var srv *etcdtest.Server
+	var ecl *etcdtest.Cluster
+	var cli *clientv3.Client
+	if opts.members > 1 {
+		ecl = etcdtest.StartCluster(t, opts.members)
+		var err error
+		if cli, err = clientv3.New(clientv3.Config{Endpoints: ecl.DirectEndpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+	} else {
+		srv, cli = etcdtest.Start(t)
+	}
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +108,7 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 	if opts.grace == 0 {
 		opts.grace = 200 * time.Millisecond
 	}
-	c := &cluster{t: t, etcd: srv, cli: cli, dir: dir, nodes: map[string]*node{}, opts: opts}
+	c := &cluster{t: t, etcd: srv, ecl: ecl, cli: cli, dir: dir, nodes: map[string]*node{}, opts: opts}
 	c.putPool("default-ipv4-ippool", poolV4, 26)
 	c.putPool("default-ipv6-ippool", poolV6, 122)
 	for i, name := range names {
@@ -136,7 +159,15 @@ func (c *cluster) start(name string) {
 	log := slog.New(teeHandler{slog.NewTextHandler(testWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn}),
 		slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})}).With("node", name)
 	reg := prometheus.NewRegistry()
-	cli, err := c.etcd.Client()
+	// The agents' etcd client is the daemon's: etcdconfig's settings, and its guard against frozen
+	// members (which does nothing with one endpoint).
+	ecfg := etcdconfig.Config{DialTimeout: 2 * time.Second, RequestTimeout: 2 * time.Second}
+	if c.ecl != nil {
+		ecfg.Endpoints = c.ecl.Endpoints()
+	} else {
+		ecfg.Endpoints = []string{c.etcd.Endpoint()}
+	}
+	cli, err := ecfg.Client()
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -144,18 +175,31 @@ func (c *cluster) start(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: 500 * time.Millisecond, Logger: log})
+	probe := c.opts.probe
+	switch probe {
+	case 0:
+		probe = 500 * time.Millisecond
+	case -1:
+		probe = 0
+	}
+	w, err := blockwatch.New(blockwatch.Config{Client: cli, LegacyHostAffinity: true, RequestTimeout: 2 * time.Second, ProbeInterval: probe,
+		Logger: log, Registerer: reg})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: name,
-		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log})
+	as := name
+	if n.as != "" {
+		as = n.as
+	}
+	m := agent.NewMetrics(reg)
+	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
+		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	a, err := agent.New(agent.Config{NodeName: name, Pools: c.opts.pools,
+	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, registrar, agent.NewMetrics(reg))
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, registrar, m)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -165,6 +209,7 @@ func (c *cluster) start(name string) {
 	g.Go(func() error { return w.Run(gctx) })
 	g.Go(func() error { return registrar.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
+	g.Go(func() error { return etcdconfig.NewGuard(&ecfg, cli, log).Run(gctx) })
 	done := make(chan error, 1)
 	go func() { done <- g.Wait(); cli.Close() }()
 	n.cancel, n.done, n.agent, n.reg, n.logs = cancel, done, a, reg, logs
@@ -177,30 +222,7 @@ func (c *cluster) metric(name, metric string, labelPairs ...string) float64 {
 	n.mu.Lock()
 	reg := n.reg
 	n.mu.Unlock()
-	fams, err := reg.Gather()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range fams {
-		if f.GetName() != metric {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labelPairs); i += 2 {
-				if labels[labelPairs[i]] != labelPairs[i+1] {
-					continue next
-				}
-			}
-			total += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return total
+	return metricstest.Value(c.t, reg, metric, labelPairs...)
 }
 
 // logBuffer keeps log lines for tests to count.

@@ -50,14 +50,39 @@ type Options struct {
 	// Pools are the managed pool CIDRs; nil means the enabled IP pools of the snapshot. Routes outside
 	// every managed pool are never programmed (the agent could not recognise them as its own later).
 	Pools []netip.Prefix
+	// PeerIPs are this node's own peer IPs (besides those it registered in the snapshot), and
+	// UplinkPrefixes its uplink's subnets: another node's peer IP equal to one of the former, or to a
+	// subnet's network or broadcast address, is refused as a next hop.
+	PeerIPs        []netip.Addr
+	UplinkPrefixes []netip.Prefix
+}
+
+func (o Options) peerCheck() peerCheck {
+	return peerCheck{node: o.NodeName, own: o.PeerIPs, subnets: o.UplinkPrefixes}
 }
 
 // Desired computes, from a snapshot, the routes this node must have and the ones it cannot resolve, both
 // sorted by prefix. It is pure.
 func Desired(snap *blockwatch.Snapshot, opts Options) ([]DesiredRoute, []Unresolved) {
-	d := newDesiredSet(opts.NodeName)
+	v := View(snap, opts)
+	return v.Desired, v.Unresolved
+}
+
+// RoutesView is everything the agent derives from one snapshot for this node: its routes, the ones it
+// cannot resolve, the refused peer IPs and the held blocks, each sorted.
+type RoutesView struct {
+	Desired      []DesiredRoute `json:"desired"`
+	Unresolved   []Unresolved   `json:"unresolved"`
+	InvalidPeers []InvalidPeer  `json:"invalid_peers"`
+	Held         []HeldBlock    `json:"held"`
+}
+
+// View computes the RoutesView of a snapshot. It is pure.
+func View(snap *blockwatch.Snapshot, opts Options) RoutesView {
+	d := newDesiredSet(opts.peerCheck())
 	d.reset(snap, ManagedPools(snap, opts.Pools))
-	return d.routes(), d.unresolvedList()
+	return RoutesView{Desired: d.routes(), Unresolved: d.unresolvedList(), InvalidPeers: sortedInvalid(d.invalid),
+		Held: heldBlocks(snap)}
 }
 
 // ManagedPools returns the pool CIDRs the agent manages: explicit ones if given, else the CIDRs of the
@@ -118,8 +143,13 @@ type blockResult struct {
 // routes it touches, and reports the route prefixes whose target changed. It is owned by one goroutine.
 type desiredSet struct {
 	node  string
+	check peerCheck
 	pools []netip.Prefix
-	peers map[string]blockwatch.Peer
+	// peers are the registered peers usable as next hops; invalid the refused addresses.
+	peers   map[string]blockwatch.Peer
+	invalid map[peerFamily]InvalidPeer
+	// newlyInvalid lists refusals not seen before, for the agent to log; it clears it.
+	newlyInvalid []InvalidPeer
 
 	perBlock map[netip.Prefix]*blockResult
 	// sources maps a route prefix to the blocks contributing a candidate for it (almost always one).
@@ -158,14 +188,44 @@ func (d *desiredSet) kindOf(b *blockwatch.Block) blockKind {
 	}
 }
 
-func newDesiredSet(node string) *desiredSet {
-	return &desiredSet{node: node}
+func newDesiredSet(check peerCheck) *desiredSet {
+	return &desiredSet{node: check.node, check: check}
+}
+
+// setPeers validates the snapshot's peers and returns the nodes whose usable peer IPs or refusals
+// changed.
+func (d *desiredSet) setPeers(raw map[string]blockwatch.Peer) map[string]struct{} {
+	valid, invalid := d.check.validPeers(raw)
+	changed := map[string]struct{}{}
+	for n, p := range valid {
+		if old, ok := d.peers[n]; !ok || old != p {
+			changed[n] = struct{}{}
+		}
+	}
+	for n := range d.peers {
+		if _, ok := valid[n]; !ok {
+			changed[n] = struct{}{}
+		}
+	}
+	for pf, inv := range invalid {
+		if old, ok := d.invalid[pf]; !ok || old != inv {
+			changed[pf.node] = struct{}{}
+			d.newlyInvalid = append(d.newlyInvalid, inv)
+		}
+	}
+	for pf := range d.invalid {
+		if _, ok := invalid[pf]; !ok {
+			changed[pf.node] = struct{}{}
+		}
+	}
+	d.peers, d.invalid = valid, invalid
+	return changed
 }
 
 // reset rebuilds everything from a snapshot.
 func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.pools = pools
-	d.peers = snap.Peers
+	d.setPeers(snap.Peers)
 	d.perBlock = make(map[netip.Prefix]*blockResult, len(snap.Blocks))
 	d.sources = make(map[netip.Prefix][]netip.Prefix, len(snap.Blocks))
 	d.byNode = make(map[string]map[netip.Prefix]struct{})
@@ -184,15 +244,17 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 
 // update applies an incremental snapshot and returns the route prefixes whose target may have changed.
 func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{} {
-	d.peers = snap.Peers
 	dirty := make(map[netip.Prefix]struct{})
 	redo := make(map[netip.Prefix]struct{}, len(snap.ChangedBlocks))
 	for _, cidr := range snap.ChangedBlocks {
 		redo[cidr] = struct{}{}
 	}
-	for _, node := range snap.ChangedPeers {
-		for cidr := range d.byNode[node] {
-			redo[cidr] = struct{}{}
+	if len(snap.ChangedPeers) > 0 {
+		// One node's registration can change whether another's is valid (a shared address).
+		for node := range d.setPeers(snap.Peers) {
+			for cidr := range d.byNode[node] {
+				redo[cidr] = struct{}{}
+			}
 		}
 	}
 	for cidr := range redo {
@@ -380,8 +442,12 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 		nh, fam = peer.IPv6, "IPv6"
 	}
 	if !ok || !nh.IsValid() {
+		reason := fmt.Sprintf("node %q has no registered %s peer IP", node, fam)
+		if inv, bad := d.invalid[peerFamily{node: node, ipv6: p.Addr().Is6()}]; bad {
+			reason = fmt.Sprintf("node %q registered %s as its %s peer IP, which is refused: %s", node, inv.Addr, fam, inv.Reason)
+		}
 		r.unresolved = append(r.unresolved, Unresolved{Prefix: p, Owner: node, Kind: kind, Block: block,
-			Reason: fmt.Sprintf("node %q has no registered %s peer IP", node, fam), MissingPeer: true})
+			Reason: reason, MissingPeer: true})
 		return
 	}
 	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block})
@@ -439,4 +505,25 @@ func (d *desiredSet) unresolvedList() []Unresolved {
 // comparePrefix orders prefixes IPv4 first, then by address, then by length.
 func comparePrefix(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// HeldBlock is a block whose value cannot be read: the routes in the FIB inside its CIDR are kept as
+// they are (or, when the agent saw a good value before, follow that last good value) until a readable
+// value or a delete arrives.
+type HeldBlock struct {
+	Block    netip.Prefix `json:"block"`
+	Reason   string       `json:"reason"`
+	Revision int64        `json:"mod_revision"`
+	// LastGood says that the routes follow the last good value this agent saw.
+	LastGood bool `json:"last_good_value_kept"`
+}
+
+// heldBlocks lists the snapshot's held blocks sorted by CIDR.
+func heldBlocks(snap *blockwatch.Snapshot) []HeldBlock {
+	out := make([]HeldBlock, 0, len(snap.Held))
+	for cidr, h := range snap.Held {
+		out = append(out, HeldBlock{Block: cidr, Reason: h.Reason, Revision: h.Revision, LastGood: h.LastGood})
+	}
+	slices.SortFunc(out, func(a, b HeldBlock) int { return comparePrefix(a.Block, b.Block) })
+	return out
 }

@@ -126,7 +126,7 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 		}
 	}
 	cur := snapOf(nil, map[string]blockwatch.Peer{})
-	inc := newDesiredSet("a")
+	inc := newDesiredSet(peerCheck{node: "a"})
 	inc.reset(cur, ManagedPools(cur, nil))
 	for step := 0; step < 2000; step++ {
 		next := &blockwatch.Snapshot{Blocks: maps.Clone(cur.Blocks), Peers: maps.Clone(cur.Peers), Pools: cur.Pools}
@@ -160,7 +160,7 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 		}
 		before := maps.Clone(inc.targets)
 		dirty := inc.update(next)
-		full := newDesiredSet("a")
+		full := newDesiredSet(peerCheck{node: "a"})
 		full.reset(next, ManagedPools(next, nil))
 		if !maps.Equal(inc.targets, full.targets) {
 			t.Fatalf("step %d: incremental targets differ from a rebuild:\n inc %v\nfull %v", step, inc.targets, full.targets)

@@ -18,6 +18,8 @@ type Metrics struct {
 	lastSync                               prometheus.Gauge
 	drift                                  prometheus.Counter
 	registrationUp                         prometheus.Gauge
+	registrationConflict                   prometheus.Gauge
+	held, invalidPeers                     prometheus.Gauge
 	blocks                                 *prometheus.GaugeVec
 	uplinkWaiting                          prometheus.Gauge
 	undeletable                            prometheus.Counter
@@ -48,6 +50,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Owned routes found different from what the agent had programmed, and repaired."}),
 		registrationUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_up",
 			Help: "1 when this node's peer IP registration is present in etcd."}),
+		registrationConflict: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_registration_conflict",
+			Help: "1 while another agent holds this node's name in etcd (this agent does not register; see /readyz)."}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks_held",
+			Help: "Blocks whose etcd value cannot be read: the routes inside them are kept as they are (see /debug/routes)."}),
+		invalidPeers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_peers_invalid",
+			Help: "Registered peer IPs refused as next hops (loopback, link-local, this node's own, another node's, ...; see /debug/routes)."}),
 		blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_blocks",
 			Help: "Blocks in the etcd view by kind: local (this node's), remote (another node's), unowned."}, []string{"kind"}),
 		uplinkWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_uplink_waiting",
@@ -66,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.blocks, m.uplinkWaiting, m.undeletable, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

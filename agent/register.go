@@ -5,14 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // RegistrarConfig configures the registration of this node's peer IPs.
@@ -30,18 +36,32 @@ type RegistrarConfig struct {
 	Deregister bool
 	// RequestTimeout bounds each etcd call.
 	RequestTimeout time.Duration
-	// CheckInterval is how often the keys are verified to still exist.
+	// CheckInterval is how often the keys are read again, besides the watch on them.
 	CheckInterval time.Duration
 	Logger        *slog.Logger
 	Metrics       *Metrics
 }
 
-// Registrar keeps this node's peer IPs registered in etcd on a lease for the life of the process.
+// Registrar keeps this node's peer IPs registered in etcd on a lease for the life of the process,
+// and holds the node name against other agents: it writes only keys that are absent or on its own
+// lease (a conditional transaction), never over a live registration it did not write. When another
+// agent holds the name, it reports the conflict (Problem, an ERROR log line, the
+// vpp_route_agent_registration_conflict gauge) and waits for that agent's keys to go before taking
+// over, so other nodes see at most one next-hop change.
+//
+// A registration that holds exactly this agent's values on one lease is adopted (its lease kept
+// alive) instead of being a conflict: that is this agent's previous incarnation, whose lease outlives
+// a restart by design. Two agents configured with the same name and the same peer IP are therefore
+// not told apart; they advertise the same next hop, so no route differs.
 type Registrar struct {
-	cfg RegistrarConfig
-	kvs map[string]string
-	up  atomic.Bool
-	m   *Metrics
+	cfg    RegistrarConfig
+	kvs    map[string]string
+	prefix string // <hosts prefix><node>/peerip/: every key of the node's registration
+	up     atomic.Bool
+	m      *Metrics
+
+	mu       sync.Mutex // guards conflict
+	conflict string
 }
 
 // NewRegistrar checks the configuration and returns a registrar.
@@ -61,7 +81,11 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop()}
+	if err := CheckNodeName(cfg.NodeName); err != nil {
+		return nil, fmt.Errorf("registrar: %w", err)
+	}
+	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop(),
+		prefix: cfg.HostsPrefix + cfg.NodeName + "/peerip/"}
 	for _, a := range cfg.PeerIPs {
 		k := blockwatch.PeerKey(cfg.HostsPrefix, cfg.NodeName, calico.Family(calico.HostPrefix(a)))
 		if _, dup := r.kvs[k]; dup {
@@ -78,28 +102,41 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 // Up reports whether the registration is currently present.
 func (r *Registrar) Up() bool { return r.up.Load() }
 
-// Run registers at once and keeps the registration alive until ctx is done, re-registering whenever
-// the lease is lost or a key disappears.
+// Problem says why the registration is not present when another agent holds the node name; "" otherwise.
+func (r *Registrar) Problem() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conflict
+}
+
+// Run registers at once and keeps the registration until ctx is done: it re-registers when its lease
+// is lost or a key disappears, and waits while another agent holds the name. On return the lease is
+// revoked when Deregister is set, else left to expire (or to be adopted by the next start).
 func (r *Registrar) Run(ctx context.Context) error {
-	var lease clientv3.LeaseID
+	var sess *concurrency.Session
 	bo := backoff.Backoff{Base: 250 * time.Millisecond, Max: 5 * time.Second}
-	for {
-		var err error
-		var registered bool
-		lease, registered, err = r.session(ctx)
-		r.setUp(false)
+	for ctx.Err() == nil {
+		progressed, err := r.step(ctx, &sess)
 		if ctx.Err() != nil {
 			break
 		}
-		if registered {
+		if progressed {
 			bo.Reset()
 		}
-		r.cfg.Logger.Warn("peer IP registration lost; registering again", "err", err)
-		if !bo.Wait(ctx) {
-			break
+		if err != nil {
+			r.cfg.Logger.Warn("peer IP registration: retrying", "err", err)
+			if !bo.Wait(ctx) {
+				break
+			}
 		}
 	}
-	if r.cfg.Deregister && lease != 0 {
+	r.setUp(false)
+	if sess == nil {
+		return nil
+	}
+	lease := sess.Lease()
+	sess.Orphan() // stop the keep-alive; the lease lives on for its TTL unless revoked below
+	if r.cfg.Deregister {
 		// Bounded well inside the daemon's shutdown limit, even when etcd is down.
 		rctx, cancel := context.WithTimeout(context.Background(), min(r.cfg.RequestTimeout, 2*time.Second))
 		defer cancel()
@@ -111,81 +148,232 @@ func (r *Registrar) Run(ctx context.Context) error {
 	return nil
 }
 
-// session grants a lease, puts the keys on it and keeps it alive; it returns when the lease is lost,
-// a key vanished, or ctx is done.
-func (r *Registrar) session(ctx context.Context) (lease clientv3.LeaseID, registered bool, err error) {
-	gctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-	grant, err := r.cfg.Client.Grant(gctx, int64(r.cfg.TTL/time.Second))
-	cancel()
-	if err != nil {
-		return 0, false, fmt.Errorf("grant lease: %w", err)
-	}
-	if err := r.put(ctx, grant.ID); err != nil {
-		return grant.ID, false, err
-	}
-	r.setUp(true)
-	r.cfg.Logger.Info("registered peer IPs", "node", r.cfg.NodeName, "keys", r.kvs, "ttl", r.cfg.TTL)
-	kctx, kcancel := context.WithCancel(ctx)
-	defer kcancel()
-	ka, err := r.cfg.Client.KeepAlive(kctx, grant.ID)
-	if err != nil {
-		return grant.ID, true, fmt.Errorf("keep lease alive: %w", err)
-	}
-	check := time.NewTicker(r.cfg.CheckInterval)
-	defer check.Stop()
-	for {
-		select {
-		case _, ok := <-ka:
-			if !ok {
-				return grant.ID, true, errors.New("lease keep-alive ended (lease expired or etcd unreachable)")
-			}
-		case <-check.C:
-			if err := r.verify(ctx, grant.ID); err != nil {
-				return grant.ID, true, err
-			}
-		case <-ctx.Done():
-			return grant.ID, true, ctx.Err()
-		}
-	}
+// claim is what the registrar may do with the node's keys as they are in etcd.
+type claim struct {
+	// free: every key is absent or on our lease; adopt: a previous registration with exactly our
+	// values on lease adopt; else another agent holds the name and conflict describes it.
+	free     bool
+	adopt    clientv3.LeaseID
+	conflict string
+	// theirs is the other registration's keys and values (logged with the conflict).
+	theirs map[string]string
 }
 
-// put writes every key attached to the lease in one transaction.
-func (r *Registrar) put(ctx context.Context, lease clientv3.LeaseID) error {
-	ops := make([]clientv3.Op, 0, len(r.kvs))
-	for k, v := range r.kvs {
-		ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(lease)))
+// judge decides, from the keys under the node's prefix, whether the registrar may write. ours is the
+// lease of its live session (0 when it has none). It is pure.
+func (r *Registrar) judge(kvs []*mvccpb.KeyValue, ours clientv3.LeaseID) claim {
+	theirs := map[string]string{}
+	leases := map[clientv3.LeaseID]bool{}
+	adoptable := true
+	for _, kv := range kvs {
+		lease := clientv3.LeaseID(kv.Lease)
+		if ours != 0 && lease == ours {
+			continue
+		}
+		k := string(kv.Key)
+		theirs[k] = string(kv.Value)
+		leases[lease] = true
+		if v, mine := r.kvs[k]; !mine || v != string(kv.Value) || lease == 0 {
+			adoptable = false
+		}
+	}
+	switch {
+	case len(theirs) == 0:
+		return claim{free: true}
+	case adoptable && len(leases) == 1 && ours == 0:
+		for l := range leases {
+			return claim{adopt: l}
+		}
+	}
+	var their []string
+	for _, k := range slices.Sorted(maps.Keys(theirs)) {
+		their = append(their, strings.TrimPrefix(k, r.prefix)+"="+theirs[k])
+	}
+	var mine []string
+	for _, k := range slices.Sorted(maps.Keys(r.kvs)) {
+		mine = append(mine, strings.TrimPrefix(k, r.prefix)+"="+r.kvs[k])
+	}
+	until := "that registration's lease ends (two agents configured with one node name?)"
+	if leases[0] {
+		until = "it is deleted (it was written without a lease, by hand or by an old agent)"
+	}
+	return claim{theirs: theirs, conflict: fmt.Sprintf("node name %q is registered by another agent (%s); this agent has %s: "+
+		"not registering until %s", r.cfg.NodeName, strings.Join(their, ", "), strings.Join(mine, ", "), until)}
+}
+
+// step reads the node's keys, registers if it may, and waits until something changes: the keys, the
+// lease, or the periodic check. It reports whether it registered or confirmed the registration.
+func (r *Registrar) step(ctx context.Context, sess **concurrency.Session) (bool, error) {
+	if *sess != nil {
+		select {
+		case <-(*sess).Done():
+			r.setUp(false)
+			r.cfg.Logger.Warn("peer IP registration lease lost (expired or etcd unreachable); registering again", "node", r.cfg.NodeName)
+			*sess = nil
+		default:
+		}
+	}
+	var ours clientv3.LeaseID
+	if *sess != nil {
+		ours = (*sess).Lease()
+	}
+	gctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+	resp, err := r.cfg.Client.Get(gctx, r.prefix, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("read registration %s: %w", r.prefix, err)
+	}
+	c := r.judge(resp.Kvs, ours)
+	if c.conflict != "" {
+		r.setConflict(c.conflict, c.theirs)
+		return false, r.wait(ctx, *sess, resp.Header.Revision, 0)
+	}
+	if *sess == nil {
+		s, err := r.newSession(ctx, c.adopt)
+		if err != nil {
+			return false, err
+		}
+		*sess = s
+		if c.adopt != 0 {
+			r.cfg.Logger.Info("adopted the registration this node's previous agent left (same peer IPs)", "node", r.cfg.NodeName,
+				"lease", fmt.Sprintf("%x", int64(c.adopt)))
+		}
+	}
+	lease := (*sess).Lease()
+	rev, err := r.put(ctx, resp.Kvs, lease)
+	if err != nil {
+		return false, err
+	}
+	if rev == 0 {
+		return false, nil // someone wrote in between: judge again
+	}
+	r.setConflict("", nil)
+	if !r.up.Load() {
+		r.cfg.Logger.Info("registered peer IPs", "node", r.cfg.NodeName, "keys", r.kvs, "ttl", r.cfg.TTL,
+			"lease", fmt.Sprintf("%x", int64(lease)))
+	}
+	r.setUp(true)
+	return true, r.wait(ctx, *sess, rev, lease)
+}
+
+// newSession grants a lease (or adopts lease) and keeps it alive until ctx ends.
+func (r *Registrar) newSession(ctx context.Context, lease clientv3.LeaseID) (*concurrency.Session, error) {
+	if lease == 0 {
+		gctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+		grant, err := r.cfg.Client.Grant(gctx, int64(r.cfg.TTL/time.Second))
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("grant lease: %w", err)
+		}
+		lease = grant.ID
+	}
+	s, err := concurrency.NewSession(r.cfg.Client, concurrency.WithLease(lease), concurrency.WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("keep lease %x alive: %w", int64(lease), err)
+	}
+	return s, nil
+}
+
+// put writes the keys that do not already hold our value on our lease, in one transaction that
+// succeeds only if none of them changed since they were read (seen). It returns the revision the
+// registration is current at, or 0 when the condition failed.
+func (r *Registrar) put(ctx context.Context, seen []*mvccpb.KeyValue, lease clientv3.LeaseID) (int64, error) {
+	have := map[string]*mvccpb.KeyValue{}
+	for _, kv := range seen {
+		have[string(kv.Key)] = kv
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	for _, k := range slices.Sorted(maps.Keys(r.kvs)) {
+		kv := have[k]
+		if kv != nil && clientv3.LeaseID(kv.Lease) == lease && string(kv.Value) == r.kvs[k] {
+			continue
+		}
+		var rev int64
+		if kv != nil {
+			rev = kv.ModRevision
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", rev))
+		ops = append(ops, clientv3.OpPut(k, r.kvs[k], clientv3.WithLease(lease)))
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	if _, err := r.cfg.Client.Txn(pctx).Then(ops...).Commit(); err != nil {
-		return fmt.Errorf("put peer IP keys: %w", err)
+	if len(ops) == 0 {
+		// Nothing to write; confirm the revision with a read of one key.
+		resp, err := r.cfg.Client.Get(pctx, r.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, fmt.Errorf("read registration %s: %w", r.prefix, err)
+		}
+		return resp.Header.Revision, nil
 	}
-	return nil
+	resp, err := r.cfg.Client.Txn(pctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("put peer IP keys: %w", err)
+	}
+	if !resp.Succeeded {
+		return 0, nil
+	}
+	return resp.Header.Revision, nil
 }
 
-// verify checks that every key still holds our value on our lease; it re-puts them if someone deleted
-// or overwrote one, and fails if even that is impossible.
-func (r *Registrar) verify(ctx context.Context, lease clientv3.LeaseID) error {
-	vctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+// wait returns when the node's keys change after rev in a way that is not our own write on lease
+// ours (0: any delete counts), when the session ends, after CheckInterval, or when ctx ends.
+func (r *Registrar) wait(ctx context.Context, sess *concurrency.Session, rev int64, ours clientv3.LeaseID) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	ops := make([]clientv3.Op, 0, len(r.kvs))
-	for k := range r.kvs {
-		ops = append(ops, clientv3.OpGet(k))
+	wch := r.cfg.Client.Watch(wctx, r.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	check := time.NewTimer(r.cfg.CheckInterval)
+	defer check.Stop()
+	var done <-chan struct{}
+	if sess != nil {
+		done = sess.Done()
 	}
-	resp, err := r.cfg.Client.Txn(vctx).Then(ops...).Commit()
-	if err != nil {
-		// etcd unreachable: the keep-alive decides when the lease is really gone.
-		r.cfg.Logger.Debug("cannot verify registration", "err", err)
-		return nil
-	}
-	for _, op := range resp.Responses {
-		kvs := op.GetResponseRange().Kvs
-		if len(kvs) != 1 || string(kvs[0].Value) != r.kvs[string(kvs[0].Key)] || clientv3.LeaseID(kvs[0].Lease) != lease {
-			r.cfg.Logger.Warn("peer IP registration was removed or changed in etcd; putting it back")
-			return r.put(ctx, lease)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-done:
+			return nil
+		case <-check.C:
+			return nil
+		case resp, ok := <-wch:
+			if !ok {
+				return errors.New("watch on the registration closed")
+			}
+			if err := resp.Err(); err != nil {
+				return fmt.Errorf("watch on the registration: %w", err)
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE || ours == 0 || clientv3.LeaseID(ev.Kv.Lease) != ours {
+					if ours != 0 {
+						r.cfg.Logger.Warn("peer IP registration changed in etcd by someone else", "key", string(ev.Kv.Key),
+							"type", ev.Type.String(), "value", string(ev.Kv.Value))
+					}
+					return nil
+				}
+			}
 		}
 	}
-	return nil
+}
+
+// setConflict records the conflict (or its end, with text ""), logging each new one at ERROR.
+func (r *Registrar) setConflict(text string, theirs map[string]string) {
+	r.mu.Lock()
+	prev := r.conflict
+	r.conflict = text
+	r.mu.Unlock()
+	if text == prev {
+		return
+	}
+	if text != "" {
+		r.setUp(false)
+		r.m.registrationConflict.Set(1)
+		r.cfg.Logger.Error("peer IP registration conflict: another agent holds this node name", "node", r.cfg.NodeName,
+			"theirs", theirs, "ours", r.kvs)
+		return
+	}
+	r.m.registrationConflict.Set(0)
+	r.cfg.Logger.Info("the other registration of this node name is gone; this agent holds it now", "node", r.cfg.NodeName)
 }
 
 func (r *Registrar) setUp(up bool) {

@@ -2,25 +2,32 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 )
 
-// Debug is the JSON document of /debug/routes: what the agent wants, what it has programmed, and what
-// it cannot resolve.
+// Debug is the JSON document of /debug/routes: what the agent wants, what it has programmed, what it
+// cannot resolve, the peer IPs it refuses and the blocks it holds.
 type Debug struct {
-	Node       string               `json:"node"`
-	Revision   int64                `json:"etcd_revision"`
-	TableID    uint32               `json:"table_id"`
-	Uplink     uint32               `json:"uplink_sw_if_index"`
-	Pools      []netip.Prefix       `json:"managed_pools"`
-	Desired    []DesiredRoute       `json:"desired"`
-	Programmed []ProgrammedRoute    `json:"programmed"`
-	Unresolved []Unresolved         `json:"unresolved"`
-	Foreign    []netip.Prefix       `json:"foreign_in_pools"`
-	Missing    map[string]time.Time `json:"peers_missing_since,omitempty"`
+	Node         string               `json:"node"`
+	Revision     int64                `json:"etcd_revision"`
+	AsOf         time.Time            `json:"as_of"`
+	TableID      uint32               `json:"table_id"`
+	Uplink       uint32               `json:"uplink_sw_if_index"`
+	Pools        []netip.Prefix       `json:"managed_pools"`
+	Desired      []DesiredRoute       `json:"desired"`
+	Programmed   []ProgrammedRoute    `json:"programmed"`
+	Unresolved   []Unresolved         `json:"unresolved"`
+	InvalidPeers []InvalidPeer        `json:"invalid_peers"`
+	Held         []HeldBlock          `json:"held"`
+	Foreign      []netip.Prefix       `json:"foreign_in_pools"`
+	Missing      map[string]time.Time `json:"peers_missing_since,omitempty"`
 }
 
 // ProgrammedRoute is a route the agent believes is in the FIB (as of its last dump and writes).
@@ -29,48 +36,105 @@ type ProgrammedRoute struct {
 	NextHop netip.Addr   `json:"next_hop"`
 }
 
-// DebugRoutes asks the reconcile loop for its current routes; it fails if the loop does not answer
-// before ctx is done.
-func (a *Agent) DebugRoutes(ctx context.Context) (Debug, error) {
-	ch := make(chan Debug, 1)
-	select {
-	case a.debugReq <- ch:
-	case <-ctx.Done():
-		return Debug{}, fmt.Errorf("reconcile loop busy: %w", ctx.Err())
-	}
-	select {
-	case d := <-ch:
-		return d, nil
-	case <-ctx.Done():
-		return Debug{}, fmt.Errorf("reconcile loop busy: %w", ctx.Err())
-	}
+// debugState is what the reconcile loop publishes for /debug/routes: the snapshot it works from and
+// copies of its own state. It is immutable once published.
+type debugState struct {
+	// doc is the state's document as indented JSON, rendered once for every request that gets this
+	// state.
+	docOnce sync.Once
+	doc     []byte
+	docErr  error
+
+	at         time.Time
+	snap       *blockwatch.Snapshot
+	pools      []netip.Prefix
+	uplink     uint32
+	programmed []ProgrammedRoute
+	foreign    []netip.Prefix
+	missing    map[string]time.Time
 }
 
-func (a *Agent) debugView() Debug {
-	d := Debug{Node: a.cfg.NodeName, TableID: a.cfg.TableID, Uplink: a.uplink, Pools: a.pools,
-		Desired: a.desired.routes(), Unresolved: a.desired.unresolvedList(), Missing: map[string]time.Time{}}
-	if a.snap != nil {
-		d.Revision = a.snap.Revision
+// debugEvery bounds how often the loop copies its state for /debug/routes (only while someone asks).
+const debugEvery = time.Second
+
+// DebugRoutes returns the agent's routes from the state the reconcile loop last published, without
+// waiting on the loop: the loop copies its state at most once per second, and only while someone asks,
+// so polling this never slows event handling. The desired routes are computed here, from the loop's
+// immutable snapshot. It waits (up to ctx) only for the first state after a quiet period.
+func (a *Agent) DebugRoutes(ctx context.Context) (Debug, error) {
+	st, err := a.debugState(ctx)
+	if err != nil {
+		return Debug{}, err
 	}
+	return a.debugView(st), nil
+}
+
+// DebugJSON is DebugRoutes as indented JSON. Every request served from one published state shares
+// one rendering, so frequent pollers cost little more than the bytes they read.
+func (a *Agent) DebugJSON(ctx context.Context) ([]byte, error) {
+	st, err := a.debugState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.docOnce.Do(func() { st.doc, st.docErr = json.MarshalIndent(a.debugView(st), "", "  ") })
+	return st.doc, st.docErr
+}
+
+// debugState returns the last published state, asking the loop for a fresh one and waiting (up to
+// ctx) when it is older than a few publishing periods.
+func (a *Agent) debugState(ctx context.Context) (*debugState, error) {
+	a.debugWanted.Store(true)
+	st := a.debugPub.Load()
+	for st == nil || time.Since(st.at) > 3*debugEvery {
+		select {
+		case <-ctx.Done():
+			if st != nil {
+				return st, nil
+			}
+			return nil, fmt.Errorf("no state published yet: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+		a.debugWanted.Store(true)
+		st = a.debugPub.Load()
+	}
+	return st, nil
+}
+
+// publishDebug copies the loop's state for DebugRoutes when it was asked for and the last copy is
+// older than debugEvery.
+func (a *Agent) publishDebug() {
+	if !a.debugWanted.Load() || time.Since(a.debugAt) < debugEvery {
+		return
+	}
+	a.debugWanted.Store(false)
+	a.debugAt = time.Now()
+	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplink,
+		programmed: make([]ProgrammedRoute, 0, len(a.programmed)), missing: make(map[string]time.Time, len(a.missingSince))}
 	for _, r := range a.programmed {
-		d.Programmed = append(d.Programmed, ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop})
+		st.programmed = append(st.programmed, ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop})
 	}
-	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return comparePrefix(x.Prefix, y.Prefix) })
 	for p := range a.foreign {
-		d.Foreign = append(d.Foreign, p)
+		st.foreign = append(st.foreign, p)
 	}
-	slices.SortFunc(d.Foreign, comparePrefix)
 	for pf, t := range a.missingSince {
-		d.Missing[pf.String()] = t
+		st.missing[pf.String()] = t
 	}
-	if d.Desired == nil {
-		d.Desired = []DesiredRoute{}
-	}
-	if d.Programmed == nil {
-		d.Programmed = []ProgrammedRoute{}
-	}
-	if d.Unresolved == nil {
-		d.Unresolved = []Unresolved{}
+	a.debugPub.Store(st)
+}
+
+// debugView builds the document from a published state; it runs on the caller's goroutine.
+func (a *Agent) debugView(st *debugState) Debug {
+	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Pools: st.pools,
+		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
+		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
+	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return comparePrefix(x.Prefix, y.Prefix) })
+	slices.SortFunc(d.Foreign, comparePrefix)
+	if st.snap != nil {
+		d.Revision = st.snap.Revision
+		opts := a.cfg.options()
+		opts.Pools = st.pools
+		v := View(st.snap, opts)
+		d.Desired, d.Unresolved, d.InvalidPeers, d.Held = v.Desired, v.Unresolved, v.InvalidPeers, v.Held
 	}
 	return d
 }
@@ -78,6 +142,7 @@ func (a *Agent) debugView() Debug {
 // publish updates the readiness view and the gauges after each turn of the loop.
 func (a *Agent) publish() {
 	a.heartbeat.Store(time.Now().UnixNano())
+	a.publishDebug()
 	synced := a.src.Status().Synced
 	a.setView(func(v *readiness) {
 		v.snapshotApplied = a.snap != nil
@@ -91,7 +156,9 @@ func (a *Agent) publish() {
 	a.m.unresolved.Set(float64(a.desired.unresolvedCount))
 	if a.snap != nil {
 		a.m.peers.Set(float64(len(a.snap.Peers)))
+		a.m.held.Set(float64(len(a.snap.Held)))
 	}
+	a.m.invalidPeers.Set(float64(len(a.desired.invalid)))
 	a.m.setBlocks(a.desired.blocks)
 }
 
@@ -129,7 +196,11 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		missing = append(missing, "first full resync not done")
 	}
 	if a.reg != nil && !a.reg.Up() {
-		missing = append(missing, "peer IP registration not present")
+		if p := a.reg.Problem(); p != "" {
+			missing = append(missing, p)
+		} else {
+			missing = append(missing, "peer IP registration not present")
+		}
 	}
 	return len(missing) == 0, missing
 }

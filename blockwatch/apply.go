@@ -69,13 +69,22 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		if r, ok := c.blockRevs[d.cidr]; ok && d.rev <= r {
 			return
 		}
+		if h, ok := c.held[d.cidr]; ok && d.rev <= h.Revision {
+			return
+		}
 		b := d.block
 		if d.valErr != nil {
-			// Keep the last good value, if there is one; the key stays absent otherwise.
-			var ok bool
-			if b, ok = prev.blocks[d.cidr]; !ok || d.created > prev.blockRevs[d.cidr] {
+			// Hold the block: keep the last good value, if there is one, and tell the consumer to
+			// keep what it has for the CIDR either way.
+			good, ok := prev.blocks[d.cidr]
+			lastGood := ok && d.created <= prev.blockRevs[d.cidr]
+			c.hold(d.cidr, Held{Reason: d.valErr.Error(), Revision: d.rev, LastGood: lastGood}, ch)
+			if !lastGood {
 				return
 			}
+			b = good
+		} else {
+			c.hold(d.cidr, Held{}, ch)
 		}
 		if b == nil {
 			c.deleteBlock(d.cidr, ch)
@@ -92,15 +101,15 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		if e, ok := c.peerKeys[d.peer]; ok && d.rev <= e.rev {
 			return
 		}
-		addr := d.addr
+		addr, created := d.addr, d.created
 		if d.valErr != nil {
 			good, ok := prev.peerKeys[d.peer]
 			if !ok || d.created > good.rev {
 				return
 			}
-			addr = good.addr
+			addr, created = good.addr, good.created
 		}
-		c.setPeer(d.peer, addr, d.rev, ch)
+		c.setPeer(d.peer, addr, d.rev, created, ch)
 	case srcPools:
 		if r, ok := c.poolRevs[d.name]; ok && d.rev <= r {
 			return

@@ -5,10 +5,12 @@
 //
 // Run lists the three prefixes at one etcd revision R (the first request fixes R, every later page
 // and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
-// emits a Full snapshot. It then watches each prefix from R+1 (WithRequireLeader, WithProgressNotify)
-// and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction, and a
-// Relist call, make it list again at a new revision, diff the result against the view it had, and emit
-// a Full snapshot whose change set is that difference. After a compaction the new revision is the
+// emits a Full snapshot. It then watches each prefix from R itself (WithRequireLeader,
+// WithProgressNotify; the events of revision R are delivered again and ignored, as no newer than the
+// view) and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction,
+// a watch stream that does not acknowledge a probe (a frozen member; see probeLoop), and a Relist
+// call, make it list again at a new revision, diff the result against the view it had, and emit a
+// Full snapshot whose change set is that difference. After a compaction the new revision is the
 // compaction revision, read serializably after a random wait (Config.CompactedRelistSpread): every
 // watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests
 // are then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore
@@ -21,11 +23,14 @@
 // # Malformed values
 //
 // A key or value that cannot be decoded (bad JSON, a block whose value's cidr differs from its key, a
-// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not a unicast
-// address of the key's family, a bad pool) is logged with its key, counted in
+// key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not an address
+// of the key's family, a bad pool) is logged with its key, counted in
 // vpp_route_agent_malformed_values_total, and skipped; it never stops the watch. A key whose new value
 // is malformed KEEPS its last good value, so a bad write never withdraws routes; only a delete (or a
-// block value with deleted:true) removes a key. A key that was never seen with a good value is absent.
+// block value with deleted:true) removes a key. A block key whose value is malformed is also listed
+// in Snapshot.Held, with the reason, whether or not a good value was seen before: its key names the
+// CIDR, so a consumer that starts after the value went bad still knows to keep what it has for that
+// CIDR. Other keys that were never seen with a good value are absent.
 // "Last good value" is the last one this Watcher saw of the key's current incarnation: a relist that
 // finds a malformed value keeps the previous view's value only if the key has not been deleted and
 // re-created since (its create revision says so), so a deleted block is never resurrected; a good
@@ -50,6 +55,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -69,8 +75,8 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 // Status is the state of a Watcher's connection to etcd.
 type Status struct {
 	// Synced is true while the watches are established and answering: false while listing or backing
-	// off, and from when a probe of the watch stream (sent after ProbeInterval of silence) has gone
-	// unanswered for ProbeInterval until the watch stream answers again.
+	// off, which includes the relist that follows a probe of the watch stream (sent after
+	// ProbeInterval of silence) left unanswered for 2×ProbeInterval.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64
@@ -89,6 +95,7 @@ type Watcher struct {
 	metrics  *metrics
 	prefixes [numSources]string
 	streamID string // isolates the Watcher's gRPC watch stream from other watches on the client
+	attempt  int    // counts watch attempts: each gets a stream of its own (owned by Run)
 
 	updates chan *Snapshot
 	relist  chan struct{}
@@ -269,13 +276,7 @@ func (w *Watcher) setSynced(synced bool) {
 	w.status.Synced = synced
 }
 
-// unsynced reports a watch stream that has gone quiet: the client is probably reconnecting.
-func (w *Watcher) unsynced(err error) {
-	w.log.Warn("etcd watch not in sync", "err", err)
-	w.lostSync(err)
-}
-
-// watch watches the three prefixes from the revision after the Full snapshot full until a watch
+// watch watches the three prefixes from the revision of the Full snapshot full until a watch
 // fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
 // failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
 // every batch of responses that changes routing data. It returns the relist reason and the error
@@ -284,8 +285,12 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	rev := full.Revision
 	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
 	// key of our own keeps our probes (and anything the server broadcasts per stream) to our watches.
+	// A new attempt gets a new stream: the client would otherwise add the new watches to the old
+	// stream if it is still open, and a stream stuck on a frozen member stays open for as long as the
+	// gRPC keepalive takes to give up on the connection (10 s and more).
+	w.attempt++
 	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(
-		clientv3.WithRequireLeader(ctx), "blockwatch-stream", w.streamID))
+		clientv3.WithRequireLeader(ctx), "blockwatch-stream", fmt.Sprintf("%s-%d", w.streamID, w.attempt)))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -294,7 +299,8 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
 	var chans [numSources]clientv3.WatchChan
 	for src, prefix := range w.prefixes {
-		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+		// From rev, not rev+1: see the package comment.
+		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev),
 			clientv3.WithProgressNotify())
 	}
 	established := deadline.Stop()
@@ -307,7 +313,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	w.mu.Unlock()
 	if !established {
 		return ReasonWatchError, fmt.Errorf("create watches from revision %d: not established within %s",
-			rev+1, w.cfg.RequestTimeout)
+			rev, w.cfg.RequestTimeout)
 	}
 
 	probe := make(chan int64, 1)
@@ -317,7 +323,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		defer wg.Done()
 		w.probeLoop(wctx, probe, answered)
 	}()
-	ticker := time.NewTicker(w.cfg.ProbeInterval)
+	// Ticks a few times per interval, so that silence and an unanswered probe are seen within a
+	// quarter interval of their deadline.
+	ticker := time.NewTicker(w.cfg.ProbeInterval / 4)
 	defer ticker.Stop()
 	lastHeard := time.Now()
 	var probeSent time.Time // when the unanswered probe was sent; zero if none
@@ -340,9 +348,20 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 				default:
 				}
 				probeSent = now
-			case !probeSent.IsZero() && now.Sub(probeSent) >= w.cfg.ProbeInterval && w.Status().Synced:
-				w.unsynced(fmt.Errorf("etcd watch: probe not answered for %s (silent for %s)",
-					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond)))
+			case !probeSent.IsZero() && now.Sub(probeSent) >= 2*w.cfg.ProbeInterval:
+				err := fmt.Errorf("etcd watch stalled: probe not answered for %s (silent for %s)",
+					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond))
+				if w.reconnecting() {
+					// The client has lost its connection (etcd or the gRPC proxy restarts) and
+					// resumes the watches where they were once it is back: a relist would make every
+					// watcher of a restarted proxy list everything again. Report it and probe again.
+					w.lostSync(err)
+					probeSent = time.Time{}
+					continue
+				}
+				// The member serving the stream does not answer (frozen, partitioned, overloaded):
+				// watch again on a new stream, which the client places on a member that answers.
+				return ReasonWatchError, err
 			}
 			continue
 		case <-answered:
@@ -356,7 +375,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		case resp, ok = <-chans[srcPools]:
 			src = srcPools
 		}
-		reason, err := w.handle(src, resp, ok, &ch)
+		reason, err := w.handle(src, resp, ok, rev, &ch)
 		// Fold the responses that are already waiting into the same snapshot.
 	batch:
 		for n := 0; err == nil && n < maxBatch; n++ {
@@ -370,7 +389,7 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			default:
 				break batch
 			}
-			reason, err = w.handle(src, resp, ok, &ch)
+			reason, err = w.handle(src, resp, ok, rev, &ch)
 		}
 		// Changes applied before an error are emitted first: the relist diffs against the view that
 		// already holds them.
@@ -389,7 +408,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 }
 
 // handle applies one watch response to the view, or returns the relist reason and error it carries.
-func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *changes) (string, error) {
+// Events of revision listed or older (the watch starts at the list's revision) are already in the view
+// and skipped.
+func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, listed int64, ch *changes) (string, error) {
 	prefix := w.prefixes[src]
 	if !ok {
 		return ReasonWatchClosed, fmt.Errorf("watch %s: channel closed", prefix)
@@ -409,6 +430,9 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 	}
 	v := w.view
 	for _, ev := range resp.Events {
+		if ev.Kv.ModRevision <= listed {
+			continue
+		}
 		w.metrics.event(src, ev.Type)
 		d := w.decode(src, ev.Kv, ev.Type == mvccpb.DELETE)
 		w.install(v, v, &d, ch)
@@ -418,6 +442,13 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, ch *c
 		v.rev = max(v.rev, resp.Header.Revision)
 	}
 	return "", nil
+}
+
+// reconnecting reports whether the client's connection is down (connecting or failing), as opposed
+// to up but not answering.
+func (w *Watcher) reconnecting() bool {
+	conn := w.cfg.Client.ActiveConnection()
+	return conn != nil && conn.GetState() != connectivity.Ready
 }
 
 // probeLoop checks, whenever the watch loop finds the watch stream silent, that the stream still

@@ -22,10 +22,11 @@ const (
 
 func (s source) String() string { return [...]string{"blocks", "hosts", "pools"}[s] }
 
-// peerEntry is the last good address of one peer key and the revision of the last value applied to it.
+// peerEntry is the last good address of one peer key, the revision of the last value applied to it,
+// and the key's create revision.
 type peerEntry struct {
-	rev  int64
-	addr netip.Addr
+	rev, created int64
+	addr         netip.Addr
 }
 
 // cache is the routing view at one revision, owned by the goroutine running Run. blocks, peers and
@@ -39,6 +40,9 @@ type cache struct {
 	blockRevs    map[netip.Prefix]int64
 	blocksShared bool
 
+	held       map[netip.Prefix]Held
+	heldShared bool
+
 	peerKeys    map[peerID]peerEntry
 	peers       map[string]Peer
 	peersShared bool
@@ -50,7 +54,7 @@ type cache struct {
 
 func newCache() *cache {
 	return &cache{
-		blocks: map[netip.Prefix]*Block{}, blockRevs: map[netip.Prefix]int64{},
+		blocks: map[netip.Prefix]*Block{}, blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
 		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
 		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{},
 	}
@@ -113,14 +117,32 @@ func (c *cache) deleteBlock(cidr netip.Prefix, ch *changes) {
 	ch.block(cidr)
 }
 
-// setPeer records addr for id at rev; an invalid addr deletes the key.
-func (c *cache) setPeer(id peerID, addr netip.Addr, rev int64, ch *changes) {
+// hold marks cidr as held (h) or, with a zero h, no longer held.
+func (c *cache) hold(cidr netip.Prefix, h Held, ch *changes) {
+	old, was := c.held[cidr]
+	if was && old == h || !was && h == (Held{}) {
+		return
+	}
+	if c.heldShared {
+		c.held, c.heldShared = maps.Clone(c.held), false
+	}
+	if h == (Held{}) {
+		delete(c.held, cidr)
+	} else {
+		c.held[cidr] = h
+	}
+	ch.block(cidr)
+}
+
+// setPeer records addr for id at rev, from a key created at created; an invalid addr deletes the key.
+func (c *cache) setPeer(id peerID, addr netip.Addr, rev, created int64, ch *changes) {
 	if addr.IsValid() {
-		c.peerKeys[id] = peerEntry{rev: rev, addr: addr}
+		c.peerKeys[id] = peerEntry{rev: rev, created: created, addr: addr}
 	} else {
 		delete(c.peerKeys, id)
 	}
-	p := Peer{IPv4: c.peerKeys[peerID{node: id.node}].addr, IPv6: c.peerKeys[peerID{node: id.node, v6: true}].addr}
+	v4, v6 := c.peerKeys[peerID{node: id.node}], c.peerKeys[peerID{node: id.node, v6: true}]
+	p := Peer{IPv4: v4.addr, IPv6: v6.addr, IPv4Created: v4.created, IPv6Created: v6.created}
 	old, had := c.peers[id.node]
 	if had && old == p || !had && p == (Peer{}) {
 		return
@@ -166,6 +188,16 @@ func (ch *changes) pool() {
 
 // diff records in ch everything that differs between the views old and c.
 func (c *cache) diff(old *cache, ch *changes) {
+	for k, h := range c.held {
+		if o, ok := old.held[k]; !ok || o != h {
+			ch.block(k)
+		}
+	}
+	for k := range old.held {
+		if _, ok := c.held[k]; !ok {
+			ch.block(k)
+		}
+	}
 	for k, b := range c.blocks {
 		if !old.blocks[k].Equal(b) {
 			ch.block(k)
@@ -194,7 +226,7 @@ func (c *cache) diff(old *cache, ch *changes) {
 // snapshot hands the current view out; from now on the maps are shared and copied before any change.
 func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	s := &Snapshot{
-		Revision: c.rev, Blocks: c.blocks, Peers: c.peers, Pools: c.pools,
+		Revision: c.rev, Blocks: c.blocks, Held: c.held, Peers: c.peers, Pools: c.pools,
 		Full: full, RelistReason: reason, PoolsChanged: ch.pools, ReceivedAt: ch.received,
 	}
 	if len(ch.blocks) > 0 {
@@ -203,6 +235,6 @@ func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	if len(ch.peers) > 0 {
 		s.ChangedPeers = slices.SortedFunc(maps.Keys(ch.peers), strings.Compare)
 	}
-	c.blocksShared, c.peersShared, c.poolsShared = true, true, true
+	c.blocksShared, c.heldShared, c.peersShared, c.poolsShared = true, true, true, true
 	return s
 }

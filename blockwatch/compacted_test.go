@@ -17,12 +17,12 @@ func TestCompactedRelistAtCompactionRevision(t *testing.T) {
 	px := newProxy(t, srv.Endpoint())
 	a, b, c := mustPrefix("10.5.0.0/26"), mustPrefix("10.5.0.64/26"), mustPrefix("10.5.0.128/26")
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
-	h := newHarness(t, fastClient(t, px.endpoint()), func(c *Config) { c.CompactedRelistSpread = 300 * time.Millisecond })
+	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) { c.CompactedRelistSpread = 300 * time.Millisecond })
 	h.run()
 	if s := h.next(); len(s.Blocks) != 1 {
 		t.Fatalf("initial: %v", s.Blocks)
 	}
-	px.block()
+	px.Block()
 	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
 	putBlock(t, cli, calicotest.Block(b, "node-b", 4)) // the watch resumes before the compaction revision
 	crev, err := srv.Compact(testCtx(t))
@@ -30,7 +30,7 @@ func TestCompactedRelistAtCompactionRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := putBlock(t, cli, calicotest.Block(c, "node-c", 3))
-	px.unblock()
+	px.Unblock()
 
 	s, _ := h.waitFor("a Full snapshot", func(s *Snapshot) bool { return s.Full })
 	if s.RelistReason != ReasonCompacted || s.Revision != crev {
@@ -54,7 +54,7 @@ func TestCompactedRelistFallsBack(t *testing.T) {
 	a, b, c := mustPrefix("10.6.0.0/26"), mustPrefix("10.6.0.64/26"), mustPrefix("10.6.0.128/26")
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
 	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
-	h := newHarness(t, fastClient(t, px.endpoint()), func(c *Config) {
+	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) {
 		c.CompactedRelistSpread, c.PageSize = -1, 1
 	})
 	var armed atomic.Bool
@@ -74,14 +74,14 @@ func TestCompactedRelistFallsBack(t *testing.T) {
 	if s := h.next(); len(s.Blocks) != 2 {
 		t.Fatalf("initial: %v", s.Blocks)
 	}
-	px.block()
+	px.Block()
 	putBlock(t, cli, calicotest.Block(a, "node-a2", 4))
 	putBlock(t, cli, calicotest.Block(b, "node-b2", 5))
 	if _, err := srv.Compact(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	armed.Store(true)
-	px.unblock()
+	px.Unblock()
 
 	s, _ := h.waitFor("a Full snapshot", func(s *Snapshot) bool { return s.Full })
 	if s.RelistReason != ReasonCompacted || s.Revision < crev2.Load() || crev2.Load() == 0 {

@@ -21,7 +21,7 @@ const DefaultHostsPrefix = "/vpp-calico/hosts/"
 const (
 	DefaultPageSize       = 1000
 	DefaultRequestTimeout = 10 * time.Second
-	DefaultProbeInterval  = 5 * time.Second
+	DefaultProbeInterval  = time.Second
 	// DefaultCompactedRelistSpread is Config.CompactedRelistSpread's default.
 	DefaultCompactedRelistSpread = 5 * time.Second
 )
@@ -46,8 +46,10 @@ type Config struct {
 	// field is owned by that node. Logged once per block when it is what made a node the owner.
 	LegacyHostAffinity bool
 	// ProbeInterval is how long the watch may stay silent before Run probes its stream (opens and
-	// cancels one more watch on it); if the probe is not answered within another ProbeInterval, Status
-	// reports Synced false (the client keeps reconnecting and resumes the watch by itself). Default 5s.
+	// cancels one more watch on it: see probeLoop); if the probe is not answered within
+	// 2×ProbeInterval, Status reports Synced false and Run lists and watches again on a new stream (so
+	// a frozen member is noticed within 3¼×ProbeInterval; a member slow for less than 2×ProbeInterval
+	// causes no relist). Default 1s: an idle Watcher opens and cancels one watch a second.
 	ProbeInterval time.Duration
 	// CompactedRelistSpread bounds the random wait before the relist that follows a compaction (a
 	// watch resumed at a revision etcd no longer has), per started hundred nodes registered under

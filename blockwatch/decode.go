@@ -104,6 +104,9 @@ func (d decoder) peerKey(key string) (peerID, error) {
 }
 
 // peerAddr parses a peer value: a bare address of the key's family (surrounding white space allowed).
+// Whether it can be a next hop (not loopback, multicast, ...) is judged by the agent, which also knows
+// this node's own addresses: an address that cannot is refused there, like an absent registration,
+// rather than kept here as the last good value.
 func peerAddr(id peerID, value []byte) (netip.Addr, error) {
 	a, err := netip.ParseAddr(strings.TrimSpace(string(value)))
 	if err != nil {
@@ -115,9 +118,6 @@ func peerAddr(id peerID, value []byte) (netip.Addr, error) {
 	a = a.Unmap()
 	if a.Is6() != id.v6 {
 		return netip.Addr{}, fmt.Errorf("peer address %s does not match the key's family", a)
-	}
-	if a.IsUnspecified() || a.IsMulticast() {
-		return netip.Addr{}, fmt.Errorf("peer address %s is not a unicast address", a)
 	}
 	return a, nil
 }

@@ -3,9 +3,7 @@ package blockwatch
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,9 +20,13 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 )
 
 const waitLimit = 30 * time.Second
+
+// addrs is p without its create revisions.
+func addrs(p Peer) Peer { return Peer{IPv4: p.IPv4, IPv6: p.IPv6} }
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 func mustAddr(s string) netip.Addr     { return netip.MustParseAddr(s) }
@@ -153,31 +155,7 @@ func (h *harness) settled(rev int64) {
 
 func (h *harness) counter(name string, labels ...string) float64 {
 	h.t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue metric
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return metricstest.Value(h.t, h.reg, name, labels...)
 }
 
 // checkSnapshot checks the invariants every snapshot has.
@@ -262,97 +240,14 @@ func startEtcd(t testing.TB) (*etcdtest.Server, *clientv3.Client) {
 	return s, fastClient(t, s.Endpoint())
 }
 
-// proxy is a TCP proxy in front of etcd that can cut every connection and refuse new ones, so that a
-// test can make a client's watch fall behind while others write and compact.
-type proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-
-	mu      sync.Mutex // guards blocked and conns
-	blocked bool
-	conns   map[net.Conn]struct{}
-}
-
-func newProxy(t testing.TB, targetURL string) *proxy {
+// newProxy puts a TCP proxy in front of etcd, so that a test can cut a client's connections while
+// others write and compact.
+func newProxy(t testing.TB, targetURL string) *etcdtest.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := etcdtest.NewProxy(strings.TrimPrefix(targetURL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: strings.TrimPrefix(targetURL, "http://"), conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
-}
-
-func (p *proxy) endpoint() string { return "http://" + p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		blocked := p.blocked
-		p.mu.Unlock()
-		if blocked {
-			c.Close()
-			continue
-		}
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.blocked {
-			p.mu.Unlock()
-			c.Close()
-			u.Close()
-			continue
-		}
-		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(c, u)
-		go p.pipe(u, c)
-	}
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, err := io.Copy(dst, src)
-	_ = err
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// block cuts every connection and refuses new ones until unblock.
-func (p *proxy) block() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocked = true
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-func (p *proxy) unblock() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocked = false
-}
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.block()
-	p.wg.Wait()
 }

@@ -38,6 +38,11 @@ type Snapshot struct {
 	// Blocks holds every block present at Revision. Blocks with deleted:true are absent, and so are
 	// blocks whose value was never well-formed.
 	Blocks map[netip.Prefix]*Block
+	// Held lists the blocks whose current value cannot be read (bad JSON, a cidr that differs from the
+	// key's, ...): their key names the CIDR, so the consumer must keep whatever it has for that CIDR
+	// until a readable value or a delete arrives. A held block is also in Blocks when this Watcher saw
+	// a good value of it before (its routing data is that last good value).
+	Held map[netip.Prefix]Held
 	// Peers maps a node to its registered peer IPs.
 	Peers map[string]Peer
 	// Pools maps a pool name to the pool.
@@ -60,6 +65,15 @@ type Snapshot struct {
 	ReceivedAt time.Time
 }
 
+// Held says why a block is held: its value cannot be read.
+type Held struct {
+	Reason string
+	// Revision is the mod revision of the unreadable value.
+	Revision int64
+	// LastGood is true when the block's routing data in Snapshot.Blocks is its last good value.
+	LastGood bool
+}
+
 // Block is the routing data of one Calico IPAM block, and nothing else.
 type Block struct {
 	CIDR netip.Prefix
@@ -78,8 +92,13 @@ func (a *Block) Equal(b *Block) bool {
 }
 
 // Peer is the uplink addresses a node registered; a zero Addr means the family is not registered.
+// Whether an address can be a next hop is for the consumer to judge (agent.Options): the Watcher
+// only checks that it is an address of the key's family.
 type Peer struct {
 	IPv4, IPv6 netip.Addr
+	// IPv4Created and IPv6Created are the create revisions of the keys: which node registered an
+	// address first, when two claim the same one.
+	IPv4Created, IPv6Created int64
 }
 
 // coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and

@@ -75,7 +75,7 @@ func TestDecodePeers(t *testing.T) {
 		{DefaultHostsPrefix + "n1/peerip/ipv6/1", "192.0.2.1", netip.Addr{}, "family"},
 		{DefaultHostsPrefix + "n1/peerip/ipv6/1", "::ffff:192.0.2.1", netip.Addr{}, "family"},
 		{DefaultHostsPrefix + "n1/peerip/ipv6/1", "fe80::1%eth0", netip.Addr{}, "zones"},
-		{DefaultHostsPrefix + "n1/peerip/ipv4/1", "0.0.0.0", netip.Addr{}, "unicast"},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/1", "0.0.0.0", mustAddr("0.0.0.0"), ""}, // judged by the agent
 		{DefaultHostsPrefix + "n1/peerip/ipv4/1", "192.0.2.300", netip.Addr{}, "peer address"},
 		{DefaultHostsPrefix + "n1/peerip/ipv4/2", "192.0.2.1", netip.Addr{}, "want"},
 		{DefaultHostsPrefix + "n1/lease", "x", netip.Addr{}, "want"},
@@ -194,14 +194,14 @@ func TestInstallRevisions(t *testing.T) {
 		t.Fatalf("stale delete applied")
 	}
 	created = 10 // the stale delete is not etcd's history
-	if ch := step(11, []byte("{"), false); owner() != "a" || !ch.empty() || c.blockRevs[cidr] != 11 {
-		t.Fatalf("malformed value: owner %q, rev %d", owner(), c.blockRevs[cidr])
+	if ch := step(11, []byte("{"), false); owner() != "a" || len(ch.blocks) != 1 || c.blockRevs[cidr] != 11 || !c.held[cidr].LastGood {
+		t.Fatalf("malformed value: owner %q, rev %d, held %+v", owner(), c.blockRevs[cidr], c.held)
 	}
 	if ch := step(11, enc("c"), false); owner() != "a" || !ch.empty() {
 		t.Fatalf("put at the malformed value's revision applied")
 	}
-	if ch := step(12, enc("b"), false); owner() != "b" || len(ch.blocks) != 1 {
-		t.Fatalf("update: owner %q", owner())
+	if ch := step(12, enc("b"), false); owner() != "b" || len(ch.blocks) != 1 || len(c.held) != 0 {
+		t.Fatalf("update: owner %q, held %v", owner(), c.held)
 	}
 	b := calicotest.Block(cidr, "b", 1)
 	b.Deleted = true
@@ -216,9 +216,12 @@ func TestInstallRevisions(t *testing.T) {
 	if ch := step(15, nil, true); len(c.blocks) != 0 || len(c.blockRevs) != 0 || len(ch.blocks) != 1 {
 		t.Fatalf("delete left %v %v", c.blocks, c.blockRevs)
 	}
-	// A malformed value for a key never seen good stays absent.
-	if ch := step(16, []byte("{"), false); len(c.blocks) != 0 || !ch.empty() {
-		t.Fatalf("malformed new key installed")
+	// A malformed value for a key never seen good stays absent from Blocks, and is held.
+	if ch := step(16, []byte("{"), false); len(c.blocks) != 0 || len(ch.blocks) != 1 || c.held[cidr].LastGood || c.held[cidr].Revision != 16 {
+		t.Fatalf("malformed new key: blocks %v held %v", c.blocks, c.held)
+	}
+	if ch := step(17, nil, true); len(c.held) != 0 || len(ch.blocks) != 1 {
+		t.Fatalf("delete of a held key: held %v", c.held)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 )
 
 func env(m map[string]string) func(string) (string, bool) {
@@ -48,6 +50,20 @@ func TestDaemonFlagsRejectBadInputNamingTheField(t *testing.T) {
 		{append(base, "extra"), nil, "unexpected arguments: extra"},
 		{base, map[string]string{"VPP_ROUTE_AGENT_TABLE_ID": "x"}, "environment VPP_ROUTE_AGENT_TABLE_ID (for --table-id)"},
 		{base, map[string]string{"ETCD_ENDPOINTS": "localhost:2379"}, "--etcd-endpoints"},
+		{append(base, "--nodename", "a/b"), nil, "--nodename (from --nodename or $NODENAME): node name \"a/b\" contains '/'"},
+		{append(base, "--nodename", "a\nb"), nil, "control or space character"},
+		{append(base, "--nodename", "a\x01b"), nil, "control or space character"},
+		{[]string{"--uplink-interface", "x", "--uplink-address", "192.0.2.1/24"}, map[string]string{"NODENAME": ".."}, "--nodename (from --nodename or $NODENAME)"},
+		{append(base, "--etcd-ca-cert-file", "/etc/hostname"), nil, "--etcd-ca-cert-file is set but --etcd-endpoints are http:// (plaintext)"},
+		{append(base, "--etcd-ca-file", "/etc/hostname"), nil, "--etcd-ca-cert-file is set but --etcd-endpoints are http://"},
+		{base, map[string]string{"ETCD_CA_CERT_FILE": "/etc/hostname"}, "--etcd-ca-cert-file is set but"},
+		{append(base, "--etcd-endpoints", "https://192.0.2.1:2379", "--etcd-ca-cert-file", "/etc/hostname"), nil, "--etcd-ca-cert-file: /etc/hostname holds no PEM certificate"},
+		{append(base, "--etcd-endpoints", "http://192.0.2.1:2379,https://192.0.2.2:2379"), nil, "mixes http:// and https://"},
+		{append(base, "--etcd-endpoints", "http://root:s3cret@192.0.2.1:2379"), nil, "http://root:xxxxx@192.0.2.1:2379 carries credentials in the URL"},
+		{append(base, "--etcd-username", "agent"), nil, "--etcd-username \"agent\": no password: set $ETCD_PASSWORD or --etcd-password-file"},
+		{base, map[string]string{"ETCD_PASSWORD": "s3cret"}, "an etcd password is set"},
+		{append(base, "--etcd-username", "agent", "--etcd-password-file", "/nonexistent/pw"), nil, "--etcd-password-file"},
+		{append(base, "--etcd-request-timeout", "0s"), nil, "--etcd-request-timeout must be positive"},
 	}
 	for _, tc := range tests {
 		var stderr bytes.Buffer
@@ -58,6 +74,9 @@ func TestDaemonFlagsRejectBadInputNamingTheField(t *testing.T) {
 		cancel()
 		if err == nil || !isUsage(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q env %v: err = %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error()+stderr.String(), "s3cret") {
+			t.Errorf("%q: the password is in the error or the output: %v", tc.args, err)
 		}
 	}
 }
@@ -80,7 +99,7 @@ func TestDaemonFlagsFromEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.node != "node-env" || cfg.uplink.Name != "eth-flag" || cfg.agent.TableID != 7 || !cfg.agent.WithdrawOnExit ||
-		cfg.registrationTTL != 45*time.Second || cfg.etcd.legacyHostAffinity || len(cfg.etcd.endpoints) != 2 {
+		cfg.registrationTTL != 45*time.Second || cfg.etcd.legacyHostAffinity || len(cfg.etcd.Endpoints) != 2 {
 		t.Errorf("config from env: %+v", cfg)
 	}
 	wantPeers := []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::7")}
@@ -92,6 +111,33 @@ func TestDaemonFlagsFromEnvironment(t *testing.T) {
 	}
 	if cfg.agent.PeerLossGrace != 0 {
 		t.Errorf("--peer-loss-grace 0 became %s", cfg.agent.PeerLossGrace)
+	}
+}
+
+func TestEtcdCredentialsFromEnvironmentAndFile(t *testing.T) {
+	pw := filepath.Join(t.TempDir(), "pw")
+	os.WriteFile(pw, []byte("from-file\n"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{append(base, "--etcd-password-file", pw), map[string]string{"ETCD_USERNAME": "agent"}, "from-file"},
+		{base, map[string]string{"ETCD_USERNAME": "agent", "ETCD_PASSWORD": "from-env"}, "from-env"},
+	} {
+		cfg, err := parseDaemonFlags(tc.args, &bytes.Buffer{}, &bytes.Buffer{}, env(tc.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.etcd.Username != "agent" || cfg.etcd.Password != tc.want {
+			t.Errorf("%q %v: user %q password %q, want agent/%s", tc.args, tc.env, cfg.etcd.Username, cfg.etcd.Password, tc.want)
+		}
+	}
+	// The deprecated alias still sets the CA file, and says it is deprecated.
+	var stderr bytes.Buffer
+	cfg, err := parseDaemonFlags(append(base, "--etcd-ca-file", "/x.pem", "--etcd-endpoints", "https://192.0.2.1:2379"), &bytes.Buffer{}, &stderr, env(nil))
+	if err == nil || !strings.Contains(err.Error(), "--etcd-ca-cert-file: open /x.pem") || !strings.Contains(stderr.String(), "deprecated") {
+		t.Errorf("--etcd-ca-file: %v %v; stderr %q", cfg, err, stderr.String())
 	}
 }
 
@@ -130,12 +176,13 @@ func TestEtcdFlagErrorsAreDeterministic(t *testing.T) {
 		flags etcdFlags
 		want  string
 	}{
-		{etcdFlags{endpoints: []string{"http://127.0.0.1:2379"}, dialTimeout: time.Second, blockPrefix: "/b/", hostsPrefix: "/h/",
-			caFile: "/nonexistent/ca.pem", certFile: "/nonexistent/cert.pem", keyFn: "/nonexistent/key.pem"}, "--etcd-ca-file:"},
-		{etcdFlags{endpoints: []string{"http://127.0.0.1:2379"}, dialTimeout: time.Second, blockPrefix: "b", hostsPrefix: "h"}, "--block-prefix:"},
+		{etcdFlags{Config: etcdconfig.Config{Endpoints: []string{"https://127.0.0.1:2379"}, DialTimeout: time.Second, RequestTimeout: time.Second,
+			CACertFile: "/nonexistent/ca.pem", CertFile: "/nonexistent/cert.pem", KeyFile: "/nonexistent/key.pem"}, blockPrefix: "/b/", hostsPrefix: "/h/"}, "--etcd-ca-cert-file:"},
+		{etcdFlags{Config: etcdconfig.Config{Endpoints: []string{"http://127.0.0.1:2379"}, DialTimeout: time.Second, RequestTimeout: time.Second},
+			blockPrefix: "b", hostsPrefix: "h"}, "--block-prefix:"},
 	} {
 		for range 50 {
-			if err := tc.flags.validate(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			if err := tc.flags.validate(env(nil)); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 				t.Fatalf("validate() = %v, want an error starting with %q every time", err, tc.want)
 			}
 		}

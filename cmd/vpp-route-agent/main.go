@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"golang.org/x/sync/errgroup"
@@ -32,6 +32,9 @@ import (
 
 // nodenameFile is where calico/node records the node name.
 const nodenameFile = "/var/lib/calico/nodename"
+
+// defaultMetricsAddress is loopback: the server is opened to the network only when told.
+const defaultMetricsAddress = "127.0.0.1:9482"
 
 // shutdownLimit bounds how long a stop may take after SIGTERM.
 const shutdownLimit = 5 * time.Second
@@ -56,6 +59,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	if len(args) > 0 && args[0] == "routes" {
 		return routesCmd(ctx, args[1:], stdout, stderr, getenv)
+	}
+	if len(args) > 0 && args[0] == "probe" {
+		return probeCmd(ctx, args[1:], stdout, stderr, getenv)
 	}
 	cfg, err := parseDaemonFlags(args, stdout, stderr, getenv)
 	if err != nil || cfg == nil {
@@ -97,7 +103,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		regTTL         = fs.Duration("registration-ttl", 30*time.Second, "TTL of the etcd lease of this node's peer IP registration")
 		grace          = fs.Duration("peer-loss-grace", agent.DefaultPeerLossGrace, "how long routes to a node whose registration vanished are kept")
 		resync         = fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full resync that repairs drift")
-		metricsAddr    = fs.String("metrics-address", ":9482", "listen address of /metrics, /healthz, /readyz, /debug/routes; empty disables")
+		metricsAddr    = fs.String("metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz, /debug/routes; empty disables (loopback by default: /debug/routes lists every route and peer)")
 		logLevel       = fs.String("log-level", "info", "debug, info, warn or error")
 		logFormat      = fs.String("log-format", "text", "text or json")
 		dryRun         = fs.Bool("dry-run", false, "compute and log the FIB changes, write nothing to VPP and register nothing")
@@ -106,7 +112,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		version        = fs.Bool("version", false, "print the version and exit")
 	)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n\n"+
+		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n       vpp-route-agent probe [flags] /healthz|/readyz\n\n"+
 			"Keeps the VPP FIB equal to the routes to the Calico IPAM blocks of the other nodes.\n"+
 			"Every flag falls back to the environment variable named after it.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -126,7 +132,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
 	}
 	bad := func(err error) (*daemonConfig, error) { return nil, usageError{err} }
-	if err := ef.validate(); err != nil {
+	if err := ef.validate(getenv); err != nil {
 		return bad(err)
 	}
 	log, err := newLogger(*logLevel, *logFormat)
@@ -202,7 +208,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		}
 	}
 	pools, _ := ef.pools()
-	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink,
+	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink, PeerIPs: cfg.peerIPs,
 		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
 	if err := cfg.agent.Validate(); err != nil {
 		return bad(err)
@@ -213,12 +219,23 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 // daemon runs the agent until ctx is done, then stops within shutdownLimit.
 func daemon(ctx context.Context, cfg *daemonConfig) error {
 	log := cfg.log
-	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", cfg.etcd.endpoints,
-		"vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
+	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", etcdconfig.Redacted(cfg.etcd.Endpoints),
+		"etcd_user", cfg.etcd.Username, "vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
+	if cfg.etcd.PlaintextCredentials() {
+		log.Warn("the etcd password is sent over plaintext http:// endpoints; use https://")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	cli, err := cfg.etcd.client()
+	// A certificate problem never heals by retrying: fail now, saying so, instead of reporting request
+	// deadlines forever. An endpoint that is merely down is retried like any other etcd outage.
+	if err := cfg.etcd.Probe(ctx); err != nil {
+		if errors.Is(err, etcdconfig.ErrCertificate) {
+			return err
+		}
+		log.Warn("etcd not reachable yet; retrying", "err", err)
+	}
+	cli, err := cfg.etcd.Client()
 	if err != nil {
 		return err
 	}
@@ -230,7 +247,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	}
 	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
-		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.dialTimeout,
+		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.RequestTimeout,
 		Logger: log, Registerer: reg})
 	if err != nil {
 		return err
@@ -240,7 +257,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	var registration agent.Registration
 	if !cfg.agent.DryRun {
 		registrar, err = agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: cfg.etcd.hostsPrefix, NodeName: cfg.node,
-			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.dialTimeout,
+			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.RequestTimeout,
 			Logger: log.With("component", "registration"), Metrics: m})
 		if err != nil {
 			return err
@@ -262,6 +279,10 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	defer stopVPP()
 	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error {
+		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log).Run(gctx)
+	})
+	g.Go(func() error { reportCertificateErrors(gctx, &cfg.etcd.Config, watcher, log); return nil })
 	g.Go(func() error {
 		defer stopVPP()
 		return a.Run(gctx)
@@ -311,6 +332,39 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		return err
 	case <-time.After(limit):
 		return fmt.Errorf("shutdown did not finish within %s", limit)
+	}
+}
+
+// certCheckInterval is how often, while the watch is out of sync, the endpoints are probed for a
+// certificate problem (tests shorten it).
+var certCheckInterval = 10 * time.Second
+
+// reportCertificateErrors logs at ERROR, once per distinct message, a certificate problem that appears
+// after start (etcd was down at start, or its certificate changed): gRPC itself reports it only as
+// request deadlines. The agent keeps running and keeps its routes.
+func reportCertificateErrors(ctx context.Context, cfg *etcdconfig.Config, w *blockwatch.Watcher, log *slog.Logger) {
+	if !strings.HasPrefix(cfg.Endpoints[0], "https://") {
+		return
+	}
+	tick := time.NewTicker(certCheckInterval)
+	defer tick.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if w.Status().Synced {
+			last = ""
+			continue
+		}
+		err := cfg.Probe(ctx)
+		if err == nil || !errors.Is(err, etcdconfig.ErrCertificate) || err.Error() == last {
+			continue
+		}
+		last = err.Error()
+		log.Error("etcd TLS certificate problem: the agent cannot read etcd until it is fixed; routes stay as they are", "err", err)
 	}
 }
 
@@ -384,15 +438,14 @@ func httpHandler(a *agent.Agent, reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("GET /debug/routes", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
-		d, err := a.DebugRoutes(ctx)
+		doc, err := a.DebugJSON(ctx)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(d)
+		w.Write(doc) // shared between requests: never appended to
+		w.Write([]byte("\n"))
 	})
 	return mux
 }

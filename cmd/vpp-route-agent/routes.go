@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,12 +28,8 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 			"computed from the blocks and peers in etcd, then the routes it cannot resolve.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	annotateEnv(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
-	}
-	if err := applyEnv(fs, getenv); err != nil {
-		return usageError{err}
+	if err := parseWithEnv(fs, args, getenv); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
@@ -43,7 +37,7 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if *output != "table" && *output != "json" {
 		return usageError{fmt.Errorf("--output: %q is not table or json", *output)}
 	}
-	if err := ef.validate(); err != nil {
+	if err := ef.validate(getenv); err != nil {
 		return usageError{err}
 	}
 	node, err := resolveNodeName(ef.nodename, nodenameFile)
@@ -52,7 +46,11 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	pools, _ := ef.pools()
 
-	cli, err := ef.client()
+	// Fail at once, with the reason, when no endpoint takes a connection or a certificate is wrong.
+	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) || etcdconfig.NoneReachable(err, len(ef.Endpoints)) {
+		return err
+	}
+	cli, err := ef.Client()
 	if err != nil {
 		return err
 	}
@@ -61,55 +59,43 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err != nil {
 		return err
 	}
-	routes, unresolved := agent.Desired(snap, agent.Options{NodeName: node, Pools: pools})
+	v := agent.View(snap, agent.Options{NodeName: node, Pools: pools})
 	if *output == "json" {
-		return writeRoutesJSON(stdout, routes, unresolved)
+		return writeRoutesJSON(stdout, v)
 	}
-	for _, r := range routes {
+	for _, r := range v.Desired {
 		fmt.Fprintf(stdout, "%s via %s owner %s\n", r.Prefix, r.NextHop, r.Owner)
 	}
-	for _, u := range unresolved {
+	for _, u := range v.Unresolved {
 		fmt.Fprintf(stdout, "unresolved %s owner %s: %s\n", u.Prefix, u.Owner, u.Reason)
+	}
+	for _, h := range v.Held {
+		fmt.Fprintf(stdout, "held %s: value unreadable (%s); the routes in VPP inside it are kept as they are\n", h.Block, h.Reason)
+	}
+	for _, p := range v.InvalidPeers {
+		fmt.Fprintf(stdout, "invalid peer IP %s of node %s: %s\n", p.Addr, p.Node, p.Reason)
 	}
 	return nil
 }
 
 // listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
 func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockwatch.Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, ef.dialTimeout)
+	limit := ef.DialTimeout + ef.RequestTimeout
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	snap, err := blockwatch.List(ctx, blockwatch.Config{
 		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
-		RequestTimeout: ef.dialTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
+		RequestTimeout: ef.RequestTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w%s", strings.Join(ef.endpoints, ","), ef.dialTimeout, err,
-			dialProbe(ef.endpoints))
+		why := ""
+		if perr := ef.Probe(context.Background()); perr != nil {
+			why = " (" + perr.Error() + ")"
+		}
+		return nil, fmt.Errorf("etcd at %s unreachable within %s: %w%s", etcdconfig.Redacted(ef.Endpoints), limit, err, why)
 	}
 	return snap, nil
-}
-
-// dialProbe says why each endpoint cannot be reached at the TCP level ("" if all accept connections),
-// since a request that never got an answer only reports its deadline.
-func dialProbe(endpoints []string) string {
-	var out []string
-	for _, ep := range endpoints {
-		u, err := url.Parse(ep)
-		if err != nil {
-			continue
-		}
-		c, err := net.DialTimeout("tcp", u.Host, 500*time.Millisecond)
-		if err != nil {
-			out = append(out, err.Error())
-			continue
-		}
-		c.Close()
-	}
-	if len(out) == 0 {
-		return ""
-	}
-	return " (" + strings.Join(out, "; ") + ")"
 }
 
 type routeJSON struct {
@@ -119,17 +105,23 @@ type routeJSON struct {
 	Kind       string  `json:"kind"`
 	Block      string  `json:"block"`
 	Unresolved string  `json:"unresolved,omitempty"`
+	Held       string  `json:"held,omitempty"`
 }
 
-// writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the reason).
-func writeRoutesJSON(w io.Writer, routes []agent.DesiredRoute, unresolved []agent.Unresolved) error {
-	out := make([]routeJSON, 0, len(routes)+len(unresolved))
+// writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the
+// reason), then the held blocks (next_hop null, kind "held", with the reason).
+func writeRoutesJSON(w io.Writer, v agent.RoutesView) error {
+	routes, unresolved := v.Desired, v.Unresolved
+	out := make([]routeJSON, 0, len(routes)+len(unresolved)+len(v.Held))
 	for _, r := range routes {
 		nh := r.NextHop.String()
 		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String()})
 	}
 	for _, u := range unresolved {
 		out = append(out, routeJSON{Prefix: u.Prefix.String(), Owner: u.Owner, Kind: string(u.Kind), Block: u.Block.String(), Unresolved: u.Reason})
+	}
+	for _, h := range v.Held {
+		out = append(out, routeJSON{Prefix: h.Block.String(), Kind: "held", Block: h.Block.String(), Held: h.Reason})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

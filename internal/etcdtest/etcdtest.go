@@ -22,6 +22,9 @@ import (
 // Server is one embedded etcd member. Its client URL stays the same across Stop and Start.
 type Server struct {
 	dir        string
+	name       string
+	cluster    string // initial cluster: name=peerURL,... ("" for a single member)
+	token      string
 	clientURL  url.URL
 	peerURL    url.URL
 	mu         sync.Mutex // guards etcd
@@ -77,13 +80,23 @@ func (s *Server) Start() error {
 		return nil
 	}
 	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
+	cfg.Name = s.name
+	if cfg.Name == "" {
+		cfg.Name = "etcdtest"
+	}
 	cfg.Dir = s.dir
 	cfg.ListenClientUrls = []url.URL{s.clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
 	cfg.ListenPeerUrls = []url.URL{s.peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + s.peerURL.String()
+	if s.cluster != "" {
+		cfg.InitialCluster = s.cluster
+		cfg.InitialClusterToken = s.token
+		// Short elections keep the fault tests fast; generous enough for a loaded 2-core machine.
+		cfg.TickMs = 50
+		cfg.ElectionMs = 750
+	}
 	cfg.UnsafeNoFsync = true
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())

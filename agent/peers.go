@@ -1,0 +1,164 @@
+package agent
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+)
+
+// InvalidPeer is a registered peer IP that the agent refuses as a next hop, and why. The node's routes
+// of that family are handled as if it had registered none (kept for the peer-loss grace, then
+// withdrawn).
+type InvalidPeer struct {
+	Node   string     `json:"node"`
+	Addr   netip.Addr `json:"address"`
+	Reason string     `json:"reason"`
+}
+
+// CheckNextHop reports why a cannot be the next hop of a route to another node: it must be a unicast
+// address that is routable on a link, so not unspecified, loopback, multicast, link-local, the IPv4
+// limited broadcast or another reserved IPv4 range, or an IPv4-mapped IPv6 address.
+func CheckNextHop(a netip.Addr) error {
+	switch {
+	case !a.IsValid():
+		return errors.New("not an address")
+	case a.Zone() != "":
+		return errors.New("has a zone")
+	case a.IsUnspecified():
+		return errors.New("the unspecified address")
+	case a.IsLoopback():
+		return errors.New("a loopback address")
+	case a.IsMulticast():
+		return errors.New("a multicast address")
+	case a.IsLinkLocalUnicast():
+		return errors.New("a link-local address (not routable beyond its link, and ambiguous without an interface)")
+	case a.Is4() && a.As4()[0] == 0:
+		return errors.New("in 0.0.0.0/8 (\"this network\")")
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return errors.New("the limited broadcast address")
+	case a.Is4() && a.As4()[0] >= 240:
+		return errors.New("in the reserved range 240.0.0.0/4")
+	case a.Is4In6():
+		return errors.New("an IPv4-mapped IPv6 address")
+	}
+	return nil
+}
+
+// peerCheck is what the agent knows of this node's own addressing, to refuse peer IPs that would send
+// traffic to the wrong place.
+type peerCheck struct {
+	node string
+	// own are this node's peer IPs: another node registering one of them is refused.
+	own []netip.Addr
+	// subnets are the uplink's prefixes: their network address (and IPv4 broadcast address) is no
+	// host's.
+	subnets []netip.Prefix
+}
+
+// validPeers splits the registered peers into those usable as next hops and the refused ones. Besides
+// CheckNextHop and this node's own addressing, an address registered by two nodes goes to the one
+// that registered it first (the lower create revision; then the lower name), like the node-name lock.
+// It is pure.
+func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]blockwatch.Peer, map[peerFamily]InvalidPeer) {
+	valid := make(map[string]blockwatch.Peer, len(raw))
+	invalid := map[peerFamily]InvalidPeer{}
+	own := slices.Clone(pc.own)
+	if p, ok := raw[pc.node]; ok {
+		own = append(own, p.IPv4, p.IPv6)
+	}
+	type claim struct {
+		node    string
+		created int64
+	}
+	first := map[netip.Addr]claim{} // the earliest claim of every address
+	for node, p := range raw {
+		for _, c := range []struct {
+			a       netip.Addr
+			created int64
+		}{{p.IPv4, p.IPv4Created}, {p.IPv6, p.IPv6Created}} {
+			if !c.a.IsValid() || node == pc.node {
+				continue
+			}
+			f, seen := first[c.a]
+			if !seen || c.created < f.created || c.created == f.created && node < f.node {
+				first[c.a] = claim{node, c.created}
+			}
+		}
+	}
+	for node, p := range raw {
+		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created}
+		for _, a := range []netip.Addr{p.IPv4, p.IPv6} {
+			if !a.IsValid() {
+				continue
+			}
+			pf := peerFamily{node: node, ipv6: a.Is6()}
+			if reason := pc.refuse(node, a, own, first[a].node); reason != "" {
+				invalid[pf] = InvalidPeer{Node: node, Addr: a, Reason: reason}
+				continue
+			}
+			if pf.ipv6 {
+				v.IPv6 = a
+			} else {
+				v.IPv4 = a
+			}
+		}
+		if v.IPv4.IsValid() || v.IPv6.IsValid() {
+			valid[node] = v
+		}
+	}
+	return valid, invalid
+}
+
+// refuse says why node's registered address a is refused ("" if it is not); firstNode is the node
+// that registered a first.
+func (pc peerCheck) refuse(node string, a netip.Addr, own []netip.Addr, firstNode string) string {
+	if err := CheckNextHop(a); err != nil {
+		return err.Error()
+	}
+	if node == pc.node {
+		return "" // this node's own registration: never a next hop here anyway
+	}
+	for _, p := range pc.subnets {
+		if p.Addr().Is4() != a.Is4() || p.Bits() >= p.Addr().BitLen()-1 {
+			continue // /31, /32, /127, /128: every address is a host's
+		}
+		if a == p.Masked().Addr() {
+			return fmt.Sprintf("the network address of the uplink subnet %s", p.Masked())
+		}
+		if a.Is4() && a == lastAddr(p) {
+			return fmt.Sprintf("the broadcast address of the uplink subnet %s", p.Masked())
+		}
+	}
+	if slices.Contains(own, a) {
+		return fmt.Sprintf("this node's (%s) own peer IP", pc.node)
+	}
+	if firstNode != node {
+		return fmt.Sprintf("also registered by node %q, which registered it first", firstNode)
+	}
+	return ""
+}
+
+// lastAddr returns the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - i%8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// sortedInvalid returns the refused peers sorted by node, IPv4 first.
+func sortedInvalid(m map[peerFamily]InvalidPeer) []InvalidPeer {
+	out := slices.Collect(maps.Values(m))
+	slices.SortFunc(out, func(a, b InvalidPeer) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), a.Addr.Compare(b.Addr))
+	})
+	return out
+}

@@ -1,0 +1,214 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// registrar runs a registrar for node with peer IP ip until the returned stop is called.
+type testRegistrar struct {
+	*agent.Registrar
+	m    *agent.Metrics
+	reg  *prometheus.Registry
+	log  *syncBuffer
+	stop func()
+}
+
+func startRegistrar(t *testing.T, cli *clientv3.Client, node, ip string, deregister bool) *testRegistrar {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m := agent.NewMetrics(reg)
+	buf := &syncBuffer{}
+	r, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: node,
+		PeerIPs: []netip.Addr{netip.MustParseAddr(ip)}, TTL: 5 * time.Second, Deregister: deregister,
+		RequestTimeout: 2 * time.Second, CheckInterval: 200 * time.Millisecond, Metrics: m,
+		Logger: slog.New(slog.NewTextHandler(buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	tr := &testRegistrar{Registrar: r, m: m, reg: reg, log: buf}
+	var once sync.Once
+	tr.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("registrar %s %s: %v", node, ip, err)
+			}
+		})
+	}
+	t.Cleanup(tr.stop)
+	return tr
+}
+
+func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %s", what, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// valueChanges records every value the key takes, from now on.
+func valueChanges(t *testing.T, cli *clientv3.Client, key string) func() []string {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var mu sync.Mutex
+	var vals []string
+	wch := cli.Watch(ctx, key)
+	go func() {
+		for resp := range wch {
+			mu.Lock()
+			for _, ev := range resp.Events {
+				vals = append(vals, string(ev.Kv.Value)) // "" for a delete
+			}
+			mu.Unlock()
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), vals...)
+	}
+}
+
+// TestSecondAgentOfANodeNameWaits: two agents with one node name and different peer IPs. The second
+// never writes: it is not up, names the conflict (node, both IPs) in Problem, logs it at ERROR and
+// sets the conflict gauge; it takes over only when the first one's lease is gone, and the key then
+// changes exactly once.
+func TestSecondAgentOfANodeNameWaits(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	key := hosts + "n1/peerip/ipv4/1"
+	first := startRegistrar(t, cli, "n1", "192.0.2.1", false)
+	waitUntil(t, "first registered", 5*time.Second, first.Up)
+	changes := valueChanges(t, cli, key)
+
+	second := startRegistrar(t, cli, "n1", "192.0.2.2", false)
+	waitUntil(t, "conflict reported", 5*time.Second, func() bool { return second.Problem() != "" })
+	p := second.Problem()
+	for _, want := range []string{`"n1"`, "192.0.2.1", "192.0.2.2"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("Problem() = %q, want it to name %s", p, want)
+		}
+	}
+	if !strings.Contains(second.log.String(), "level=ERROR") || !strings.Contains(second.log.String(), "192.0.2.1") {
+		t.Errorf("no ERROR line naming the other registration:\n%s", second.log.String())
+	}
+	if v := metricstest.Value(t, second.reg, "vpp_route_agent_registration_conflict"); v != 1 {
+		t.Errorf("conflict gauge %v, want 1", v)
+	}
+	time.Sleep(time.Second) // five check intervals of the second agent
+	if second.Up() || !first.Up() {
+		t.Errorf("up: first %v second %v, want true false", first.Up(), second.Up())
+	}
+	if got := changes(); len(got) != 0 {
+		t.Fatalf("the registration changed during the conflict: %q", got)
+	}
+
+	// The first agent stops (its lease outlives it, as on a restart): the second waits for the lease to
+	// expire, then takes over.
+	first.stop()
+	time.Sleep(time.Second)
+	if second.Up() {
+		t.Fatal("the second agent took over a live lease")
+	}
+	waitUntil(t, "second registered after the lease expired", 10*time.Second, second.Up)
+	if got := changes(); len(got) != 2 || got[0] != "" || got[1] != "192.0.2.2" {
+		t.Errorf("key values seen: %q, want the expiry then 192.0.2.2", got)
+	}
+	if second.Problem() != "" || metricstest.Value(t, second.reg, "vpp_route_agent_registration_conflict") != 0 {
+		t.Errorf("conflict still reported after the takeover: %q", second.Problem())
+	}
+}
+
+// TestRestartAdoptsItsOwnRegistration: an agent restarting with the same name and peer IP adopts the
+// lease its previous run left, without writing: other nodes see no event at all.
+func TestRestartAdoptsItsOwnRegistration(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	key := hosts + "n1/peerip/ipv4/1"
+	first := startRegistrar(t, cli, "n1", "192.0.2.1", false)
+	waitUntil(t, "registered", 5*time.Second, first.Up)
+	first.stop()
+	before, err := cli.Get(context.Background(), key)
+	if err != nil || len(before.Kvs) != 1 {
+		t.Fatal(err, before)
+	}
+	changes := valueChanges(t, cli, key)
+	again := startRegistrar(t, cli, "n1", "192.0.2.1", false)
+	waitUntil(t, "registered again", 5*time.Second, again.Up)
+	time.Sleep(300 * time.Millisecond)
+	after, err := cli.Get(context.Background(), key)
+	if err != nil || len(after.Kvs) != 1 {
+		t.Fatal(err, after)
+	}
+	if after.Kvs[0].Lease != before.Kvs[0].Lease || after.Kvs[0].ModRevision != before.Kvs[0].ModRevision || len(changes()) != 0 {
+		t.Errorf("restart rewrote the registration: lease %x -> %x, revision %d -> %d, events %q",
+			before.Kvs[0].Lease, after.Kvs[0].Lease, before.Kvs[0].ModRevision, after.Kvs[0].ModRevision, changes())
+	}
+	// The adopted lease is kept alive: it outlives its original TTL.
+	time.Sleep(6 * time.Second)
+	ttl, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(after.Kvs[0].Lease))
+	if err != nil || ttl.TTL <= 0 {
+		t.Errorf("adopted lease not kept alive: %v %v", ttl, err)
+	}
+}
+
+// TestRegistrationWrittenByHandIsNotOverwritten: a key put without a lease (by hand, or by an old
+// agent) is a conflict too; deleting it lets the agent register.
+func TestRegistrationWrittenByHandIsNotOverwritten(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	key := hosts + "n1/peerip/ipv4/1"
+	r := startRegistrar(t, cli, "n1", "192.0.2.1", true)
+	waitUntil(t, "registered", 5*time.Second, r.Up)
+	if _, err := cli.Put(context.Background(), key, "192.0.2.9"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "conflict", 5*time.Second, func() bool { return strings.Contains(r.Problem(), "192.0.2.9") })
+	time.Sleep(500 * time.Millisecond)
+	if resp, _ := cli.Get(context.Background(), key); string(resp.Kvs[0].Value) != "192.0.2.9" {
+		t.Fatalf("the agent overwrote a registration it did not write: %s", resp.Kvs[0].Value)
+	}
+	if _, err := cli.Delete(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "registered again", 5*time.Second, r.Up)
+	r.stop()
+	if resp, _ := cli.Get(context.Background(), key); len(resp.Kvs) != 0 {
+		t.Errorf("deregistration left %s", resp.Kvs[0].Value)
+	}
+}
