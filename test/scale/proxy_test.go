@@ -28,12 +28,12 @@ func TestThroughGRPCProxy(t *testing.T) {
 	defer cancel()
 	srv, cli := etcdtest.Start(t)
 	target := strings.TrimPrefix(srv.Endpoint(), "http://")
-	direct, err := startRelay(target) // the direct watcher's connection
+	direct, err := etcdtest.NewProxy(target) // the direct watcher's connection
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer direct.Close()
-	upstream, err := startRelay(target) // the proxy's connection
+	upstream, err := etcdtest.NewProxy(target) // the proxy's connection
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 	}
 
 	// ADDs: etcd's egress to the proxy is that of one watcher, not of m.
-	d0, u0 := direct.down.Load(), upstream.down.Load()
+	d0, u0 := direct.Down.Load(), upstream.Down.Load()
 	const adds = 20
 	var last int64
 	for range adds {
@@ -105,7 +105,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	toOne, toProxy := direct.down.Load()-d0, upstream.down.Load()-u0
+	toOne, toProxy := direct.Down.Load()-d0, upstream.Down.Load()-u0
 	t.Logf("%d ADDs of %d B: etcd sent %d B to one direct watcher, %d B to the proxy of %d watchers",
 		adds, w.bytes/adds, toOne, toProxy, m)
 	if toProxy > 5*toOne/2 {
@@ -125,7 +125,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	relists0 := behind.relists()
-	u1 := upstream.down.Load()
+	u1 := upstream.Down.Load()
 	if ln, err = net.Listen("tcp", addr); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	relisted := behind.relists() - relists0
-	lists := float64(upstream.down.Load()-u1) / float64(dataBytes)
+	lists := float64(upstream.Down.Load()-u1) / float64(dataBytes)
 	t.Logf("after the proxy restart with a compaction: %d relists, etcd sent the proxy %.2f data sets", relisted, lists)
 	if relisted != m {
 		t.Errorf("%d of %d watchers relisted after the compaction", relisted, m)

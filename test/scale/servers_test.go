@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,134 +49,9 @@ func TestMain(m *testing.M) {
 	}
 }
 
-// --- the counting relay ---
-
-// relay is a TCP relay in front of a server that counts the bytes it carries each way: down is what
-// the server sent its clients on the wire (gRPC messages with their HTTP/2 framing, pings and window
-// updates; not TCP/IP headers), up what they sent it.
-type relay struct {
-	ln       net.Listener
-	target   string
-	down, up atomic.Int64
-	accepted atomic.Int64
-	wg       sync.WaitGroup
-
-	mu     sync.Mutex // guards conns, closed and paused
-	conns  map[net.Conn]struct{}
-	closed bool
-	paused bool // connections are refused (accepted and closed at once)
-}
-
-func startRelay(target string) (*relay, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	r := &relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	r.wg.Go(r.accept)
-	return r, nil
-}
-
-// Addr is the relay's address, host:port.
-func (r *relay) Addr() string { return r.ln.Addr().String() }
-
-func (r *relay) accept() {
-	for {
-		c, err := r.ln.Accept()
-		if err != nil {
-			return
-		}
-		r.accepted.Add(1)
-		r.wg.Go(func() { r.serve(c) })
-	}
-}
-
-func (r *relay) serve(c net.Conn) {
-	t, err := net.DialTimeout("tcp", r.target, 5*time.Second)
-	if err != nil {
-		c.Close()
-		return
-	}
-	if !r.track(c, t) {
-		return
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		copyCounting(t, c, &r.up)
-		c.Close()
-		t.Close()
-	})
-	copyCounting(c, t, &r.down)
-	c.Close()
-	t.Close()
-	wg.Wait()
-	r.mu.Lock()
-	delete(r.conns, c)
-	delete(r.conns, t)
-	r.mu.Unlock()
-}
-
-// track registers both ends of a relayed connection, or closes them if the relay is closing.
-func (r *relay) track(c, t net.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed || r.paused {
-		c.Close()
-		t.Close()
-		return false
-	}
-	r.conns[c], r.conns[t] = struct{}{}, struct{}{}
-	return true
-}
-
-func copyCounting(dst io.Writer, src io.Reader, n *atomic.Int64) {
-	buf := make([]byte, 64<<10)
-	for {
-		k, err := src.Read(buf)
-		if k > 0 {
-			n.Add(int64(k))
-			if _, werr := dst.Write(buf[:k]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// pause cuts every relayed connection and refuses new ones until resume: to the clients, the server
-// is down.
-func (r *relay) pause() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.paused = true
-	for c := range r.conns {
-		c.Close()
-	}
-}
-
-func (r *relay) resume() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.paused = false
-}
-
-// Close stops accepting, closes every relayed connection and waits for the relay's goroutines.
-func (r *relay) Close() {
-	r.ln.Close()
-	r.mu.Lock()
-	r.closed = true
-	for c := range r.conns {
-		c.Close()
-	}
-	r.mu.Unlock()
-	r.wg.Wait()
-}
-
 // --- the etcd role ---
 
-// runEtcdRole runs an embedded etcd and a relay in front of it, prints
+// runEtcdRole runs an embedded etcd and a counting relay (an etcdtest.Proxy) in front of it, prints
 // "ready direct=<etcd URL> relay=<relay address>", then answers each line on in until in is closed:
 // "stats" with "stats down=<bytes> up=<bytes> conns=<accepted> grpc_sent=<etcd_network_client_grpc_sent_bytes_total>",
 // "pause" and "resume" (the relay's) with "ok".
@@ -188,7 +62,7 @@ func runEtcdRole(in io.Reader, out io.Writer) int {
 		return 1
 	}
 	defer srv.Close()
-	r, err := startRelay(strings.TrimPrefix(srv.Endpoint(), "http://"))
+	r, err := etcdtest.NewProxy(strings.TrimPrefix(srv.Endpoint(), "http://"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "etcd role:", err)
 		return 1
@@ -200,12 +74,12 @@ func runEtcdRole(in io.Reader, out io.Writer) int {
 		switch sc.Text() {
 		case "stats":
 			fmt.Fprintf(out, "stats down=%d up=%d conns=%d grpc_sent=%.0f\n",
-				r.down.Load(), r.up.Load(), r.accepted.Load(), gatheredValue("etcd_network_client_grpc_sent_bytes_total"))
+				r.Down.Load(), r.Up.Load(), r.Accepted.Load(), gatheredValue("etcd_network_client_grpc_sent_bytes_total"))
 		case "pause":
-			r.pause()
+			r.Block()
 			fmt.Fprintln(out, "ok")
 		case "resume":
-			r.resume()
+			r.Unblock()
 			fmt.Fprintln(out, "ok")
 		default:
 			fmt.Fprintf(out, "error unknown command %q\n", sc.Text())
