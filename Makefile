@@ -7,7 +7,7 @@ LDFLAGS   := -s -w -X $(PKG)/internal/buildinfo.Version=$(VERSION)
 GOFLAGS_B := -trimpath -ldflags '$(LDFLAGS)'
 BINARIES  := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
-.PHONY: all build test race bench lab lint fuzz clean
+.PHONY: all build test race bench bench-scale etcd-server lab lint fuzz clean
 
 all: build
 
@@ -42,8 +42,21 @@ test-calico:
 	$(CALICO_SRC)/build-calico.sh $(CALICO_DIR)
 	CALICO_BIN_DIR=$(CALICO_DIR) $(GO) test -race -count=1 -timeout 8m ./test/calicointerop/
 
+# Every benchmark but the scale harness (bench-scale: minutes, and it wants Debian's etcd-server).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m ./...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 20m $$($(GO) list ./... | grep -v /test/scale)
+
+# The fan-out harness of issue 13 (test/scale): SCALE_WATCHERS watchers of the real blockwatch code and
+# 2 real agents against one etcd, directly and through etcd's gRPC proxy (v3.6 in-process and Debian's
+# 3.4 `etcd grpc-proxy`; SCALE_PROXY=inprocess or debian for one), per pod ADD: etcd's bytes and CPU,
+# each watcher's CPU. About 15 minutes with the defaults.
+SCALE_WATCHERS ?= 1,10,100,500
+bench-scale: etcd-server
+	SCALE_WATCHERS=$(SCALE_WATCHERS) $(GO) test -run '^$$' -bench Fanout -benchtime 1x -count 1 -timeout 40m ./test/scale/
+
+# Debian's etcd-server package (etcd and its gRPC proxy), installed without starting its service.
+etcd-server:
+	@test/scale/install-etcd-server.sh
 
 lab:
 	@if [ -f cmd/vpplab/main.go ]; then \

@@ -36,7 +36,7 @@ func BenchmarkList50k(b *testing.B) {
 			b.Fatal(err)
 		}
 		t0 := time.Now()
-		s, err := w.list(ctx, ReasonInitial)
+		s, err := w.list(ctx, ReasonInitial, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

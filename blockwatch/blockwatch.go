@@ -7,15 +7,18 @@
 // and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
 // emits a Full snapshot. It then watches each prefix from R itself (WithRequireLeader,
 // WithProgressNotify; the events of revision R are delivered again and ignored, as no newer than the
-// view) and emits incremental snapshots: etcd drops a progress request while a watch on the stream
-// starts in the future, so a watch from R+1 on an idle etcd could never show that it is alive. Any
-// watch error, cancellation, closed channel or compaction, a watch that does not answer a progress
-// request (a frozen member), and a Relist call, make it list again at a new revision, diff the result
-// against the view it had, and emit a Full snapshot whose change set is that difference. A snapshot is therefore never a partial view:
-// a block missing from a snapshot is absent from etcd (at the revision the snapshot reflects), never
-// merely not read yet. Each prefix's watch applies events in revision order and only when newer than
-// the revision already applied to the key; the three watches are independent streams, so a snapshot
-// taken between their responses may reflect one prefix at a slightly later revision than another.
+// view) and emits incremental snapshots. Any watch error, cancellation, closed channel or compaction,
+// a watch stream that does not acknowledge a probe (a frozen member; see probeLoop), and a Relist
+// call, make it list again at a new revision, diff the result against the view it had, and emit a
+// Full snapshot whose change set is that difference. After a compaction the new revision is the
+// compaction revision, read serializably after a random wait (Config.CompactedRelistSpread): every
+// watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests
+// are then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore
+// never a partial view: a block missing from a snapshot is absent from etcd (at the revision the
+// snapshot reflects), never merely not read yet. Each prefix's watch applies events in revision order
+// and only when newer than the revision already applied to the key; the three watches are independent
+// streams, so a snapshot taken between their responses may reflect one prefix at a slightly later
+// revision than another.
 //
 // # Malformed values
 //
@@ -43,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +55,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -70,8 +75,8 @@ var ErrRunning = errors.New("blockwatch: Run is already running")
 // Status is the state of a Watcher's connection to etcd.
 type Status struct {
 	// Synced is true while the watches are established and answering: false while listing or backing
-	// off, which includes the relist that follows a progress request (sent after ProbeInterval of
-	// silence) left unanswered for 2×ProbeInterval.
+	// off, which includes the relist that follows a probe of the watch stream (sent after
+	// ProbeInterval of silence) left unanswered for 2×ProbeInterval.
 	Synced bool
 	// Revision is the highest etcd revision applied to the view.
 	Revision int64
@@ -98,6 +103,8 @@ type Watcher struct {
 
 	// view is owned by the goroutine running Run.
 	view *cache
+	// compactRev is the compaction revision of the last ErrCompacted watch response; owned by Run.
+	compactRev int64
 
 	mu     sync.Mutex // guards status
 	status Status
@@ -170,23 +177,32 @@ func (w *Watcher) Run(ctx context.Context) error {
 		reason = ReasonRestarted
 	}
 	bo := backoff.Backoff{Base: backoffBase, Max: backoffMax}
+	var at int64 // the revision to list at after a compaction (0: the current one)
 	for {
 		// A Relist request made before the list starts is served by this list.
 		select {
 		case <-w.relist:
 		default:
 		}
-		full, err := w.list(ctx, reason)
+		full, err := w.list(ctx, reason, at)
+		if at != 0 && (errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev)) {
+			// Compacted again, or a member behind that revision: list at the current one.
+			w.log.Info("cannot list at the compaction revision; listing at the current one", "revision", at, "err", err)
+			at = 0
+			full, err = w.list(ctx, reason, 0)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
+			// Any other failure retries at the same revision, after the backoff.
 			w.failed(err)
 			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
 			continue
 		}
+		at = 0
 		started := time.Now()
 		reason, err = w.watch(ctx, full)
 		if ctx.Err() != nil {
@@ -199,12 +215,32 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if err != nil {
 			w.failed(err)
 		}
-		if reason != ReasonRequested && reason != ReasonCompacted {
+		switch reason {
+		case ReasonRequested:
+		case ReasonCompacted:
+			// Every watcher behind one gRPC proxy learns of a compaction at the same moment: spread
+			// the relists, and read at the compaction revision, so that the proxy can answer most of
+			// them from its cache (see Config.CompactedRelistSpread).
+			at = w.compactRev
+			if spread := w.relistSpread(); spread > 0 && !w.sleep(ctx, rand.N(spread)) {
+				return nil
+			}
+		default:
 			if !w.sleep(ctx, bo.Next()) {
 				return nil
 			}
 		}
 	}
+}
+
+// relistSpread is the window over which the relists after a compaction are spread: the configured
+// spread per started hundred registered nodes, as every node relists at once and the time they need
+// together grows with their number.
+func (w *Watcher) relistSpread() time.Duration {
+	if w.cfg.CompactedRelistSpread <= 0 {
+		return 0
+	}
+	return w.cfg.CompactedRelistSpread * time.Duration(1+len(w.view.peers)/100)
 }
 
 // sleep waits d, and reports false if ctx ended first. A Relist request ends the wait early (and is
@@ -248,7 +284,7 @@ func (w *Watcher) setSynced(synced bool) {
 func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	rev := full.Revision
 	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
-	// key of our own keeps progress requests (which the server broadcasts per stream) to our watches.
+	// key of our own keeps our probes (and anything the server broadcasts per stream) to our watches.
 	// A new attempt gets a new stream: the client would otherwise add the new watches to the old
 	// stream if it is still open, and a stream stuck on a frozen member stays open for as long as the
 	// gRPC keepalive takes to give up on the connection (10 s and more).
@@ -280,18 +316,19 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			rev, w.cfg.RequestTimeout)
 	}
 
-	probe := make(chan struct{}, 1)
+	probe := make(chan int64, 1)
+	answered := make(chan struct{}, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		w.probeLoop(wctx, probe)
+		w.probeLoop(wctx, probe, answered)
 	}()
 	// Ticks a few times per interval, so that silence and an unanswered probe are seen within a
 	// quarter interval of their deadline.
 	ticker := time.NewTicker(w.cfg.ProbeInterval / 4)
 	defer ticker.Stop()
 	lastHeard := time.Now()
-	var probeSent time.Time // when the unanswered progress request was sent; zero if none
+	var probeSent time.Time // when the unanswered probe was sent; zero if none
 
 	for {
 		var ch changes
@@ -307,16 +344,29 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			switch {
 			case probeSent.IsZero() && now.Sub(lastHeard) >= w.cfg.ProbeInterval:
 				select {
-				case probe <- struct{}{}:
+				case probe <- w.view.rev:
 				default:
 				}
 				probeSent = now
 			case !probeSent.IsZero() && now.Sub(probeSent) >= 2*w.cfg.ProbeInterval:
+				err := fmt.Errorf("etcd watch stalled: probe not answered for %s (silent for %s)",
+					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond))
+				if w.reconnecting() {
+					// The client has lost its connection (etcd or the gRPC proxy restarts) and
+					// resumes the watches where they were once it is back: a relist would make every
+					// watcher of a restarted proxy list everything again. Report it and probe again.
+					w.lostSync(err)
+					probeSent = time.Time{}
+					continue
+				}
 				// The member serving the stream does not answer (frozen, partitioned, overloaded):
 				// watch again on a new stream, which the client places on a member that answers.
-				return ReasonWatchError, fmt.Errorf("etcd watch stalled: no response to a progress request for %s (silent for %s)",
-					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond))
+				return ReasonWatchError, err
 			}
+			continue
+		case <-answered:
+			lastHeard, probeSent = time.Now(), time.Time{}
+			w.setSynced(true)
 			continue
 		case resp, ok = <-chans[srcBlocks]:
 			src = srcBlocks
@@ -367,6 +417,7 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, liste
 	}
 	if err := resp.Err(); err != nil {
 		if resp.CompactRevision != 0 || errors.Is(err, rpctypes.ErrCompacted) {
+			w.compactRev = resp.CompactRevision
 			return ReasonCompacted, fmt.Errorf("watch %s (compacted at revision %d): %w", prefix, resp.CompactRevision, err)
 		}
 		return ReasonWatchError, fmt.Errorf("watch %s: %w", prefix, err)
@@ -393,26 +444,59 @@ func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, liste
 	return "", nil
 }
 
-// probeLoop asks etcd for a progress notification on the watch stream whenever the watch loop finds
-// it silent, so that a dead stream shows in Status while the client reconnects behind the scenes.
-func (w *Watcher) probeLoop(wctx context.Context, probe <-chan struct{}) {
+// reconnecting reports whether the client's connection is down (connecting or failing), as opposed
+// to up but not answering.
+func (w *Watcher) reconnecting() bool {
+	conn := w.cfg.Client.ActiveConnection()
+	return conn != nil && conn.GetState() != connectivity.Ready
+}
+
+// probeLoop checks, whenever the watch loop finds the watch stream silent, that the stream still
+// answers: it opens one more watch (of the pools prefix, from the revision after rev) on the same
+// stream and reports on answered when its creation is acknowledged, then cancels it. This is what
+// shows a dead stream in Status while the client reconnects behind the scenes.
+//
+// A watch creation is acknowledged at once by etcd and by etcd's gRPC proxy (which joins it to the
+// watch it already has of that prefix, without asking etcd). A progress request is not: etcd answers
+// it only once the store's revision has reached the start revision of every watch on the stream (so
+// never on a store idle since the list), and the gRPC proxy ignores it.
+func (w *Watcher) probeLoop(wctx context.Context, probe <-chan int64, answered chan<- struct{}) {
 	for {
 		select {
 		case <-wctx.Done():
 			return
-		case <-probe:
-			// The client creates a stream for a progress request whose stream has gone; do not ask
-			// once the watches are being torn down.
+		case rev := <-probe:
+			// The client creates a stream for a request whose stream has gone; do not ask once the
+			// watches are being torn down.
 			if wctx.Err() != nil {
 				return
 			}
-			rctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
-			if err := w.cfg.Client.RequestProgress(rctx); err != nil && wctx.Err() == nil {
-				w.log.Debug("etcd watch progress request failed", "err", err)
+			if w.probeOnce(wctx, rev) {
+				select {
+				case answered <- struct{}{}:
+				default:
+				}
 			}
-			cancel()
 		}
 	}
+}
+
+// probeOnce opens and cancels a probe watch; it reports whether the creation was acknowledged within
+// the request timeout.
+func (w *Watcher) probeOnce(wctx context.Context, rev int64) bool {
+	pctx, cancel := context.WithTimeout(wctx, w.cfg.RequestTimeout)
+	defer cancel()
+	ch := w.cfg.Client.Watch(pctx, w.prefixes[srcPools], clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+		clientv3.WithCreatedNotify())
+	for resp := range ch {
+		if resp.Created {
+			return resp.Err() == nil
+		}
+	}
+	if wctx.Err() == nil {
+		w.log.Debug("etcd watch probe not acknowledged", "timeout", w.cfg.RequestTimeout)
+	}
+	return false
 }
 
 func (w *Watcher) malformed(src source, key string, rev int64, err error) {

@@ -22,6 +22,8 @@ const (
 	DefaultPageSize       = 1000
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultProbeInterval  = time.Second
+	// DefaultCompactedRelistSpread is Config.CompactedRelistSpread's default.
+	DefaultCompactedRelistSpread = 5 * time.Second
 )
 
 // Config configures a Watcher. Zero fields take the defaults documented on each field.
@@ -43,12 +45,20 @@ type Config struct {
 	// LegacyHostAffinity is passed to calico.OwnerOf: a block with only the pre-2016 hostAffinity
 	// field is owned by that node. Logged once per block when it is what made a node the owner.
 	LegacyHostAffinity bool
-	// ProbeInterval is how long the watch may stay silent before Run asks etcd for a progress
-	// notification on it; if that request is not answered within 2×ProbeInterval, Status reports
-	// Synced false and Run lists and watches again on a new stream (so a frozen member is noticed
-	// within 3¼×ProbeInterval; a member slow for less than 2×ProbeInterval causes no relist). Default
-	// 1s: an idle Watcher sends one progress request a second.
+	// ProbeInterval is how long the watch may stay silent before Run probes its stream (opens and
+	// cancels one more watch on it: see probeLoop); if the probe is not answered within
+	// 2×ProbeInterval, Status reports Synced false and Run lists and watches again on a new stream (so
+	// a frozen member is noticed within 3¼×ProbeInterval; a member slow for less than 2×ProbeInterval
+	// causes no relist). Default 1s: an idle Watcher opens and cancels one watch a second.
 	ProbeInterval time.Duration
+	// CompactedRelistSpread bounds the random wait before the relist that follows a compaction (a
+	// watch resumed at a revision etcd no longer has), per started hundred nodes registered under
+	// HostsPrefix (so 25s with 450 nodes). The relist reads at the compaction revision, serializably:
+	// the watchers behind one etcd gRPC proxy all learn of a compaction at once, and a spread lets the
+	// proxy answer most of their lists from its cache instead of asking etcd once for each, and keeps
+	// them from timing out together. The view, and so the routes, stay as they were meanwhile.
+	// Default 5s; negative means none.
+	CompactedRelistSpread time.Duration
 	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the package's metrics (see metrics.go); nil means no metrics.
@@ -74,6 +84,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = DefaultProbeInterval
+	}
+	if c.CompactedRelistSpread == 0 {
+		c.CompactedRelistSpread = DefaultCompactedRelistSpread
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

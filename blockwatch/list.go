@@ -13,8 +13,10 @@ import (
 
 // page is one list response of one prefix, or the end of the listing (last), or the error that ended it.
 type page struct {
-	src      source
-	resp     *clientv3.GetResponse
+	src  source
+	resp *clientv3.GetResponse
+	// rev is the revision the page reflects (the response header's is etcd's current one).
+	rev      int64
 	received time.Time
 	last     bool
 	err      error
@@ -25,17 +27,19 @@ const minParallelDecode = 64
 
 // list reads the three prefixes at one revision into a fresh view, replaces the current view with it
 // and returns the Full snapshot for watch to emit. On error the current view is left untouched.
+// With at != 0 every page is read serializably at revision at, a request that etcd's gRPC proxy
+// answers from its cache when another client sent the same one before.
 //
 // A goroutine fetches the pages (so that etcd serves the next page while this one is decoded); each
 // page is decoded on all cores, then installed in key order.
-func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
+func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot, error) {
 	started := time.Now()
 	lctx, cancel := context.WithCancel(ctx)
 	pages := make(chan page, 1)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(pages)
-		w.fetch(lctx, pages)
+		w.fetch(lctx, pages, at)
 	})
 	defer wg.Wait()
 	defer cancel()
@@ -56,7 +60,7 @@ func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
 			break
 		}
 		if next.rev == 0 {
-			next.rev, received = p.resp.Header.Revision, p.received
+			next.rev, received = p.rev, p.received
 		}
 		for _, d := range w.decodePage(p) {
 			w.install(next, prev, &d, nil)
@@ -79,9 +83,10 @@ func (w *Watcher) list(ctx context.Context, reason string) (*Snapshot, error) {
 	return full, nil
 }
 
-// fetch sends the pages of the three prefixes to out, all read at the revision of the first one,
-// then a last page; or the error that stopped it. It returns early when ctx ends.
-func (w *Watcher) fetch(ctx context.Context, out chan<- page) {
+// fetch sends the pages of the three prefixes to out, all read at revision at (if not 0: serializably)
+// or else at the revision of the first one, then a last page; or the error that stopped it. It
+// returns early when ctx ends.
+func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 	send := func(p page) bool {
 		select {
 		case out <- p:
@@ -90,7 +95,7 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page) {
 			return false
 		}
 	}
-	var rev int64
+	rev := at
 	for src, prefix := range w.prefixes {
 		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for n := 0; ; n++ {
@@ -100,6 +105,9 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page) {
 			}
 			if rev != 0 {
 				opts = append(opts, clientv3.WithRev(rev))
+			}
+			if at != 0 {
+				opts = append(opts, clientv3.WithSerializable())
 			}
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
 			resp, err := w.cfg.Client.Get(rctx, key, opts...)
@@ -116,7 +124,7 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page) {
 			if rev == 0 {
 				rev = resp.Header.Revision
 			}
-			if !send(page{src: source(src), resp: resp, received: time.Now()}) {
+			if !send(page{src: source(src), resp: resp, rev: rev, received: time.Now()}) {
 				return
 			}
 			if w.testHookPage != nil {

@@ -3,15 +3,23 @@ package etcdtest
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Proxy is a TCP proxy in front of an etcd member. Freeze makes it stop forwarding while keeping
 // every connection open (a member that hangs without closing its sockets, as a SIGSTOPped process
 // or a dead VM does); Block cuts every connection and refuses new ones (a member that is down).
+//
+// It counts the bytes it carries each way, so that tests can measure a server's traffic on the wire.
 type Proxy struct {
 	ln     net.Listener
 	target string
 	wg     sync.WaitGroup
+
+	// Down counts the bytes the target sent its clients (for etcd: gRPC messages with their HTTP/2
+	// framing, pings and window updates; not TCP/IP headers), Up the bytes the clients sent it, and
+	// Accepted the connections the proxy accepted.
+	Down, Up, Accepted atomic.Int64
 
 	mu      sync.Mutex // guards the fields below
 	blocked bool
@@ -34,7 +42,10 @@ func NewProxy(target string) (*Proxy, error) {
 }
 
 // Endpoint returns the proxy's client URL.
-func (p *Proxy) Endpoint() string { return "http://" + p.ln.Addr().String() }
+func (p *Proxy) Endpoint() string { return "http://" + p.Addr() }
+
+// Addr returns the proxy's address, host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 func (p *Proxy) serve() {
 	defer p.wg.Done()
@@ -43,6 +54,7 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
+		p.Accepted.Add(1)
 		p.mu.Lock()
 		blocked := p.blocked
 		p.mu.Unlock()
@@ -65,18 +77,19 @@ func (p *Proxy) serve() {
 		p.conns[c], p.conns[u] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(c, u)
-		go p.pipe(u, c)
+		go p.pipe(c, u, &p.Down)
+		go p.pipe(u, c, &p.Up)
 	}
 }
 
-// pipe copies src to dst, holding each chunk while the proxy is frozen.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, counting into sent, holding each chunk while the proxy is frozen.
+func (p *Proxy) pipe(dst, src net.Conn, sent *atomic.Int64) {
 	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, 64<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			sent.Add(int64(n))
 			p.mu.Lock()
 			thaw := p.thaw
 			p.mu.Unlock()
