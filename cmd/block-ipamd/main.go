@@ -291,6 +291,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	defer cancelRun()
 	g, gctx := errgroup.WithContext(runCtx)
 	g.Go(func() error { return srv.Run(gctx) })
+	// With several endpoints, keep the client off a member that stopped answering (frozen, sockets
+	// open), as the agent does.
+	g.Go(func() error { return etcdconfig.NewGuard(&cfg.etcd, cli, log).Run(gctx) })
 	g.Go(func() error { return srv.Serve(gctx, sock) })
 	if cfg.metricsAddress != "" {
 		ln, err := net.Listen("tcp", cfg.metricsAddress)
