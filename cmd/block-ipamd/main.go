@@ -29,6 +29,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 )
 
@@ -157,7 +158,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 			return bad(fmt.Errorf("--metrics-address: %w", err))
 		}
 	}
-	if cfg.log, err = newLogger(*level, *format, stderr); err != nil {
+	if cfg.log, err = logging.New(*level, *format, stderr); err != nil {
 		return bad(err)
 	}
 	if v, ok := lookup(PauseEnv); ok {
@@ -233,21 +234,6 @@ func lookupGroup(g string) (int, error) {
 	return strconv.Atoi(grp.Gid)
 }
 
-func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
-}
-
 func run(ctx context.Context, args []string, stderr io.Writer, lookup func(string) (string, bool)) error {
 	cfg, err := parseFlags(args, stderr, lookup)
 	if err != nil {
@@ -256,6 +242,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	log := cfg.log
 	endpoints := etcdconfig.Redacted(cfg.etcd.Endpoints)
 	log.Info("starting block-ipam daemon", "version", buildinfo.Version, "node", cfg.node, "etcd", endpoints, "socket", cfg.socket)
+
+	// The metrics address is taken before any connection opens, so that a bad or busy one fails first.
+	var metricsLn net.Listener
+	if cfg.metricsAddress != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.metricsAddress); err != nil {
+			return fmt.Errorf("--metrics-address %s: %w", cfg.metricsAddress, err)
+		}
+		defer metricsLn.Close()
+	}
 
 	// An etcd that is down only delays readiness (requests fail with 11 meanwhile); a certificate
 	// problem stops the daemon now.
@@ -295,14 +290,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	// open), as the agent does.
 	g.Go(func() error { return etcdconfig.NewGuard(&cfg.etcd, cli, log).Run(gctx) })
 	g.Go(func() error { return srv.Serve(gctx, sock) })
-	if cfg.metricsAddress != "" {
-		ln, err := net.Listen("tcp", cfg.metricsAddress)
-		if err != nil {
-			return fmt.Errorf("--metrics-address %s: %w", cfg.metricsAddress, err)
-		}
-		log.Info("serving metrics and health", "address", ln.Addr().String())
+	if metricsLn != nil {
+		log.Info("serving metrics and health", "address", metricsLn.Addr().String())
 		hs := &http.Server{Handler: srv.HealthHandler(reg), ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error { return ipamd.ServeUntil(gctx, hs, ln) })
+		g.Go(func() error { return ipamd.ServeUntil(gctx, hs, metricsLn) })
 	}
 	if _, err := sdnotify.Notify("READY=1"); err != nil {
 		log.Warn("systemd notify", "err", err)

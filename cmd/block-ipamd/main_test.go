@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,5 +172,44 @@ func TestDaemonOverMutualTLS(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left after stop: %v", err)
+	}
+}
+
+// TestBusyMetricsAddressFailsBeforeEtcd: a metrics address that cannot be bound stops the daemon,
+// naming the flag, before it opens any connection to etcd.
+func TestBusyMetricsAddressFailsBeforeEtcd(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	etcd, err := net.Listen("tcp", "127.0.0.1:0") // stands for etcd: counts the connections it is offered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := etcd.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	dir := t.TempDir()
+	err = run(t.Context(), []string{"--nodename", "n1", "--socket", filepath.Join(dir, "s.sock"),
+		"--metrics-address", busy.Addr().String(), "--etcd-endpoints", "http://" + etcd.Addr().String()},
+		io.Discard, env(nil))
+	if err == nil || !strings.Contains(err.Error(), "--metrics-address") {
+		t.Fatalf("busy metrics address: %v, want an error naming --metrics-address", err)
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("%d connections to etcd before the metrics address was refused", n)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "s.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
@@ -164,20 +163,4 @@ func findNodeName(flagValue, nodenameFile string) (name, from string, err error)
 		return "", "", fmt.Errorf("--nodename: not set and the hostname is unknown: %v", err)
 	}
 	return strings.ToLower(h), "the hostname", nil
-}
-
-// newLogger builds the process logger from --log-level and --log-format.
-func newLogger(level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"golang.org/x/sync/errgroup"
@@ -135,7 +136,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	if err := ef.validate(getenv); err != nil {
 		return bad(err)
 	}
-	log, err := newLogger(*logLevel, *logFormat)
+	log, err := logging.New(*logLevel, *logFormat, os.Stderr)
 	if err != nil {
 		return bad(err)
 	}
