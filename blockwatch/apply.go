@@ -85,6 +85,9 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 			b = good
 		} else {
 			c.hold(d.cidr, Held{}, ch)
+			if b != nil {
+				c.intern(b)
+			}
 		}
 		if b == nil {
 			c.deleteBlock(d.cidr, ch)

@@ -12,12 +12,12 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
 
-// BenchmarkList50k puts 50,000 realistic /26 blocks (1,000 nodes) into an embedded etcd, then times a
+// BenchmarkList100k puts 100,000 realistic /26 blocks (1,000 nodes) into an embedded etcd, then times a
 // full list and decode into a Full snapshot and measures the heap the resulting view holds.
 //
-//	go test -run '^$' -bench List50k -benchtime 1x ./blockwatch/
-func BenchmarkList50k(b *testing.B) {
-	const n = 50000
+//	go test -run '^$' -bench List100k -benchtime 1x ./blockwatch/
+func BenchmarkList100k(b *testing.B) {
+	const n = 100000
 	_, cli := etcdtest.Start(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -50,14 +50,38 @@ type cache struct {
 	pools       map[string]calico.IPPool
 	poolRevs    map[string]int64
 	poolsShared bool
+
+	// names interns the node names of the blocks: 100,000 blocks of 1,000 nodes hold 1,000 strings.
+	// It only grows until the next relist starts a fresh cache.
+	names map[string]string
 }
 
 func newCache() *cache {
 	return &cache{
 		blocks: map[netip.Prefix]*Block{}, blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
 		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
-		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{},
+		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{}, names: map[string]string{},
 	}
+}
+
+// intern replaces the node names of b, a block not yet in any view, with the cache's copies.
+func (c *cache) intern(b *Block) {
+	b.Owner.Node = c.name(b.Owner.Node)
+	for i := range b.Borrowed {
+		b.Borrowed[i].Node = c.name(b.Borrowed[i].Node)
+	}
+}
+
+func (c *cache) name(s string) string {
+	if s == "" {
+		return ""
+	}
+	if n, ok := c.names[s]; ok {
+		return n
+	}
+	n := strings.Clone(s)
+	c.names[n] = n
+	return n
 }
 
 // changes accumulates what changed between two snapshots.

@@ -1,6 +1,9 @@
 package calico
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 )
@@ -56,11 +59,15 @@ type Borrowed struct {
 // only the legacy hostAffinity field is owned by that node only when legacyHostAffinity is true (the
 // result's Kind then says so, so that the caller can log the choice).
 func OwnerOf(b *Block, legacyHostAffinity bool) Owner {
-	if b.Deleted {
+	return ownerOf(b.Affinity, b.HostAffinity, b.Deleted, legacyHostAffinity)
+}
+
+func ownerOf(affinity, hostAffinity *string, deleted, legacyHostAffinity bool) Owner {
+	if deleted {
 		return Owner{}
 	}
-	if b.Affinity != nil {
-		a := *b.Affinity
+	if affinity != nil {
+		a := *affinity
 		if node, ok := strings.CutPrefix(a, "host:"); ok && node != "" {
 			return Owner{Kind: OwnerHost, Node: node}
 		}
@@ -69,8 +76,8 @@ func OwnerOf(b *Block, legacyHostAffinity bool) Owner {
 		}
 		return Owner{}
 	}
-	if legacyHostAffinity && b.HostAffinity != nil && *b.HostAffinity != "" {
-		return Owner{Kind: OwnerLegacyHost, Node: *b.HostAffinity}
+	if legacyHostAffinity && hostAffinity != nil && *hostAffinity != "" {
+		return Owner{Kind: OwnerLegacyHost, Node: *hostAffinity}
 	}
 	return Owner{}
 }
@@ -78,24 +85,71 @@ func OwnerOf(b *Block, legacyHostAffinity bool) Owner {
 // BorrowedAddrs returns, in ordinal order, the allocated addresses whose secondary.node is set and
 // differs from the owning node owner.Node (for blocks no node owns, every allocation with a node).
 func BorrowedAddrs(b *Block, owner Owner) []Borrowed {
+	return borrowed(b.CIDR, b.Allocations, len(b.Attributes), owner, func(i int) string { return b.Attributes[i].Secondary[AttrNode] })
+}
+
+// borrowed is BorrowedAddrs over allocations and n attributes, nodeOf(i) naming attribute i's node.
+func borrowed(cidr netip.Prefix, allocations []*int, n int, owner Owner, nodeOf func(int) string) []Borrowed {
 	var out []Borrowed
 	ownerNode := ""
 	if owner.IsNode() {
 		ownerNode = owner.Node
 	}
-	for ord, idx := range b.Allocations {
-		if idx == nil || *idx < 0 || *idx >= len(b.Attributes) {
+	for ord, idx := range allocations {
+		if idx == nil || *idx < 0 || *idx >= n {
 			continue
 		}
-		node := b.Attributes[*idx].Secondary[AttrNode]
+		node := nodeOf(*idx)
 		if node == "" || node == ownerNode {
 			continue
 		}
-		addr, err := OrdinalAddr(b.CIDR, ord)
+		addr, err := OrdinalAddr(cidr, ord)
 		if err != nil {
 			continue
 		}
 		out = append(out, Borrowed{Ordinal: ord, Addr: addr, Node: node})
 	}
 	return out
+}
+
+// Routing is the part of a block value that routing reads: its CIDR, owner, and which node each
+// allocation belongs to. DecodeRouting skips everything else (handles, the other secondary attributes,
+// the free list, sequence numbers, timestamps) without allocating for it.
+type Routing struct {
+	CIDR         netip.Prefix       `json:"cidr"`
+	Affinity     *string            `json:"affinity"`
+	Allocations  []*int             `json:"allocations"`
+	Attributes   []routingAttribute `json:"attributes"`
+	Deleted      bool               `json:"deleted"`
+	HostAffinity *string            `json:"hostAffinity"`
+}
+
+type routingAttribute struct {
+	Secondary struct {
+		Node string `json:"node"`
+	} `json:"secondary"`
+}
+
+// DecodeRouting decodes the routing part of a block value. Like DecodeBlock it fails on a value that is
+// not JSON or has no valid CIDR, and on a wrongly typed field it reads; unlike it, it does not look at
+// the types of the fields it skips.
+func DecodeRouting(data []byte) (*Routing, error) {
+	var r Routing
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("decode block: %w", err)
+	}
+	if !r.CIDR.IsValid() {
+		return nil, errors.New("decode block: missing or invalid cidr")
+	}
+	return &r, nil
+}
+
+// Owner is OwnerOf the block r was decoded from.
+func (r *Routing) Owner(legacyHostAffinity bool) Owner {
+	return ownerOf(r.Affinity, r.HostAffinity, r.Deleted, legacyHostAffinity)
+}
+
+// Borrowed is BorrowedAddrs of the block r was decoded from.
+func (r *Routing) Borrowed(owner Owner) []Borrowed {
+	return borrowed(r.CIDR, r.Allocations, len(r.Attributes), owner, func(i int) string { return r.Attributes[i].Secondary.Node })
 }
