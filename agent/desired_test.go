@@ -162,14 +162,14 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 		dirty := inc.update(next)
 		full := newDesiredSet(peerCheck{node: "a"})
 		full.reset(next, ManagedPools(next, nil))
-		if !maps.Equal(inc.targets, full.targets) {
+		if !maps.EqualFunc(inc.targets, full.targets, target.equal) {
 			t.Fatalf("step %d: incremental targets differ from a rebuild:\n inc %v\nfull %v", step, inc.targets, full.targets)
 		}
 		if inc.blocks != full.blocks || inc.unresolvedCount != full.unresolvedCount {
 			t.Fatalf("step %d: counts differ: %v/%d vs %v/%d", step, inc.blocks, inc.unresolvedCount, full.blocks, full.unresolvedCount)
 		}
 		for p, tg := range full.targets {
-			if old, ok := before[p]; (!ok || old != tg) && !has(dirty, p) {
+			if old, ok := before[p]; (!ok || !old.equal(tg)) && !has(dirty, p) {
 				t.Fatalf("step %d: %s changed but was not reported dirty", step, p)
 			}
 		}
