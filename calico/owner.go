@@ -1,10 +1,14 @@
 package calico
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
+	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -85,21 +89,29 @@ func ownerOf(affinity, hostAffinity *string, deleted, legacyHostAffinity bool) O
 // BorrowedAddrs returns, in ordinal order, the allocated addresses whose secondary.node is set and
 // differs from the owning node owner.Node (for blocks no node owns, every allocation with a node).
 func BorrowedAddrs(b *Block, owner Owner) []Borrowed {
-	return borrowed(b.CIDR, b.Allocations, len(b.Attributes), owner, func(i int) string { return b.Attributes[i].Secondary[AttrNode] })
+	allocated := func(yield func(ord, idx int) bool) {
+		for ord, idx := range b.Allocations {
+			if idx != nil && !yield(ord, *idx) {
+				return
+			}
+		}
+	}
+	return borrowed(b.CIDR, allocated, len(b.Attributes), owner, func(i int) string { return b.Attributes[i].Secondary[AttrNode] })
 }
 
-// borrowed is BorrowedAddrs over allocations and n attributes, nodeOf(i) naming attribute i's node.
-func borrowed(cidr netip.Prefix, allocations []*int, n int, owner Owner, nodeOf func(int) string) []Borrowed {
+// borrowed is BorrowedAddrs over the allocated ordinals with their attribute index, in ordinal order,
+// and n attributes, nodeOf(i) naming attribute i's node.
+func borrowed(cidr netip.Prefix, allocated iter.Seq2[int, int], n int, owner Owner, nodeOf func(int) string) []Borrowed {
 	var out []Borrowed
 	ownerNode := ""
 	if owner.IsNode() {
 		ownerNode = owner.Node
 	}
-	for ord, idx := range allocations {
-		if idx == nil || *idx < 0 || *idx >= n {
+	for ord, i := range allocated {
+		if i < 0 || i >= n {
 			continue
 		}
-		node := nodeOf(*idx)
+		node := nodeOf(i)
 		if node == "" || node == ownerNode {
 			continue
 		}
@@ -118,16 +130,53 @@ func borrowed(cidr netip.Prefix, allocations []*int, n int, owner Owner, nodeOf 
 type Routing struct {
 	CIDR         netip.Prefix       `json:"cidr"`
 	Affinity     *string            `json:"affinity"`
-	Allocations  []*int             `json:"allocations"`
+	Allocations  allocations        `json:"allocations"`
 	Attributes   []routingAttribute `json:"attributes"`
 	Deleted      bool               `json:"deleted"`
 	HostAffinity *string            `json:"hostAffinity"`
 }
 
 type routingAttribute struct {
-	Secondary struct {
-		Node string `json:"node"`
-	} `json:"secondary"`
+	Secondary secondaryNode `json:"secondary"`
+}
+
+// secondaryNode is the node of a secondary attributes object. Calico reads that object as a map, whose
+// "node" key matches exactly, where a Go struct field would match "Node" or "NODE" too: an object
+// naming the node once, exactly and without escapes is read into a struct (no allocation for the other
+// attributes), any other as a map.
+type secondaryNode string
+
+func (s *secondaryNode) UnmarshalJSON(data []byte) error {
+	if exactNodeKey(data) {
+		var v struct {
+			Node string `json:"node"`
+		}
+		err := json.Unmarshal(data, &v)
+		*s = secondaryNode(v.Node)
+		return err
+	}
+	var m map[string]string
+	err := json.Unmarshal(data, &m)
+	*s = secondaryNode(m[AttrNode])
+	return err
+}
+
+// exactNodeKey reports whether data has no escape and at most one `"node"` in any letter case, exactly
+// so written.
+func exactNodeKey(data []byte) bool {
+	if bytes.IndexByte(data, '\\') >= 0 {
+		return false
+	}
+	const key = `"node"`
+	seen := 0
+	for i := 0; i+len(key) <= len(data); i++ {
+		if data[i] == '"' && bytes.EqualFold(data[i:i+len(key)], []byte(key)) {
+			if seen++; seen > 1 || string(data[i:i+len(key)]) != key {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // DecodeRouting decodes the routing part of a block value. Like DecodeBlock it fails on a value that is
@@ -151,5 +200,53 @@ func (r *Routing) Owner(legacyHostAffinity bool) Owner {
 
 // Borrowed is BorrowedAddrs of the block r was decoded from.
 func (r *Routing) Borrowed(owner Owner) []Borrowed {
-	return borrowed(r.CIDR, r.Allocations, len(r.Attributes), owner, func(i int) string { return r.Attributes[i].Secondary.Node })
+	allocated := func(yield func(ord, idx int) bool) {
+		for _, a := range r.Allocations {
+			if !yield(int(a.ord), int(a.idx)) {
+				return
+			}
+		}
+	}
+	return borrowed(r.CIDR, allocated, len(r.Attributes), owner, func(i int) string { return string(r.Attributes[i].Secondary) })
+}
+
+// allocations are a block's allocated ordinals with their attribute index, read without reflection:
+// decoded as []*int (a pointer per allocation, the slice grown as it is read) the array was a third of
+// the bytes a list allocated. Free ordinals (null) are not kept.
+type allocations []allocation
+
+type allocation struct{ ord, idx int32 }
+
+// UnmarshalJSON reads an array of nulls and integers; json.Unmarshal has checked that data is JSON. An
+// index that is negative or beyond int32 is kept as -1: out of range, like any index past the attributes.
+func (a *allocations) UnmarshalJSON(data []byte) error {
+	data = bytes.TrimSpace(data)
+	if string(data) == "null" {
+		return nil
+	}
+	inner, ok := bytes.CutPrefix(data, []byte("["))
+	if inner, ok = bytes.CutSuffix(inner, []byte("]")); !ok {
+		return fmt.Errorf("allocations: want an array, got %.20s", data)
+	}
+	if len(bytes.TrimSpace(inner)) == 0 {
+		return nil
+	}
+	var out allocations
+	ord := int32(0)
+	for f := range bytes.SplitSeq(inner, []byte(",")) {
+		f = bytes.TrimSpace(f)
+		if string(f) != "null" {
+			v, err := strconv.ParseInt(string(f), 10, 64)
+			if err != nil {
+				return fmt.Errorf("allocations: element %.20q is neither null nor an integer", f)
+			}
+			if v < 0 || v > math.MaxInt32 {
+				v = -1
+			}
+			out = append(out, allocation{ord: ord, idx: int32(v)})
+		}
+		ord++
+	}
+	*a = out
+	return nil
 }
