@@ -3,7 +3,6 @@ package calico
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -184,11 +183,8 @@ func exactNodeKey(data []byte) bool {
 // the types of the fields it skips.
 func DecodeRouting(data []byte) (*Routing, error) {
 	var r Routing
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("decode block: %w", err)
-	}
-	if !r.CIDR.IsValid() {
-		return nil, errors.New("decode block: missing or invalid cidr")
+	if err := decodeBlockValue(data, &r, &r.CIDR); err != nil {
+		return nil, err
 	}
 	return &r, nil
 }
