@@ -234,15 +234,15 @@ func (d *desiredSet) setPeers(raw map[string]blockwatch.Peer) map[string]struct{
 func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.pools = pools
 	d.setPeers(snap.Peers)
-	d.perBlock = make(map[netip.Prefix]blockResult, len(snap.Blocks))
+	d.perBlock = make(map[netip.Prefix]blockResult, snap.Blocks.Len())
 	d.sources = make(map[netip.Prefix][]netip.Prefix)
 	d.byNode = make(map[string][]netip.Prefix)
-	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
+	d.targets = make(map[netip.Prefix]target, snap.Blocks.Len())
 	d.blocks = [numBlockKinds]int{}
 	d.unresolvedCount = 0
 	d.resolved = 0
-	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
-	for cidr, b := range snap.Blocks {
+	dirty := make(map[netip.Prefix]struct{}, snap.Blocks.Len())
+	for cidr, b := range snap.Blocks.All() {
 		d.setBlock(cidr, b, dirty)
 	}
 	for p := range dirty {
@@ -266,7 +266,7 @@ func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{}
 		}
 	}
 	for cidr := range redo {
-		d.setBlock(cidr, snap.Blocks[cidr], dirty)
+		d.setBlock(cidr, snap.Blocks.Get(cidr), dirty)
 	}
 	for p := range dirty {
 		d.recompute(p)

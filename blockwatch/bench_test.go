@@ -41,8 +41,8 @@ func BenchmarkList100k(b *testing.B) {
 			b.Fatal(err)
 		}
 		took += time.Since(t0)
-		if len(s.Blocks) != n {
-			b.Fatalf("listed %d blocks, want %d", len(s.Blocks), n)
+		if s.Blocks.Len() != n {
+			b.Fatalf("listed %d blocks, want %d", s.Blocks.Len(), n)
 		}
 		// The view's size: the live heap with it minus the live heap once it is dropped (measured this
 		// way round, the in-process etcd server's own heap cancels out).

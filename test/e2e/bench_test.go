@@ -120,8 +120,8 @@ func BenchmarkColdStart100k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(snap.Blocks) != n {
-			b.Fatalf("listed %d blocks, want %d", len(snap.Blocks), n)
+		if snap.Blocks.Len() != n {
+			b.Fatalf("listed %d blocks, want %d", snap.Blocks.Len(), n)
 		}
 		snap = nil
 
