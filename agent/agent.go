@@ -23,7 +23,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -401,8 +403,15 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 		a.scheduleRetry()
 		return
 	}
-	a.setView(func(v *readiness) { v.resynced = true })
 	a.log.Debug("full resync done", "kind", kind, "took", time.Since(start), "programmed", len(a.programmed))
+	if strings.HasPrefix(kind, "relist-") {
+		// A (re)list decoded every value and built the view and the routes anew: garbage of several
+		// times the live state (100,000 blocks: 130 MB resident against 75 MB live), which the runtime
+		// would keep until the next collections. Hand it back now, once per list,
+		// before the agent says it is ready.
+		debug.FreeOSMemory()
+	}
+	a.setView(func(v *readiness) { v.resynced = true })
 }
 
 func (a *Agent) doFullSync(ctx context.Context, kind string) error {

@@ -101,13 +101,19 @@ func ManagedPools(snap *blockwatch.Snapshot, explicit []netip.Prefix) []netip.Pr
 	return out
 }
 
-// target is what one route prefix should look like in the FIB.
+// target is what one route prefix should look like in the FIB. route points into the blockResult the
+// route comes from (routes are never modified once computed): a target costs a pointer, not a copy.
 type target struct {
-	route    DesiredRoute
+	route    *DesiredRoute
 	resolved bool
 	// missingPeer is set when the prefix is unresolved because its node has no peer IP of the prefix's
 	// family.
 	missingPeer peerFamily
+}
+
+// equal reports whether two targets describe the same route.
+func (t target) equal(o target) bool {
+	return *t.route == *o.route && t.resolved == o.resolved && t.missingPeer == o.missingPeer
 }
 
 // peerFamily is one node's registration of one address family: the unit of the peer-loss grace.
@@ -151,11 +157,13 @@ type desiredSet struct {
 	// newlyInvalid lists refusals not seen before, for the agent to log; it clears it.
 	newlyInvalid []InvalidPeer
 
-	perBlock map[netip.Prefix]*blockResult
-	// sources maps a route prefix to the blocks contributing a candidate for it (almost always one).
+	perBlock map[netip.Prefix]blockResult
+	// sources maps a route prefix to the other blocks contributing a candidate for it: a block's own
+	// CIDR is found in perBlock, so only borrowed addresses are here.
 	sources map[netip.Prefix][]netip.Prefix
-	// byNode maps a node to the blocks whose routes depend on its peer IPs (as owner or borrower).
-	byNode  map[string]map[netip.Prefix]struct{}
+	// byNode maps a node to the blocks whose routes depend on its peer IPs (as owner or borrower), each
+	// once: a slice, as a node has few blocks and a map per node would cost three times the memory.
+	byNode  map[string][]netip.Prefix
 	targets map[netip.Prefix]target
 
 	// blocks counts the blocks of the view by blockKind.
@@ -226,15 +234,15 @@ func (d *desiredSet) setPeers(raw map[string]blockwatch.Peer) map[string]struct{
 func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	d.pools = pools
 	d.setPeers(snap.Peers)
-	d.perBlock = make(map[netip.Prefix]*blockResult, len(snap.Blocks))
-	d.sources = make(map[netip.Prefix][]netip.Prefix, len(snap.Blocks))
-	d.byNode = make(map[string]map[netip.Prefix]struct{})
-	d.targets = make(map[netip.Prefix]target, len(snap.Blocks))
+	d.perBlock = make(map[netip.Prefix]blockResult, snap.Blocks.Len())
+	d.sources = make(map[netip.Prefix][]netip.Prefix)
+	d.byNode = make(map[string][]netip.Prefix)
+	d.targets = make(map[netip.Prefix]target, snap.Blocks.Len())
 	d.blocks = [numBlockKinds]int{}
 	d.unresolvedCount = 0
 	d.resolved = 0
-	dirty := make(map[netip.Prefix]struct{}, len(snap.Blocks))
-	for cidr, b := range snap.Blocks {
+	dirty := make(map[netip.Prefix]struct{}, snap.Blocks.Len())
+	for cidr, b := range snap.Blocks.All() {
 		d.setBlock(cidr, b, dirty)
 	}
 	for p := range dirty {
@@ -252,13 +260,13 @@ func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{}
 	if len(snap.ChangedPeers) > 0 {
 		// One node's registration can change whether another's is valid (a shared address).
 		for node := range d.setPeers(snap.Peers) {
-			for cidr := range d.byNode[node] {
+			for _, cidr := range d.byNode[node] {
 				redo[cidr] = struct{}{}
 			}
 		}
 	}
 	for cidr := range redo {
-		d.setBlock(cidr, snap.Blocks[cidr], dirty)
+		d.setBlock(cidr, snap.Blocks.Get(cidr), dirty)
 	}
 	for p := range dirty {
 		d.recompute(p)
@@ -269,8 +277,8 @@ func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{}
 // refreshNode recomputes the routes that depend on node (after its peer-loss grace ran out, say).
 func (d *desiredSet) refreshNode(node string) map[netip.Prefix]struct{} {
 	dirty := make(map[netip.Prefix]struct{})
-	for cidr := range d.byNode[node] {
-		if r := d.perBlock[cidr]; r != nil {
+	for _, cidr := range slices.Clone(d.byNode[node]) { // setBlock relinks
+		if r, ok := d.perBlock[cidr]; ok {
 			d.setBlock(cidr, r.block, dirty)
 		}
 	}
@@ -282,7 +290,7 @@ func (d *desiredSet) refreshNode(node string) map[netip.Prefix]struct{} {
 
 // setBlock replaces block cidr's contribution (b nil = the block is gone), marking touched prefixes dirty.
 func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[netip.Prefix]struct{}) {
-	if old := d.perBlock[cidr]; old != nil {
+	if old, ok := d.perBlock[cidr]; ok {
 		d.forget(cidr, old, dirty)
 	}
 	if b == nil {
@@ -306,7 +314,7 @@ func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[
 	d.unresolvedCount += len(r.unresolved)
 }
 
-func (d *desiredSet) forget(cidr netip.Prefix, old *blockResult, dirty map[netip.Prefix]struct{}) {
+func (d *desiredSet) forget(cidr netip.Prefix, old blockResult, dirty map[netip.Prefix]struct{}) {
 	delete(d.perBlock, cidr)
 	d.blocks[d.kindOf(old.block)]--
 	if old.block.Owner.IsNode() {
@@ -325,52 +333,57 @@ func (d *desiredSet) forget(cidr netip.Prefix, old *blockResult, dirty map[netip
 }
 
 func (d *desiredSet) link(node string, cidr netip.Prefix) {
-	m := d.byNode[node]
-	if m == nil {
-		m = make(map[netip.Prefix]struct{})
-		d.byNode[node] = m
+	// The links of one block are made together: a second link of cidr to node is the last one.
+	if s := d.byNode[node]; len(s) == 0 || s[len(s)-1] != cidr {
+		d.byNode[node] = append(s, cidr)
 	}
-	m[cidr] = struct{}{}
 }
 
 func (d *desiredSet) unlink(node string, cidr netip.Prefix) {
-	if m := d.byNode[node]; m != nil {
-		delete(m, cidr)
-		if len(m) == 0 {
-			delete(d.byNode, node)
-		}
+	s := d.byNode[node]
+	i := slices.Index(s, cidr)
+	if i < 0 {
+		return
+	}
+	s[i] = s[len(s)-1]
+	if s = s[:len(s)-1]; len(s) == 0 {
+		delete(d.byNode, node)
+	} else {
+		d.byNode[node] = s
 	}
 }
 
 func (d *desiredSet) addSource(p, cidr netip.Prefix, dirty map[netip.Prefix]struct{}) {
+	dirty[p] = struct{}{}
+	if p == cidr {
+		return
+	}
 	if !slices.Contains(d.sources[p], cidr) {
 		d.sources[p] = append(d.sources[p], cidr)
 	}
-	dirty[p] = struct{}{}
 }
 
 func (d *desiredSet) removeSource(p, cidr netip.Prefix, dirty map[netip.Prefix]struct{}) {
+	dirty[p] = struct{}{}
+	if p == cidr {
+		return
+	}
 	s := slices.DeleteFunc(d.sources[p], func(c netip.Prefix) bool { return c == cidr })
 	if len(s) == 0 {
 		delete(d.sources, p)
 	} else {
 		d.sources[p] = s
 	}
-	dirty[p] = struct{}{}
 }
 
 // recompute picks the target of route prefix p among its candidates, deterministically: a resolved
 // candidate beats an unresolved one, a block route beats a borrowed address, then the lower block CIDR.
 func (d *desiredSet) recompute(p netip.Prefix) {
 	var best *target
-	for _, cidr := range d.sources[p] {
-		r := d.perBlock[cidr]
-		if r == nil {
-			continue
-		}
-		for _, rt := range r.routes {
-			if rt.Prefix == p {
-				t := target{route: rt, resolved: true}
+	consider := func(r blockResult) {
+		for i := range r.routes {
+			if r.routes[i].Prefix == p {
+				t := target{route: &r.routes[i], resolved: true}
 				if best == nil || betterTarget(t, *best) {
 					best = &t
 				}
@@ -378,7 +391,7 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 		}
 		for _, u := range r.unresolved {
 			if u.Prefix == p {
-				t := target{route: DesiredRoute{Prefix: u.Prefix, Owner: u.Owner, Kind: u.Kind, Block: u.Block}}
+				t := target{route: &DesiredRoute{Prefix: u.Prefix, Owner: u.Owner, Kind: u.Kind, Block: u.Block}}
 				if u.MissingPeer {
 					t.missingPeer = peerFamily{node: u.Owner, ipv6: u.Prefix.Addr().Is6()}
 				}
@@ -386,6 +399,14 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 					best = &t
 				}
 			}
+		}
+	}
+	if r, ok := d.perBlock[p]; ok {
+		consider(r)
+	}
+	for _, cidr := range d.sources[p] {
+		if r, ok := d.perBlock[cidr]; ok {
+			consider(r)
 		}
 	}
 	if old, ok := d.targets[p]; ok && old.resolved {
@@ -413,8 +434,8 @@ func betterTarget(a, b target) bool {
 
 // compute derives one block's routes (felix's rule, calico-datastore.md): the block CIDR via its owning
 // node unless that is this node; each borrowed address via its borrower unless that is this node.
-func (d *desiredSet) compute(b *blockwatch.Block) *blockResult {
-	r := &blockResult{block: b}
+func (d *desiredSet) compute(b *blockwatch.Block) blockResult {
+	r := blockResult{block: b}
 	if !inPools(d.pools, b.CIDR) {
 		if b.Owner.IsNode() && b.Owner.Node != d.node {
 			r.unresolved = append(r.unresolved, Unresolved{Prefix: b.CIDR, Owner: b.Owner.Node, Kind: KindBlock, Block: b.CIDR,
@@ -423,13 +444,13 @@ func (d *desiredSet) compute(b *blockwatch.Block) *blockResult {
 		return r
 	}
 	if b.Owner.IsNode() && b.Owner.Node != d.node {
-		d.resolve(r, b.CIDR, b.Owner.Node, KindBlock, b.CIDR)
+		d.resolve(&r, b.CIDR, b.Owner.Node, KindBlock, b.CIDR)
 	}
 	for _, br := range b.Borrowed {
 		if br.Node == d.node {
 			continue
 		}
-		d.resolve(r, calico.HostPrefix(br.Addr), br.Node, KindBorrowed, b.CIDR)
+		d.resolve(&r, calico.HostPrefix(br.Addr), br.Node, KindBorrowed, b.CIDR)
 	}
 	return r
 }
@@ -456,9 +477,9 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 // prefixesOf returns the route prefixes that depend on node's peer IPs.
 func (d *desiredSet) prefixesOf(node string) map[netip.Prefix]struct{} {
 	out := make(map[netip.Prefix]struct{})
-	for cidr := range d.byNode[node] {
-		r := d.perBlock[cidr]
-		if r == nil {
+	for _, cidr := range d.byNode[node] {
+		r, ok := d.perBlock[cidr]
+		if !ok {
 			continue
 		}
 		for _, rt := range r.routes {
@@ -483,7 +504,7 @@ func (d *desiredSet) routes() []DesiredRoute {
 	out := make([]DesiredRoute, 0, len(d.targets))
 	for _, t := range d.targets {
 		if t.resolved {
-			out = append(out, t.route)
+			out = append(out, *t.route)
 		}
 	}
 	slices.SortFunc(out, func(a, b DesiredRoute) int { return comparePrefix(a.Prefix, b.Prefix) })

@@ -23,15 +23,17 @@ func hostBlock(cidr, owner string, borrowed ...calico.Borrowed) *blockwatch.Bloc
 }
 
 func snapOf(blocks []*blockwatch.Block, peers map[string]blockwatch.Peer) *blockwatch.Snapshot {
-	s := &blockwatch.Snapshot{Blocks: map[netip.Prefix]*blockwatch.Block{}, Peers: peers, Full: true,
+	s := &blockwatch.Snapshot{Peers: peers, Full: true,
 		Pools: map[string]calico.IPPool{
 			"v4":       {Name: "v4", CIDR: pfx("10.244.0.0/16"), BlockSize: 26},
 			"v6":       {Name: "v6", CIDR: pfx("fd00:10:244::/48"), BlockSize: 122},
 			"disabled": {Name: "disabled", CIDR: pfx("10.99.0.0/16"), BlockSize: 26, Disabled: true},
 		}}
+	m := map[netip.Prefix]*blockwatch.Block{}
 	for _, b := range blocks {
-		s.Blocks[b.CIDR] = b
+		m[b.CIDR] = b
 	}
+	s.Blocks = blockwatch.BlocksOf(m)
 	return s
 }
 
@@ -129,12 +131,13 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 	inc := newDesiredSet(peerCheck{node: "a"})
 	inc.reset(cur, ManagedPools(cur, nil))
 	for step := 0; step < 2000; step++ {
-		next := &blockwatch.Snapshot{Blocks: maps.Clone(cur.Blocks), Peers: maps.Clone(cur.Peers), Pools: cur.Pools}
+		blocks := cur.Blocks.Map()
+		next := &blockwatch.Snapshot{Peers: maps.Clone(cur.Peers), Pools: cur.Pools}
 		switch rng.IntN(3) {
 		case 0, 1:
 			cidr := cidrs[rng.IntN(len(cidrs))]
 			if rng.IntN(4) == 0 {
-				delete(next.Blocks, cidr)
+				delete(blocks, cidr)
 			} else {
 				b := &blockwatch.Block{CIDR: cidr, Owner: calico.Owner{Kind: calico.OwnerHost, Node: nodes[rng.IntN(len(nodes))]}}
 				for k := rng.IntN(3); k > 0; k-- {
@@ -142,7 +145,7 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 					a, _ := calico.OrdinalAddr(cidr, ord)
 					b.Borrowed = append(b.Borrowed, calico.Borrowed{Ordinal: ord, Addr: a, Node: nodes[rng.IntN(len(nodes))]})
 				}
-				next.Blocks[cidr] = b
+				blocks[cidr] = b
 			}
 			next.ChangedBlocks = []netip.Prefix{cidr}
 		case 2:
@@ -158,18 +161,19 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 			}
 			next.ChangedPeers = []string{n}
 		}
+		next.Blocks = blockwatch.BlocksOf(blocks)
 		before := maps.Clone(inc.targets)
 		dirty := inc.update(next)
 		full := newDesiredSet(peerCheck{node: "a"})
 		full.reset(next, ManagedPools(next, nil))
-		if !maps.Equal(inc.targets, full.targets) {
+		if !maps.EqualFunc(inc.targets, full.targets, target.equal) {
 			t.Fatalf("step %d: incremental targets differ from a rebuild:\n inc %v\nfull %v", step, inc.targets, full.targets)
 		}
 		if inc.blocks != full.blocks || inc.unresolvedCount != full.unresolvedCount {
 			t.Fatalf("step %d: counts differ: %v/%d vs %v/%d", step, inc.blocks, inc.unresolvedCount, full.blocks, full.unresolvedCount)
 		}
 		for p, tg := range full.targets {
-			if old, ok := before[p]; (!ok || old != tg) && !has(dirty, p) {
+			if old, ok := before[p]; (!ok || !old.equal(tg)) && !has(dirty, p) {
 				t.Fatalf("step %d: %s changed but was not reported dirty", step, p)
 			}
 		}

@@ -76,7 +76,7 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		if d.valErr != nil {
 			// Hold the block: keep the last good value, if there is one, and tell the consumer to
 			// keep what it has for the CIDR either way.
-			good, ok := prev.blocks[d.cidr]
+			good, ok := prev.blocks.get(d.cidr)
 			lastGood := ok && d.created <= prev.blockRevs[d.cidr]
 			c.hold(d.cidr, Held{Reason: d.valErr.Error(), Revision: d.rev, LastGood: lastGood}, ch)
 			if !lastGood {
@@ -85,13 +85,16 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 			b = good
 		} else {
 			c.hold(d.cidr, Held{}, ch)
+			if b != nil {
+				c.intern(b)
+			}
 		}
 		if b == nil {
 			c.deleteBlock(d.cidr, ch)
 			return
 		}
 		if b.Owner.Kind == calico.OwnerLegacyHost {
-			if old := prev.blocks[d.cidr]; old == nil || old.Owner != b.Owner {
+			if old, _ := prev.blocks.get(d.cidr); old == nil || old.Owner != b.Owner {
 				w.log.Info("block owned through its legacy hostAffinity field (LegacyHostAffinity is on)",
 					"block", d.cidr, "node", b.Owner.Node)
 			}

@@ -96,8 +96,8 @@ func TestInitialList(t *testing.T) {
 
 func checkBlocks(t testing.TB, s *Snapshot, want map[netip.Prefix]*Block) {
 	t.Helper()
-	if !maps.EqualFunc(s.Blocks, want, (*Block).Equal) {
-		for k, b := range s.Blocks {
+	if !maps.EqualFunc(s.Blocks.Map(), want, (*Block).Equal) {
+		for k, b := range s.Blocks.All() {
 			t.Logf("got  %s: %+v", k, *b)
 		}
 		for k, b := range want {
@@ -112,7 +112,7 @@ func TestEvents(t *testing.T) {
 	_, cli := startEtcd(t)
 	h := newHarness(t, cli, nil)
 	h.run()
-	if s := h.next(); !s.Full || len(s.Blocks) != 0 || len(s.ChangedBlocks) != 0 {
+	if s := h.next(); !s.Full || s.Blocks.Len() != 0 || len(s.ChangedBlocks) != 0 {
 		t.Fatalf("initial snapshot of an empty etcd: %+v", s)
 	}
 	cidr := mustPrefix("10.244.7.0/26")
@@ -142,8 +142,8 @@ func TestEvents(t *testing.T) {
 	}
 	checkBlocks(t, s, map[netip.Prefix]*Block{cidr: want})
 	// The previous snapshot is untouched (copy-on-write).
-	if !prev.Blocks[cidr].Equal(&Block{CIDR: cidr, Owner: calico.Owner{Kind: calico.OwnerHost, Node: "node-a"}}) {
-		t.Fatalf("previous snapshot changed: %+v", prev.Blocks[cidr])
+	if !prev.Blocks.Get(cidr).Equal(&Block{CIDR: cidr, Owner: calico.Owner{Kind: calico.OwnerHost, Node: "node-a"}}) {
+		t.Fatalf("previous snapshot changed: %+v", prev.Blocks.Get(cidr))
 	}
 
 	// Owner change: the block moves to node-b, whose own address is no longer borrowed.
@@ -159,24 +159,24 @@ func TestEvents(t *testing.T) {
 	b.Deleted = true
 	putBlock(t, cli, b)
 	s = h.next()
-	if len(s.Blocks) != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{cidr}) {
+	if s.Blocks.Len() != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{cidr}) {
 		t.Fatalf("deleted:true: %+v", s)
 	}
 	// Back, then a real delete.
 	b.Deleted = false
 	putBlock(t, cli, b)
-	if s = h.next(); len(s.Blocks) != 1 {
+	if s = h.next(); s.Blocks.Len() != 1 {
 		t.Fatalf("recreate: %+v", s)
 	}
 	del(t, cli, calico.BlockKey(cidr))
-	if s = h.next(); len(s.Blocks) != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{cidr}) {
+	if s = h.next(); s.Blocks.Len() != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{cidr}) {
 		t.Fatalf("delete: %+v", s)
 	}
 
 	// A v6 block.
 	v6 := mustPrefix("fd00:10:244::c0/122")
 	putBlock(t, cli, calicotest.Block(v6, "node-c", 2))
-	if s = h.next(); s.Blocks[v6] == nil || s.Blocks[v6].Owner.Node != "node-c" {
+	if s = h.next(); s.Blocks.Get(v6) == nil || s.Blocks.Get(v6).Owner.Node != "node-c" {
 		t.Fatalf("v6 create: %+v", s)
 	}
 
@@ -238,14 +238,14 @@ func TestHostRegistersAfterBlocks(t *testing.T) {
 	h := newHarness(t, cli, nil)
 	h.run()
 	s := h.next()
-	if len(s.Blocks) != 3 || len(s.Peers) != 0 {
-		t.Fatalf("initial: %d blocks, peers %v", len(s.Blocks), s.Peers)
+	if s.Blocks.Len() != 3 || len(s.Peers) != 0 {
+		t.Fatalf("initial: %d blocks, peers %v", s.Blocks.Len(), s.Peers)
 	}
 	if err := calicotest.PutPeer(ctx, cli, DefaultHostsPrefix, "node-late", mustAddr("198.51.100.9")); err != nil {
 		t.Fatal(err)
 	}
 	s = h.next()
-	if s.Full || len(s.Blocks) != 3 || s.Peers["node-late"].IPv4 != mustAddr("198.51.100.9") ||
+	if s.Full || s.Blocks.Len() != 3 || s.Peers["node-late"].IPv4 != mustAddr("198.51.100.9") ||
 		!slices.Equal(s.ChangedPeers, []string{"node-late"}) || len(s.ChangedBlocks) != 0 {
 		t.Fatalf("after registration: %+v", s)
 	}
@@ -266,7 +266,7 @@ func TestMalformedValues(t *testing.T) {
 	h := newHarness(t, cli, nil)
 	h.run()
 	s := h.next()
-	if len(s.Blocks) != 1 || s.Blocks[good] == nil || len(s.Peers) != 0 || len(s.Pools) != 0 {
+	if s.Blocks.Len() != 1 || s.Blocks.Get(good) == nil || len(s.Peers) != 0 || len(s.Pools) != 0 {
 		t.Fatalf("initial: blocks %v peers %v pools %v", s.Blocks, s.Peers, s.Pools)
 	}
 	// The unreadable block is held: its key names the CIDR, even though no good value was ever seen.
@@ -280,7 +280,7 @@ func TestMalformedValues(t *testing.T) {
 	// A bad write on the good key keeps the last good value and holds the block; counter up.
 	put(t, cli, calico.BlockKey(good), `{"cidr":`)
 	s, _ = h.waitFor("the good block held", func(s *Snapshot) bool { return s.Held[good] != (Held{}) })
-	if !s.Held[good].LastGood || s.Blocks[good] == nil || s.Blocks[good].Owner.Node != "node-a" || !slices.Contains(s.ChangedBlocks, good) {
+	if !s.Held[good].LastGood || s.Blocks.Get(good) == nil || s.Blocks.Get(good).Owner.Node != "node-a" || !slices.Contains(s.ChangedBlocks, good) {
 		t.Fatalf("bad write: held %+v blocks %v changed %v", s.Held, s.Blocks, s.ChangedBlocks)
 	}
 	cidrMismatch := calicotest.Block(mustPrefix("10.244.9.0/26"), "node-z", 2)
@@ -293,7 +293,7 @@ func TestMalformedValues(t *testing.T) {
 	// The watch goes on: a peer with a good address arrives, a bad rewrite of it keeps it.
 	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", FamilyIPv4), "192.0.2.1")
 	s = h.next()
-	if s.Peers["node-a"].IPv4 != mustAddr("192.0.2.1") || s.Blocks[good] == nil || s.Blocks[good].Owner.Node != "node-a" {
+	if s.Peers["node-a"].IPv4 != mustAddr("192.0.2.1") || s.Blocks.Get(good) == nil || s.Blocks.Get(good).Owner.Node != "node-a" {
 		t.Fatalf("after bad writes: blocks %v peers %v", s.Blocks, s.Peers)
 	}
 	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", FamilyIPv4), "fe80::1%eth0")
@@ -309,7 +309,7 @@ func TestMalformedValues(t *testing.T) {
 	// A relist keeps the last good values of keys that are now malformed.
 	h.w.Relist()
 	s = h.next()
-	if !s.Full || s.RelistReason != ReasonRequested || s.Blocks[good] == nil || s.Blocks[good].Owner.Node != "node-a" ||
+	if !s.Full || s.RelistReason != ReasonRequested || s.Blocks.Get(good) == nil || s.Blocks.Get(good).Owner.Node != "node-a" ||
 		s.Peers["node-a"].IPv4 != mustAddr("192.0.2.1") || s.Pools["p"].CIDR != p.CIDR {
 		t.Fatalf("relist: %+v", s)
 	}
@@ -318,7 +318,7 @@ func TestMalformedValues(t *testing.T) {
 	}
 	// Only a delete removes it.
 	del(t, cli, calico.BlockKey(good))
-	if s = h.next(); len(s.Blocks) != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{good}) || len(s.Held) != 1 {
+	if s = h.next(); s.Blocks.Len() != 0 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{good}) || len(s.Held) != 1 {
 		t.Fatalf("delete of a key holding a bad value: %+v", s)
 	}
 	if st := h.w.Status(); !st.Synced || st.LastError != "" {
@@ -359,8 +359,8 @@ func TestPagination(t *testing.T) {
 	if got := pages.Load(); got != 15 {
 		t.Errorf("listed %d block pages, want 15 (100 blocks / 7)", got)
 	}
-	if len(snap.Blocks) != 100 {
-		t.Errorf("initial snapshot has %d blocks, want 100", len(snap.Blocks))
+	if snap.Blocks.Len() != 100 {
+		t.Errorf("initial snapshot has %d blocks, want 100", snap.Blocks.Len())
 	}
 	// Etcd's own state at the snapshot's revision.
 	resp, err := cli.Get(ctx, calico.BlockPrefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Revision))
@@ -374,7 +374,7 @@ func TestPagination(t *testing.T) {
 		want[k.CIDR] = calico.OwnerOf(b, false).Node
 	}
 	got := map[netip.Prefix]string{}
-	for k, b := range snap.Blocks {
+	for k, b := range snap.Blocks.All() {
 		got[k] = b.Owner.Node
 	}
 	if !maps.Equal(got, want) {
@@ -387,8 +387,8 @@ func TestPagination(t *testing.T) {
 		t.Fatal(err)
 	}
 	last, _ := h.waitFor("the writer's last revision", func(s *Snapshot) bool { return s.Revision >= final.Header.Revision })
-	if len(last.Blocks) != 100 || last.Blocks[calicotest.BlockCIDR(1014)] == nil {
-		t.Errorf("after the writes: %d blocks", len(last.Blocks))
+	if last.Blocks.Len() != 100 || last.Blocks.Get(calicotest.BlockCIDR(1014)) == nil {
+		t.Errorf("after the writes: %d blocks", last.Blocks.Len())
 	}
 }
 
@@ -404,11 +404,11 @@ func TestCompactionRelist(t *testing.T) {
 	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
 	h := newHarness(t, wcli, func(c *Config) { c.ProbeInterval = 5 * time.Second })
 	h.run()
-	if s := h.next(); len(s.Blocks) != 2 {
+	if s := h.next(); s.Blocks.Len() != 2 {
 		t.Fatalf("initial: %v", s.Blocks)
 	}
 	putBlock(t, cli, calicotest.Block(c, "node-c", 3))
-	if s := h.next(); len(s.Blocks) != 3 || s.Full {
+	if s := h.next(); s.Blocks.Len() != 3 || s.Full {
 		t.Fatalf("watch: %v", s.Blocks)
 	}
 
@@ -449,7 +449,7 @@ func TestCompactionRelist(t *testing.T) {
 	}
 	// And the new watch works.
 	putBlock(t, cli, calicotest.Block(e, "node-e", 5))
-	if s, _ = h.waitFor("block e", func(s *Snapshot) bool { return s.Blocks[e] != nil }); s.Full || len(s.Blocks) != 4 {
+	if s, _ = h.waitFor("block e", func(s *Snapshot) bool { return s.Blocks.Get(e) != nil }); s.Full || s.Blocks.Len() != 4 {
 		t.Errorf("after relist: %+v", s)
 	}
 }
@@ -473,7 +473,7 @@ func TestEtcdRestart(t *testing.T) {
 	putBlock(t, cli, calicotest.Block(stay, "node-a", 1))
 	h := newHarness(t, cli, nil)
 	h.run()
-	if s := h.next(); s.Blocks[stay] == nil {
+	if s := h.next(); s.Blocks.Get(stay) == nil {
 		t.Fatal("initial snapshot lacks the block")
 	}
 	stopStart := time.Now()
@@ -494,9 +494,9 @@ func TestEtcdRestart(t *testing.T) {
 	other := fastClient(t, srv.Endpoint())
 	putBlock(t, other, calicotest.Block(later, "node-b", 2))
 	t.Logf("written after the restart at +%s", time.Since(start).Round(time.Millisecond))
-	_, seen := h.waitFor("the block written after the restart", func(s *Snapshot) bool { return s.Blocks[later] != nil })
+	_, seen := h.waitFor("the block written after the restart", func(s *Snapshot) bool { return s.Blocks.Get(later) != nil })
 	for _, s := range seen {
-		if s.Blocks[stay] == nil {
+		if s.Blocks.Get(stay) == nil {
 			t.Errorf("snapshot at revision %d (full %v %q) lacks %s", s.Revision, s.Full, s.RelistReason, stay)
 		}
 	}
@@ -514,8 +514,8 @@ func TestCoalescing(t *testing.T) {
 	waitRevision(t, h.w, putBlock(t, cli, calicotest.Block(y, "node-a", 2)))
 	// The initial Full snapshot was never taken: everything folds into it.
 	s := h.next()
-	if !s.Full || s.RelistReason != ReasonInitial || len(s.Blocks) != 2 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{x, y}) {
-		t.Fatalf("coalesced initial: full %v %q blocks %d changed %v", s.Full, s.RelistReason, len(s.Blocks), s.ChangedBlocks)
+	if !s.Full || s.RelistReason != ReasonInitial || s.Blocks.Len() != 2 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{x, y}) {
+		t.Fatalf("coalesced initial: full %v %q blocks %d changed %v", s.Full, s.RelistReason, s.Blocks.Len(), s.ChangedBlocks)
 	}
 	first := s.ReceivedAt
 	before := time.Now()
@@ -523,8 +523,8 @@ func TestCoalescing(t *testing.T) {
 	del(t, cli, calico.BlockKey(x))
 	waitRevision(t, h.w, put(t, cli, PeerKey(DefaultHostsPrefix, "node-b", FamilyIPv4), "192.0.2.2"))
 	s = h.next()
-	if s.Full || len(s.Blocks) != 2 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{x, z}) || !slices.Equal(s.ChangedPeers, []string{"node-b"}) {
-		t.Fatalf("coalesced incremental: full %v blocks %d changed %v %v", s.Full, len(s.Blocks), s.ChangedBlocks, s.ChangedPeers)
+	if s.Full || s.Blocks.Len() != 2 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{x, z}) || !slices.Equal(s.ChangedPeers, []string{"node-b"}) {
+		t.Fatalf("coalesced incremental: full %v blocks %d changed %v %v", s.Full, s.Blocks.Len(), s.ChangedBlocks, s.ChangedPeers)
 	}
 	if s.ReceivedAt.Before(before) || !s.ReceivedAt.After(first) {
 		t.Errorf("ReceivedAt %v not within the writes (after %v)", s.ReceivedAt, before)
@@ -534,7 +534,7 @@ func TestCoalescing(t *testing.T) {
 	h.w.Relist()
 	waitRelists(t, h.w, 1)
 	s = h.next()
-	if !s.Full || s.RelistReason != ReasonRequested || s.Blocks[x] == nil {
+	if !s.Full || s.RelistReason != ReasonRequested || s.Blocks.Get(x) == nil {
 		t.Fatalf("incremental + relist: full %v %q blocks %v", s.Full, s.RelistReason, s.Blocks)
 	}
 	h.settled(s.Revision)
@@ -574,7 +574,7 @@ func TestRelist(t *testing.T) {
 	h.w.Relist()
 	s := h.next()
 	if !s.Full || s.RelistReason != ReasonRequested || len(s.ChangedBlocks) != 0 || s.Revision != first.Revision ||
-		!maps.EqualFunc(s.Blocks, first.Blocks, (*Block).Equal) {
+		!maps.EqualFunc(s.Blocks.Map(), first.Blocks.Map(), (*Block).Equal) {
 		t.Fatalf("relist: %+v", s)
 	}
 	if st := h.w.Status(); st.Relists != 1 || !st.Synced {
@@ -634,8 +634,8 @@ func TestTenThousandBlocks(t *testing.T) {
 	stop := h.run()
 	s := h.next()
 	took := time.Since(start)
-	if len(s.Blocks) != 10000 {
-		t.Fatalf("%d blocks", len(s.Blocks))
+	if s.Blocks.Len() != 10000 {
+		t.Fatalf("%d blocks", s.Blocks.Len())
 	}
 	// The view's heap: live heap with it minus live heap without it (the in-process etcd cancels out).
 	stop()

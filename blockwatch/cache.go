@@ -29,16 +29,16 @@ type peerEntry struct {
 	addr         netip.Addr
 }
 
-// cache is the routing view at one revision, owned by the goroutine running Run. blocks, peers and
-// pools are copy-on-write: once handed to a snapshot (shared) they are cloned before the next change.
+// cache is the routing view at one revision, owned by the goroutine running Run. blocks (per shard),
+// held, peers and pools are copy-on-write: once handed to a snapshot (shared) they are cloned before
+// the next change.
 // The *Revs maps hold, per key that has a good value, the mod revision of the last value applied to
 // it (good or malformed), so that a stale event never overwrites a newer one.
 type cache struct {
 	rev int64
 
-	blocks       map[netip.Prefix]*Block
-	blockRevs    map[netip.Prefix]int64
-	blocksShared bool
+	blocks    blockSet // copy-on-write per shard
+	blockRevs map[netip.Prefix]int64
 
 	held       map[netip.Prefix]Held
 	heldShared bool
@@ -50,14 +50,38 @@ type cache struct {
 	pools       map[string]calico.IPPool
 	poolRevs    map[string]int64
 	poolsShared bool
+
+	// names interns the node names of the blocks: 100,000 blocks of 1,000 nodes hold 1,000 strings.
+	// It only grows until the next relist starts a fresh cache.
+	names map[string]string
 }
 
 func newCache() *cache {
 	return &cache{
-		blocks: map[netip.Prefix]*Block{}, blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
+		blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
 		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
-		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{},
+		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{}, names: map[string]string{},
 	}
+}
+
+// intern replaces the node names of b, a block not yet in any view, with the cache's copies.
+func (c *cache) intern(b *Block) {
+	b.Owner.Node = c.name(b.Owner.Node)
+	for i := range b.Borrowed {
+		b.Borrowed[i].Node = c.name(b.Borrowed[i].Node)
+	}
+}
+
+func (c *cache) name(s string) string {
+	if s == "" {
+		return ""
+	}
+	if n, ok := c.names[s]; ok {
+		return n
+	}
+	n := strings.Clone(s)
+	c.names[n] = n
+	return n
 }
 
 // changes accumulates what changed between two snapshots.
@@ -95,25 +119,19 @@ func (ch *changes) peer(node string) {
 // pointer and records no change.
 func (c *cache) setBlock(cidr netip.Prefix, b *Block, rev int64, ch *changes) {
 	c.blockRevs[cidr] = rev
-	if c.blocks[cidr].Equal(b) {
+	if old, _ := c.blocks.get(cidr); old.Equal(b) {
 		return
 	}
-	if c.blocksShared {
-		c.blocks, c.blocksShared = maps.Clone(c.blocks), false
-	}
-	c.blocks[cidr] = b
+	c.blocks.set(cidr, b)
 	ch.block(cidr)
 }
 
 func (c *cache) deleteBlock(cidr netip.Prefix, ch *changes) {
 	delete(c.blockRevs, cidr)
-	if _, ok := c.blocks[cidr]; !ok {
+	if _, ok := c.blocks.get(cidr); !ok {
 		return
 	}
-	if c.blocksShared {
-		c.blocks, c.blocksShared = maps.Clone(c.blocks), false
-	}
-	delete(c.blocks, cidr)
+	c.blocks.delete(cidr)
 	ch.block(cidr)
 }
 
@@ -198,14 +216,16 @@ func (c *cache) diff(old *cache, ch *changes) {
 			ch.block(k)
 		}
 	}
-	for k, b := range c.blocks {
-		if !old.blocks[k].Equal(b) {
-			ch.block(k)
+	for i := range c.blocks.shards {
+		for k, b := range c.blocks.shards[i] {
+			if !old.blocks.shards[i][k].Equal(b) {
+				ch.block(k)
+			}
 		}
-	}
-	for k := range old.blocks {
-		if _, ok := c.blocks[k]; !ok {
-			ch.block(k)
+		for k := range old.blocks.shards[i] {
+			if _, ok := c.blocks.shards[i][k]; !ok {
+				ch.block(k)
+			}
 		}
 	}
 	for n, p := range c.peers {
@@ -226,7 +246,7 @@ func (c *cache) diff(old *cache, ch *changes) {
 // snapshot hands the current view out; from now on the maps are shared and copied before any change.
 func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	s := &Snapshot{
-		Revision: c.rev, Blocks: c.blocks, Held: c.held, Peers: c.peers, Pools: c.pools,
+		Revision: c.rev, Blocks: c.blocks.freeze(), Held: c.held, Peers: c.peers, Pools: c.pools,
 		Full: full, RelistReason: reason, PoolsChanged: ch.pools, ReceivedAt: ch.received,
 	}
 	if len(ch.blocks) > 0 {
@@ -235,6 +255,6 @@ func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	if len(ch.peers) > 0 {
 		s.ChangedPeers = slices.SortedFunc(maps.Keys(ch.peers), strings.Compare)
 	}
-	c.blocksShared, c.heldShared, c.peersShared, c.poolsShared = true, true, true, true
+	c.heldShared, c.peersShared, c.poolsShared = true, true, true
 	return s
 }

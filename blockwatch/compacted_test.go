@@ -19,7 +19,7 @@ func TestCompactedRelistAtCompactionRevision(t *testing.T) {
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
 	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) { c.CompactedRelistSpread = 300 * time.Millisecond })
 	h.run()
-	if s := h.next(); len(s.Blocks) != 1 {
+	if s := h.next(); s.Blocks.Len() != 1 {
 		t.Fatalf("initial: %v", s.Blocks)
 	}
 	px.Block()
@@ -37,12 +37,12 @@ func TestCompactedRelistAtCompactionRevision(t *testing.T) {
 		t.Fatalf("relist reason %q at revision %d, want %q at the compaction revision %d (etcd is at %d)",
 			s.RelistReason, s.Revision, ReasonCompacted, crev, after)
 	}
-	if len(s.Blocks) != 2 || s.Blocks[b] == nil || s.Blocks[c] != nil {
+	if s.Blocks.Len() != 2 || s.Blocks.Get(b) == nil || s.Blocks.Get(c) != nil {
 		t.Errorf("relist at revision %d: blocks %v, want %s and %s", s.Revision, s.Blocks, a, b)
 	}
-	s, _ = h.waitFor("the block written after the compaction", func(s *Snapshot) bool { return s.Blocks[c] != nil })
-	if s.Full || len(s.Blocks) != 3 || s.Revision != after {
-		t.Errorf("after the relist: full %v, %d blocks at revision %d, want an event at %d", s.Full, len(s.Blocks), s.Revision, after)
+	s, _ = h.waitFor("the block written after the compaction", func(s *Snapshot) bool { return s.Blocks.Get(c) != nil })
+	if s.Full || s.Blocks.Len() != 3 || s.Revision != after {
+		t.Errorf("after the relist: full %v, %d blocks at revision %d, want an event at %d", s.Full, s.Blocks.Len(), s.Revision, after)
 	}
 }
 
@@ -71,7 +71,7 @@ func TestCompactedRelistFallsBack(t *testing.T) {
 		}
 	}
 	h.run()
-	if s := h.next(); len(s.Blocks) != 2 {
+	if s := h.next(); s.Blocks.Len() != 2 {
 		t.Fatalf("initial: %v", s.Blocks)
 	}
 	px.Block()
@@ -88,7 +88,7 @@ func TestCompactedRelistFallsBack(t *testing.T) {
 		t.Fatalf("relist reason %q at revision %d, want %q at the second compaction's revision %d or later",
 			s.RelistReason, s.Revision, ReasonCompacted, crev2.Load())
 	}
-	if len(s.Blocks) != 3 || s.Blocks[a].Owner.Node != "node-a2" || s.Blocks[c] == nil {
+	if s.Blocks.Len() != 3 || s.Blocks.Get(a).Owner.Node != "node-a2" || s.Blocks.Get(c) == nil {
 		t.Errorf("relist at revision %d: blocks %v", s.Revision, s.Blocks)
 	}
 	if st := h.w.Status(); st.Relists != 1 {

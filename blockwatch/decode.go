@@ -58,24 +58,22 @@ func (d decoder) blockCIDR(key string) (netip.Prefix, error) {
 	return k.CIDR, nil
 }
 
-// block decodes the value of the block key for cidr into its routing data; nil (and no error) for a
-// soft-deleted block.
+// block decodes the value of the block key for cidr into its routing data (only the fields routing
+// reads: calico.DecodeRouting); nil (and no error) for a soft-deleted block. Its node names are
+// substrings of the decoded value: the cache interns them (cache.intern) before keeping the block.
 func (d decoder) block(cidr netip.Prefix, value []byte) (*Block, error) {
-	b, err := calico.DecodeBlock(value)
+	r, err := calico.DecodeRouting(value)
 	if err != nil {
 		return nil, err
 	}
-	if b.CIDR != cidr {
-		return nil, fmt.Errorf("value cidr %s differs from key cidr %s", b.CIDR, cidr)
+	if r.CIDR != cidr {
+		return nil, fmt.Errorf("value cidr %s differs from key cidr %s", r.CIDR, cidr)
 	}
-	if b.Deleted {
+	if r.Deleted {
 		return nil, nil
 	}
-	owner := calico.OwnerOf(b, d.legacy)
-	// Owner.Node may be a substring of the decoded affinity; clone it so that the block keeps only the
-	// name, not the whole decoded value's strings.
-	owner.Node = strings.Clone(owner.Node)
-	return &Block{CIDR: cidr, Owner: owner, Borrowed: slices.Clip(calico.BorrowedAddrs(b, owner))}, nil
+	owner := r.Owner(d.legacy)
+	return &Block{CIDR: cidr, Owner: owner, Borrowed: slices.Clip(r.Borrowed(owner))}, nil
 }
 
 // peerID names one registered peer address: a node and a family.

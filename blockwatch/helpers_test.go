@@ -167,7 +167,7 @@ func checkSnapshot(t testing.TB, s *Snapshot) {
 	if s.ReceivedAt.IsZero() {
 		t.Errorf("snapshot rev %d: no ReceivedAt", s.Revision)
 	}
-	for k, b := range s.Blocks {
+	for k, b := range s.Blocks.All() {
 		if b == nil || b.CIDR != k {
 			t.Errorf("snapshot rev %d: block %s holds %+v", s.Revision, k, b)
 		}

@@ -77,7 +77,7 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	w.view = next
 	full := next.snapshot(&ch, true, reason)
 	w.metrics.relist(reason)
-	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "blocks", len(next.blocks),
+	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "blocks", next.blocks.n,
 		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
 		"duration", time.Since(started).Round(time.Millisecond))
 	return full, nil

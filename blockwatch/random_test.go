@@ -92,7 +92,7 @@ func TestRandomized(t *testing.T) {
 	marker := mustPrefix("10.200.0.0/26")
 	final := func(s *Snapshot) bool {
 		_, pool := s.Pools["final"]
-		return s != nil && s.Blocks[marker] != nil && s.Peers["final"].IPv4.IsValid() && pool
+		return s != nil && s.Blocks.Get(marker) != nil && s.Peers["final"].IPv4.IsValid() && pool
 	}
 	stop := make(chan struct{})
 	done := make(chan result, 1)
@@ -221,9 +221,12 @@ func TestRandomized(t *testing.T) {
 	}
 	last := res.last
 	t.Logf("%d snapshots read, status %+v", res.count, h.w.Status())
-	delete(last.Blocks, marker)
+	nBlocks := last.Blocks.Len() // but the marker
+	if last.Blocks.Get(marker) != nil {
+		nBlocks--
+	}
 	for cidr, m := range blocks {
-		if b, ok := last.Blocks[cidr]; !m.accepts(b, ok, (*Block).Equal) {
+		if b, ok := last.Blocks.Lookup(cidr); !m.accepts(b, ok, (*Block).Equal) {
 			t.Errorf("block %s: got %+v (present %v), model %+v", cidr, b, ok, *m)
 		}
 	}
@@ -242,16 +245,16 @@ func TestRandomized(t *testing.T) {
 			t.Errorf("pool %s: got %+v (present %v), model %+v", name, p, ok, *m)
 		}
 	}
-	if len(last.Blocks) > len(cidrs) || len(last.Pools) > len(pools) || len(last.Peers) > len(nodes)+1 {
-		t.Errorf("unexpected keys: %d blocks, %d pools, %d peers", len(last.Blocks), len(last.Pools), len(last.Peers))
+	if nBlocks > len(cidrs) || len(last.Pools) > len(pools) || len(last.Peers) > len(nodes)+1 {
+		t.Errorf("unexpected keys: %d blocks, %d pools, %d peers", nBlocks, len(last.Pools), len(last.Peers))
 	}
 }
 
 // checkChanges checks that cur's change set names every difference from prev.
 func checkChanges(t *testing.T, prev, cur *Snapshot) {
 	t.Helper()
-	for _, k := range slices.Concat(slices.Collect(maps.Keys(prev.Blocks)), slices.Collect(maps.Keys(cur.Blocks))) {
-		if !prev.Blocks[k].Equal(cur.Blocks[k]) {
+	for _, k := range slices.Concat(slices.Collect(maps.Keys(prev.Blocks.Map())), slices.Collect(maps.Keys(cur.Blocks.Map()))) {
+		if !prev.Blocks.Get(k).Equal(cur.Blocks.Get(k)) {
 			if _, ok := slices.BinarySearchFunc(cur.ChangedBlocks, k, netip.Prefix.Compare); !ok {
 				t.Errorf("snapshot %d (full %v): block %s changed since %d but is not in ChangedBlocks %v",
 					cur.Revision, cur.Full, k, prev.Revision, cur.ChangedBlocks)

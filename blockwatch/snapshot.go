@@ -28,7 +28,7 @@ const (
 
 // Snapshot is the routing view of etcd at Revision. It is immutable once emitted: consumers must not
 // modify it, and the Watcher never mutates a map or slice after handing it out (maps are copied on
-// the Watcher's next write to them).
+// the Watcher's next write to them; Blocks, one shard of it).
 type Snapshot struct {
 	// Revision is the highest etcd revision the snapshot reflects. A Full snapshot is exactly the
 	// state of the three prefixes at Revision. In an incremental snapshot each prefix is etcd's state
@@ -37,7 +37,7 @@ type Snapshot struct {
 	Revision int64
 	// Blocks holds every block present at Revision. Blocks with deleted:true are absent, and so are
 	// blocks whose value was never well-formed.
-	Blocks map[netip.Prefix]*Block
+	Blocks Blocks
 	// Held lists the blocks whose current value cannot be read (bad JSON, a cidr that differs from the
 	// key's, ...): their key names the CIDR, so the consumer must keep whatever it has for that CIDR
 	// until a readable value or a delete arrives. A held block is also in Blocks when this Watcher saw

@@ -3,6 +3,7 @@ package blockwatch
 import (
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -179,7 +180,7 @@ func TestInstallRevisions(t *testing.T) {
 		return ch
 	}
 	owner := func() string {
-		if b := c.blocks[cidr]; b != nil {
+		if b, _ := c.blocks.get(cidr); b != nil {
 			return b.Owner.Node
 		}
 		return ""
@@ -213,12 +214,12 @@ func TestInstallRevisions(t *testing.T) {
 	if step(14, enc("d"), false); owner() != "d" {
 		t.Fatalf("recreate: owner %q", owner())
 	}
-	if ch := step(15, nil, true); len(c.blocks) != 0 || len(c.blockRevs) != 0 || len(ch.blocks) != 1 {
-		t.Fatalf("delete left %v %v", c.blocks, c.blockRevs)
+	if ch := step(15, nil, true); c.blocks.n != 0 || len(c.blockRevs) != 0 || len(ch.blocks) != 1 {
+		t.Fatalf("delete left %v %v", c.blocks.freeze(), c.blockRevs)
 	}
 	// A malformed value for a key never seen good stays absent from Blocks, and is held.
-	if ch := step(16, []byte("{"), false); len(c.blocks) != 0 || len(ch.blocks) != 1 || c.held[cidr].LastGood || c.held[cidr].Revision != 16 {
-		t.Fatalf("malformed new key: blocks %v held %v", c.blocks, c.held)
+	if ch := step(16, []byte("{"), false); c.blocks.n != 0 || len(ch.blocks) != 1 || c.held[cidr].LastGood || c.held[cidr].Revision != 16 {
+		t.Fatalf("malformed new key: blocks %v held %v", c.blocks.freeze(), c.held)
 	}
 	if ch := step(17, nil, true); len(c.held) != 0 || len(ch.blocks) != 1 {
 		t.Fatalf("delete of a held key: held %v", c.held)
@@ -241,7 +242,7 @@ func TestRelistKeepsOnlySameIncarnation(t *testing.T) {
 		next := newCache()
 		d := w.decode(srcBlocks, &mvccpb.KeyValue{Key: []byte(calico.BlockKey(cidr)), Value: []byte("{"), ModRevision: 20, CreateRevision: tc.created}, false)
 		w.install(next, prev, &d, nil)
-		if _, ok := next.blocks[cidr]; ok != tc.kept {
+		if _, ok := next.blocks.get(cidr); ok != tc.kept {
 			t.Errorf("malformed value created at %d over a good value of revision 10: kept %v, want %v", tc.created, ok, tc.kept)
 		}
 	}
@@ -262,7 +263,7 @@ func TestCopyOnWrite(t *testing.T) {
 	put(y, "a", 2)
 	put(x, "b", 3)
 	s2 := c.snapshot(&changes{}, false, "")
-	if len(s1.Blocks) != 1 || s1.Blocks[x].Owner.Node != "a" || len(s2.Blocks) != 2 || s2.Blocks[x].Owner.Node != "b" {
+	if s1.Blocks.Len() != 1 || s1.Blocks.Get(x).Owner.Node != "a" || s2.Blocks.Len() != 2 || s2.Blocks.Get(x).Owner.Node != "b" {
 		t.Fatalf("s1 %v s2 %v", s1.Blocks, s2.Blocks)
 	}
 	// An unchanged map is shared, not copied.
@@ -300,5 +301,46 @@ func TestCoalesce(t *testing.T) {
 	got = coalesce(&Snapshot{}, &Snapshot{})
 	if got.Full || got.ChangedBlocks != nil || got.ChangedPeers != nil {
 		t.Errorf("empty coalesce = %+v", got)
+	}
+}
+
+// TestBlocksCopyOnWrite: Blocks handed out stay as they were while the set changes (a change copies
+// only the shard it touches), and count their blocks.
+func TestBlocksCopyOnWrite(t *testing.T) {
+	var s blockSet
+	blk := func(i int, owner string) (netip.Prefix, *Block) {
+		cidr := calicotest.BlockCIDR(i)
+		return cidr, &Block{CIDR: cidr, Owner: calico.Owner{Kind: calico.OwnerHost, Node: owner}}
+	}
+	for i := range 1000 {
+		s.set(blk(i, "a"))
+	}
+	before := s.freeze()
+	c0, b0 := blk(0, "b")
+	s.set(c0, b0)
+	s.delete(calicotest.BlockCIDR(1))
+	s.set(blk(1000, "c"))
+	after := s.freeze()
+	if before.Len() != 1000 || before.Get(c0).Owner.Node != "a" || before.Get(calicotest.BlockCIDR(1)) == nil ||
+		before.Get(calicotest.BlockCIDR(1000)) != nil {
+		t.Fatalf("a frozen set changed: len %d", before.Len())
+	}
+	if after.Len() != 1000 || after.Get(c0) != b0 || after.Get(calicotest.BlockCIDR(1)) != nil || after.Get(calicotest.BlockCIDR(1000)) == nil {
+		t.Fatalf("after: len %d", after.Len())
+	}
+	shared := 0
+	for i := range numShards {
+		if before.shards[i] != nil && after.shards[i] != nil && reflect.ValueOf(before.shards[i]).Pointer() == reflect.ValueOf(after.shards[i]).Pointer() {
+			shared++
+		}
+	}
+	if shared < numShards-3 {
+		t.Errorf("%d of %d shards shared after 3 changes", shared, numShards)
+	}
+	if n := len(after.Map()); n != after.Len() {
+		t.Errorf("Map has %d blocks, Len %d", n, after.Len())
+	}
+	if got, ok := (Blocks{}).Lookup(c0); got != nil || ok || (Blocks{}).Len() != 0 {
+		t.Error("the zero Blocks is not empty")
 	}
 }

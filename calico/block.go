@@ -69,13 +69,21 @@ func Size(cidr netip.Prefix) int {
 // relies on (a valid CIDR); call Validate for the full invariants.
 func DecodeBlock(data []byte) (*Block, error) {
 	var b Block
-	if err := json.Unmarshal(data, &b); err != nil {
-		return nil, fmt.Errorf("decode block: %w", err)
-	}
-	if !b.CIDR.IsValid() {
-		return nil, errors.New("decode block: missing or invalid cidr")
+	if err := decodeBlockValue(data, &b, &b.CIDR); err != nil {
+		return nil, err
 	}
 	return &b, nil
+}
+
+// decodeBlockValue unmarshals a block value into v, whose cidr field is cidr, and checks the CIDR.
+func decodeBlockValue(data []byte, v any, cidr *netip.Prefix) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decode block: %w", err)
+	}
+	if !cidr.IsValid() {
+		return errors.New("decode block: missing or invalid cidr")
+	}
+	return nil
 }
 
 // EncodeBlock encodes a block in the form Calico v3.23-v3.31 writes.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -430,6 +431,28 @@ func FuzzParseKey(f *testing.F) {
 	})
 }
 
+// TestDecodeRoutingMalformed: a value whose routing fields cannot be read fails to decode, as it does
+// with DecodeBlock.
+func TestDecodeRoutingMalformed(t *testing.T) {
+	for _, v := range []string{
+		`{"cidr":"10.0.0.0/30","allocations":[0,1.5]}`,
+		`{"cidr":"10.0.0.0/30","allocations":[0,"1"]}`,
+		`{"cidr":"10.0.0.0/30","allocations":{"0":1}}`,
+		`{"cidr":"10.0.0.0/30","allocations":7}`,
+		`{"cidr":"10.0.0.0/30","attributes":[{"secondary":{"node":5}}]}`,
+		`{"cidr":"10.0.0.0/30","affinity":5}`,
+		`{"cidr":"10.0.0.0/30",`,
+		`{"affinity":"host:x"}`,
+	} {
+		if _, err := DecodeBlock([]byte(v)); err == nil {
+			t.Errorf("DecodeBlock(%s) read it", v)
+		}
+		if r, err := DecodeRouting([]byte(v)); err == nil {
+			t.Errorf("DecodeRouting(%s) = %+v, want an error", v, r)
+		}
+	}
+}
+
 func FuzzDecodeBlock(f *testing.F) {
 	entries, _ := os.ReadDir("testdata")
 	for _, e := range entries {
@@ -437,6 +460,7 @@ func FuzzDecodeBlock(f *testing.F) {
 			f.Add([]byte(loadTestdata(f, e.Name()).Value))
 		}
 	}
+	f.Add([]byte(`{"cidr":"10.0.0.0/30","affinity":"host:x","allocations":[ 1 ,null, 0,9999999999],"attributes":[{"secondary":{"node":"x"}},{"secondary":{"node":"y","pod":"p"}}]}`))
 	f.Add([]byte(`{"cidr":"10.0.0.0/30","affinity":"host:x","allocations":[0,null,5,-1],"unallocated":[1,1,9],"attributes":[{"handle_id":null,"secondary":{"node":"y"}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeBlock(data)
@@ -446,6 +470,20 @@ func FuzzDecodeBlock(f *testing.F) {
 		_ = b.Validate()
 		o := OwnerOf(b, true)
 		_ = BorrowedAddrs(b, o)
+		// The routing decoder reads every value the full one reads, to the same routes.
+		r, err := DecodeRouting(data)
+		if err != nil {
+			t.Fatalf("DecodeRouting fails on a value DecodeBlock reads: %v", err)
+		}
+		for _, legacy := range []bool{false, true} {
+			o := OwnerOf(b, legacy)
+			if got := r.Owner(legacy); got != o || r.CIDR != b.CIDR {
+				t.Fatalf("legacy %v: DecodeRouting owner %v of %s, DecodeBlock %v of %s", legacy, got, r.CIDR, o, b.CIDR)
+			}
+			if got, want := r.Borrowed(o), BorrowedAddrs(b, o); !slices.Equal(got, want) {
+				t.Fatalf("legacy %v: DecodeRouting borrowed %v, DecodeBlock %v", legacy, got, want)
+			}
+		}
 		for i := range b.Allocations {
 			_ = b.AttributeOf(i).Handle()
 		}

@@ -357,7 +357,7 @@ func (l *lab) releaseBlocks(ctx context.Context, n *labNode) (int, error) {
 		return 0, err
 	}
 	released := 0
-	for cidr, b := range snap.Blocks {
+	for cidr, b := range snap.Blocks.All() {
 		if b.Owner.Node != n.name {
 			continue
 		}

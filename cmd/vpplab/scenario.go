@@ -138,7 +138,7 @@ func (l *lab) ownedBlocks(ctx context.Context, n *labNode) (int, error) {
 		return 0, err
 	}
 	c := 0
-	for _, b := range snap.Blocks {
+	for _, b := range snap.Blocks.All() {
 		if b.Owner.Node == n.name {
 			c++
 		}
@@ -189,7 +189,7 @@ func (l *lab) summary() {
 	}
 	for _, n := range l.nodes {
 		var blocks []netip.Prefix
-		for cidr, b := range snap.Blocks {
+		for cidr, b := range snap.Blocks.All() {
 			if b.Owner.Node == n.name {
 				blocks = append(blocks, cidr)
 			}

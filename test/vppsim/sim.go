@@ -420,6 +420,22 @@ func (s *Sim) APIRoutes(tableID uint32) []Route {
 	return out
 }
 
+// APIRoute returns the API-sourced route of prefix p in one table, with its API paths, and whether
+// there is one: one entry, for callers that would otherwise copy a large table to check one route.
+func (s *Sim) APIRoute(tableID uint32, p netip.Prefix) (Route, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tables[tableKey{tableID, p.Addr().Is6()}]
+	if t == nil {
+		return Route{}, false
+	}
+	e := t.entries[p]
+	if e == nil || e.api == nil {
+		return Route{}, false
+	}
+	return t.export(e, SourceAPI, e.api), true
+}
+
 // AllRoutes returns every table's routes: tables ordered by (IPv6, id),
 // routes as Routes orders them.
 func (s *Sim) AllRoutes() []Route {
