@@ -63,8 +63,10 @@ type peerCheck struct {
 
 // validPeers splits the registered peers into those usable as next hops and the refused ones. Besides
 // CheckNextHop and this node's own addressing, an address registered by two nodes goes to the one
-// that registered it first (the lower create revision; then the lower name), like the node-name lock.
-// It is pure.
+// whose key is on a lease (a live agent's registration) rather than to a key without one (written by
+// hand or left over), then to the one that registered it first (the lower create revision; then the
+// lower name), like the node-name lock. So a leftover key holding a node's address never takes that
+// address from the node when it registers again. It is pure.
 func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]blockwatch.Peer, map[peerFamily]InvalidPeer) {
 	valid := make(map[string]blockwatch.Peer, len(raw))
 	invalid := map[peerFamily]InvalidPeer{}
@@ -74,25 +76,32 @@ func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]block
 	}
 	type claim struct {
 		node    string
+		leased  bool
 		created int64
 	}
-	first := map[netip.Addr]claim{} // the earliest claim of every address
+	// before reports whether claim c takes precedence over claim f.
+	before := func(c, f claim) bool {
+		if c.leased != f.leased {
+			return c.leased
+		}
+		return c.created < f.created || c.created == f.created && c.node < f.node
+	}
+	first := map[netip.Addr]claim{} // the claim of every address that takes precedence
 	for node, p := range raw {
 		for _, c := range []struct {
-			a       netip.Addr
-			created int64
-		}{{p.IPv4, p.IPv4Created}, {p.IPv6, p.IPv6Created}} {
+			a netip.Addr
+			claim
+		}{{p.IPv4, claim{node, p.IPv4Leased, p.IPv4Created}}, {p.IPv6, claim{node, p.IPv6Leased, p.IPv6Created}}} {
 			if !c.a.IsValid() || node == pc.node {
 				continue
 			}
-			f, seen := first[c.a]
-			if !seen || c.created < f.created || c.created == f.created && node < f.node {
-				first[c.a] = claim{node, c.created}
+			if f, seen := first[c.a]; !seen || before(c.claim, f) {
+				first[c.a] = c.claim
 			}
 		}
 	}
 	for node, p := range raw {
-		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created}
+		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created, IPv4Leased: p.IPv4Leased, IPv6Leased: p.IPv6Leased}
 		for _, a := range []netip.Addr{p.IPv4, p.IPv6} {
 			if !a.IsValid() {
 				continue
@@ -116,7 +125,7 @@ func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]block
 }
 
 // refuse says why node's registered address a is refused ("" if it is not); firstNode is the node
-// that registered a first.
+// whose claim of a takes precedence.
 func (pc peerCheck) refuse(node string, a netip.Addr, own []netip.Addr, firstNode string) string {
 	if err := CheckNextHop(a); err != nil {
 		return err.Error()
@@ -139,7 +148,7 @@ func (pc peerCheck) refuse(node string, a netip.Addr, own []netip.Addr, firstNod
 		return fmt.Sprintf("this node's (%s) own peer IP", pc.node)
 	}
 	if firstNode != node {
-		return fmt.Sprintf("also registered by node %q, which registered it first", firstNode)
+		return fmt.Sprintf("also registered by node %q, which holds it (a lease-backed registration first, then the earlier one)", firstNode)
 	}
 	return ""
 }

@@ -30,9 +30,12 @@ func TestValidPeers(t *testing.T) {
 		"sbcast":  {IPv4: a("192.0.2.255")},
 		"mine":    {IPv4: a("192.0.2.1"), IPv6: a("2001:db8::1")}, // self's own, registered by another name
 		"mapped6": {IPv6: a("::ffff:192.0.2.9")},
+		// A leftover key without a lease, older than the live registration of the same address.
+		"leftover": {IPv4: a("192.0.2.4"), IPv4Created: 2},
+		"back":     {IPv4: a("192.0.2.4"), IPv4Created: 11, IPv4Leased: true},
 	}
 	valid, invalid := pc.validPeers(raw)
-	wantValid := map[string]string{"self": "192.0.2.1", "ok": "192.0.2.2", "tie": "192.0.2.3", "p2p": "198.51.100.0"}
+	wantValid := map[string]string{"self": "192.0.2.1", "ok": "192.0.2.2", "tie": "192.0.2.3", "p2p": "198.51.100.0", "back": "192.0.2.4"}
 	for n, v := range valid {
 		if want, ok := wantValid[n]; !ok || v.IPv4.String() != want && v.IPv6.String() != want {
 			t.Errorf("valid %s = %+v, want refused", n, v)
@@ -50,7 +53,7 @@ func TestValidPeers(t *testing.T) {
 		"zero/ipv4": "unspecified", "zero/ipv6": "unspecified", "this/ipv4": "0.0.0.0/8", "classe/ipv4": "240.0.0.0/4",
 		"net/ipv4": "network address of the uplink subnet 192.0.2.0/24", "net/ipv6": "network address of the uplink subnet 2001:db8::/64",
 		"sbcast/ipv4": "broadcast address of the uplink subnet", "mine/ipv4": "own peer IP", "mine/ipv6": "own peer IP",
-		"mapped6/ipv6": "IPv4-mapped",
+		"mapped6/ipv6": "IPv4-mapped", "leftover/ipv4": `also registered by node "back"`,
 	}
 	for pf, inv := range invalid {
 		want, ok := wantReason[pf.String()]

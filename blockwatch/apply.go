@@ -17,7 +17,9 @@ type decoded struct {
 	// created is the key's create revision (0 for a delete): a key created after the revision of the
 	// cached value is a new incarnation, and the cached value no longer stands for it.
 	created int64
-	del     bool
+	// leased: the key is attached to a lease (a live registration; hand-written keys have none).
+	leased bool
+	del    bool
 	// keyErr: the key itself is malformed (nothing else is set); valErr: the value is.
 	keyErr, valErr error
 
@@ -32,7 +34,7 @@ type decoded struct {
 // decode decodes one key and its value (or its delete, with del). It is pure.
 func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
 	key, value := string(kv.Key), kv.Value
-	d := decoded{src: src, key: key, rev: kv.ModRevision, created: kv.CreateRevision, del: del}
+	d := decoded{src: src, key: key, rev: kv.ModRevision, created: kv.CreateRevision, leased: kv.Lease != 0, del: del}
 	switch src {
 	case srcBlocks:
 		if d.cidr, d.keyErr = w.dec.blockCIDR(key); d.keyErr == nil && !del {
@@ -104,15 +106,15 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		if e, ok := c.peerKeys[d.peer]; ok && d.rev <= e.rev {
 			return
 		}
-		addr, created := d.addr, d.created
+		e := peerEntry{rev: d.rev, created: d.created, leased: d.leased, addr: d.addr}
 		if d.valErr != nil {
 			good, ok := prev.peerKeys[d.peer]
 			if !ok || d.created > good.rev {
 				return
 			}
-			addr, created = good.addr, good.created
+			e.created, e.leased, e.addr = good.created, good.leased, good.addr
 		}
-		c.setPeer(d.peer, addr, d.rev, created, ch)
+		c.setPeer(d.peer, e, ch)
 	case srcPools:
 		if r, ok := c.poolRevs[d.name]; ok && d.rev <= r {
 			return

@@ -671,3 +671,33 @@ func TestIdleWatchStaysInSync(t *testing.T) {
 		t.Errorf("relists_total{watch-error} = %v", n)
 	}
 }
+
+// TestPeerLeases: a snapshot tells a registration on a lease (as agents write them) from a key
+// without one (written by hand or left over), in the list and in watch events.
+func TestPeerLeases(t *testing.T) {
+	_, cli := startEtcd(t)
+	ctx := testCtx(t)
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", FamilyIPv4), "192.0.2.7", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, PeerKey(DefaultHostsPrefix, "leftover", FamilyIPv4), "192.0.2.7")
+	h := newHarness(t, cli, nil)
+	h.run()
+	s := h.next()
+	if p := s.Peers["live"]; !p.IPv4Leased || p.IPv6Leased {
+		t.Errorf("listed lease-backed peer: %+v", p)
+	}
+	if p := s.Peers["leftover"]; p.IPv4Leased || p.IPv4 != mustAddr("192.0.2.7") {
+		t.Errorf("listed peer without a lease: %+v", p)
+	}
+	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", FamilyIPv6), "2001:db8::7", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if s = h.next(); !s.Peers["live"].IPv6Leased || !s.Peers["live"].IPv4Leased {
+		t.Errorf("watched lease-backed peer: %+v", s.Peers["live"])
+	}
+}

@@ -26,6 +26,7 @@ func (s source) String() string { return [...]string{"blocks", "hosts", "pools"}
 // and the key's create revision.
 type peerEntry struct {
 	rev, created int64
+	leased       bool
 	addr         netip.Addr
 }
 
@@ -152,15 +153,16 @@ func (c *cache) hold(cidr netip.Prefix, h Held, ch *changes) {
 	ch.block(cidr)
 }
 
-// setPeer records addr for id at rev, from a key created at created; an invalid addr deletes the key.
-func (c *cache) setPeer(id peerID, addr netip.Addr, rev, created int64, ch *changes) {
-	if addr.IsValid() {
-		c.peerKeys[id] = peerEntry{rev: rev, created: created, addr: addr}
+// setPeer records e for id; an invalid e.addr deletes the key.
+func (c *cache) setPeer(id peerID, e peerEntry, ch *changes) {
+	if e.addr.IsValid() {
+		c.peerKeys[id] = e
 	} else {
 		delete(c.peerKeys, id)
 	}
 	v4, v6 := c.peerKeys[peerID{node: id.node}], c.peerKeys[peerID{node: id.node, v6: true}]
-	p := Peer{IPv4: v4.addr, IPv6: v6.addr, IPv4Created: v4.created, IPv6Created: v6.created}
+	p := Peer{IPv4: v4.addr, IPv6: v6.addr, IPv4Created: v4.created, IPv6Created: v6.created,
+		IPv4Leased: v4.leased, IPv6Leased: v6.leased}
 	old, had := c.peers[id.node]
 	if had && old == p || !had && p == (Peer{}) {
 		return

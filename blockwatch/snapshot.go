@@ -96,9 +96,11 @@ func (a *Block) Equal(b *Block) bool {
 // only checks that it is an address of the key's family.
 type Peer struct {
 	IPv4, IPv6 netip.Addr
-	// IPv4Created and IPv6Created are the create revisions of the keys: which node registered an
-	// address first, when two claim the same one.
+	// IPv4Created and IPv6Created are the create revisions of the keys, and IPv4Leased and IPv6Leased
+	// whether they are on a lease (as every agent writes them; a hand-written or leftover key is not):
+	// which node holds an address when two claim the same one.
 	IPv4Created, IPv6Created int64
+	IPv4Leased, IPv6Leased   bool
 }
 
 // coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and
