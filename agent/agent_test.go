@@ -11,7 +11,9 @@ import (
 	"go.fd.io/govpp/binapi/ip"
 )
 
-const settle = 10 * time.Second
+// settle bounds every wait for convergence: generous, as the tests run with -race on a loaded
+// 2-core machine; a passing test does not wait longer for it.
+const settle = 30 * time.Second
 
 func TestTwoNodesBlocksAppearMoveAndVanish(t *testing.T) {
 	c := newCluster(t, clusterOpts{}, "a", "b")

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,7 +81,12 @@ func TestNameConflictChangesNoRoute(t *testing.T) {
 	// b stops for good: its lease (5s) runs out, b2 takes over, a's route changes once.
 	c.stop("b")
 	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "b2"}), settle)
-	time.Sleep(500 * time.Millisecond)
+	// Two periodic resyncs after the change: a second write, if any, would have been made by then.
+	resyncs := func() float64 {
+		return c.metric("a", "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok")
+	}
+	from := resyncs()
+	waitUntil(t, "two periodic resyncs after the takeover", 30*time.Second, func() bool { return resyncs() >= from+2 })
 	adds2, dels2 := c.routeWrites("a")
 	if adds2-adds1 != 1 || dels2 != dels1 {
 		t.Errorf("takeover: %v adds, %v deletes on node a, want one replace", adds2-adds1, dels2-dels1)
@@ -156,10 +162,28 @@ func TestEtcdClusterFaults(t *testing.T) {
 	if got := c.fib("a"); !slices.Equal(got, want) {
 		t.Errorf("FIB changed without quorum:\n got %q\nwant %q", got, want)
 	}
+	// Each restart waits for the other to form a quorum: they run side by side, and the test owns them
+	// (the cleanup waits for them before the cluster is torn down) and fails on their errors.
+	restarts := make(chan error, len(down))
+	var restarting sync.WaitGroup
+	t.Cleanup(restarting.Wait)
 	for _, i := range down {
-		go c.ecl.Restart(i) // each waits for the other to form a quorum
+		restarting.Add(1)
+		go func() {
+			defer restarting.Done()
+			if err := c.ecl.Restart(i); err != nil {
+				restarts <- fmt.Errorf("restart m%d: %w", i, err)
+				return
+			}
+			restarts <- nil
+		}()
 	}
 	c.putBlockRetry("10.244.4.0/26", "b")
+	for range down {
+		if err := <-restarts; err != nil {
+			t.Fatal(err)
+		}
+	}
 	phase("quorum back")
 	routes["10.244.4.0/26"] = "b"
 	// The watch relists with a backoff that grew while quorum was lost (up to 5s): allow for it.

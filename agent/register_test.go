@@ -84,26 +84,52 @@ func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool
 	}
 }
 
-// valueChanges records every value the key takes, from now on.
+// valueChanges records every value the key takes, from now on: the watch starts at the revision after
+// a Get made now, so no early event is missed. The returned func gives the values the key took up to
+// the store's revision at the time of the call: it waits (up to 30 s) until the watch has caught up with
+// that revision, so that an event already written cannot be missing from it.
 func valueChanges(t *testing.T, cli *clientv3.Client, key string) func() []string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	now, err := cli.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	var vals []string
-	wch := cli.Watch(ctx, key)
+	seen := now.Header.Revision // the watch has delivered every event up to this revision
+	wch := cli.Watch(ctx, key, clientv3.WithRev(now.Header.Revision+1))
 	go func() {
 		for resp := range wch {
 			mu.Lock()
 			for _, ev := range resp.Events {
 				vals = append(vals, string(ev.Kv.Value)) // "" for a delete
 			}
+			seen = max(seen, resp.Header.Revision)
 			mu.Unlock()
 		}
 	}()
 	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), vals...)
+		t.Helper()
+		cur, err := cli.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			caughtUp, out := seen >= cur.Header.Revision, append([]string(nil), vals...)
+			mu.Unlock()
+			if caughtUp {
+				return out
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the watch of %s did not reach revision %d within 30s", key, cur.Header.Revision)
+			}
+			if err := cli.RequestProgress(ctx); err != nil { // a progress notify carries the revision
+				t.Fatal(err)
+			}
+		}
 	}
 }
 

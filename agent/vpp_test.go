@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -51,13 +52,32 @@ func TestVPPOwnRoutesInPool(t *testing.T) {
 				}
 				return n
 			}
-			time.Sleep(time.Second) // several resyncs
+			resyncs := func() float64 {
+				return c.metric("a", "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok")
+			}
+			afterResyncs := func(what string, n float64) {
+				from := resyncs()
+				c.waitFor(fmt.Sprintf("%v periodic resyncs %s", n, what), 30*time.Second, func() bool { return resyncs() >= from+n })
+			}
+			// Resyncs have seen VPP's /32s: with the route source, three of them; without it, the agent
+			// tried deleting both and counted them undeletable.
+			start := resyncs()
+			c.waitFor("resyncs that saw VPP's own /32s", 30*time.Second, func() bool {
+				if vppOwn() != 2 {
+					return false
+				}
+				if tc.bySource {
+					return resyncs() >= start+3
+				}
+				return c.metric("a", "vpp_route_agent_routes_undeletable_total") >= 2
+			})
+			afterResyncs("to finish the one under way", 1)
 			if n := vppOwn(); n != 2 {
 				t.Fatalf("VPP's own /32s: %d, want 2", n)
 			}
 			drift := c.metric("a", "vpp_route_agent_drift_corrections_total")
 			deletes := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete")
-			time.Sleep(time.Second) // several more
+			afterResyncs("after the baseline", 2)
 			if d := c.metric("a", "vpp_route_agent_drift_corrections_total"); d != drift {
 				t.Errorf("drift corrections went on: %v then %v", drift, d)
 			}
@@ -84,9 +104,12 @@ func TestVPPOwnRoutesInPool(t *testing.T) {
 
 // TestUplinkAppearsLate: VPP answers before its startup-config created the uplink, after a start and
 // after every restart. The agent waits, says so, counts no error, and programs the routes once it appears.
+// The uplink appears only when the test has seen the wait.
 func TestUplinkAppearsLate(t *testing.T) {
-	const delay = 1500 * time.Millisecond
-	c := newCluster(t, clusterOpts{sim: func(cfg *vppsim.Config) { cfg.InterfaceDelay = delay }}, "a", "b")
+	c := newCluster(t, clusterOpts{sim: func(cfg *vppsim.Config) { cfg.InterfacesOnDemand = true }}, "a", "b")
+	if err := c.nodes["b"].sim.CreateInterfaces(); err != nil { // only a's uplink is late
+		t.Fatal(err)
+	}
 	c.putBlock("10.244.2.0/26", "b", nil)
 	want := c.want(map[string]string{"10.244.2.0/26": "b"})
 	for _, step := range []string{"start", "restart"} {
@@ -95,13 +118,16 @@ func TestUplinkAppearsLate(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		c.waitFor(step+": waiting for the uplink", 2*time.Second, func() bool {
+		c.waitFor(step+": waiting for the uplink", 30*time.Second, func() bool {
 			_, missing := c.nodes["a"].agent.Ready()
 			return slices.Contains(missing, "waiting for uplink "+uplinkName) &&
 				c.metric("a", "vpp_route_agent_uplink_waiting") == 1
 		})
-		c.eventually("a", want, settle)
-		c.waitFor(step+": ready", settle, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
+		if err := c.nodes["a"].sim.CreateInterfaces(); err != nil {
+			t.Fatal(err)
+		}
+		c.eventually("a", want, 30*time.Second)
+		c.waitFor(step+": ready", 30*time.Second, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
 		if v := c.metric("a", "vpp_route_agent_uplink_waiting"); v != 0 {
 			t.Errorf("%s: uplink_waiting %v after the uplink appeared", step, v)
 		}

@@ -656,11 +656,13 @@ func TestTenThousandBlocks(t *testing.T) {
 func TestIdleWatchStaysInSync(t *testing.T) {
 	_, cli := startEtcd(t)
 	putBlock(t, cli, calicotest.Block(mustPrefix("10.3.0.0/26"), "node-a", 1))
-	h := newHarness(t, cli, nil) // ProbeInterval 200ms: a stall would show within 650ms
+	// The production probe interval (1s): a probe may take up to 2s on a loaded machine without counting
+	// as a stall, and a watch that stopped answering would still relist within 3¼s, inside the 5s watched.
+	h := newHarness(t, cli, func(c *Config) { c.ProbeInterval = DefaultProbeInterval })
 	h.run()
 	h.next()
 	waitSynced(t, h.w)
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		if st := h.w.Status(); !st.Synced || st.Relists != 0 {
 			t.Fatalf("idle etcd: status %+v", st)

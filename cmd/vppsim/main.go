@@ -2,10 +2,11 @@
 // standalone process, for the local lab and process-level tests:
 //
 //	vppsim --socket PATH [--interface NAME]... [--version TEXT] [--crc NAME=CRC]... [--http ADDR]
-//	       [--interfaces-after DURATION] [--reply-delay DURATION] [--hang-up-after N] [--stall]
+//	       [--interfaces-after DURATION | --interfaces-on-demand] [--reply-delay DURATION] [--hang-up-after N] [--stall]
 //
 // The fault flags play a real VPP's behaviours and failures for process-level tests: interfaces created
-// by VPP's startup-config appear 2 s after every (re)start (--interfaces-after 2s), a busy main thread
+// by VPP's startup-config appear 2 s after every (re)start (--interfaces-after 2s) or when the test says so
+// (--interfaces-on-demand, then POST /interfaces after each start), a busy main thread
 // (--reply-delay), a VPP that drops each connection after N messages (--hang-up-after), and one that
 // stops answering (--stall: requests applied, nothing answered, pings included).
 //
@@ -16,7 +17,7 @@
 // every table's routes; ?source=api keeps only API routes), GET /interfaces,
 // GET /requests (JSON object: message name -> count) and
 // POST /neighbor?sw_if_index=N&address=A (a resolved neighbour: VPP's
-// adjacency /32).
+// adjacency /32) and POST /interfaces (the interfaces appear now).
 package main
 
 import (
@@ -82,6 +83,8 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 	fs.BoolVar(&o.debug, "debug", false, "log per-connection events")
 	var ifDelay time.Duration
 	fs.DurationVar(&ifDelay, "interfaces-after", 0, "the interfaces appear this long after start and after every restart (VPP's startup-config: 2s)")
+	var ifOnDemand bool
+	fs.BoolVar(&ifOnDemand, "interfaces-on-demand", false, "the interfaces appear only on POST /interfaces, after start and after every restart")
 	fs.DurationVar(&o.faults.ReplyDelay, "reply-delay", 0, "delay the processing of every request (a busy VPP)")
 	fs.IntVar(&o.faults.HangUpAfter, "hang-up-after", 0, "close each connection after it received this many messages (0: never)")
 	fs.BoolVar(&o.stall, "stall", false, "apply requests but answer none, control_ping included (a stalled VPP)")
@@ -106,7 +109,11 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 	if len(o.socket) > 107 {
 		return o, vppsim.Config{}, fmt.Errorf("%w: --socket %q longer than the 107 bytes a unix socket path allows", errUsage, o.socket)
 	}
-	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version, InterfaceDelay: ifDelay}
+	if ifOnDemand && ifDelay > 0 {
+		return o, vppsim.Config{}, fmt.Errorf("%w: --interfaces-after and --interfaces-on-demand exclude each other", errUsage)
+	}
+	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version, InterfaceDelay: ifDelay,
+		InterfacesOnDemand: ifOnDemand}
 	for _, kv := range o.crcs {
 		name, crc, ok := strings.Cut(kv, "=")
 		if !ok || name == "" {
@@ -216,6 +223,14 @@ func newHandler(sim *vppsim.Sim) http.Handler {
 	})
 	mux.HandleFunc("GET /requests", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, sim.RequestCounts())
+	})
+	// POST /interfaces creates the configured interfaces now (--interfaces-on-demand).
+	mux.HandleFunc("POST /interfaces", func(w http.ResponseWriter, _ *http.Request) {
+		if err := sim.CreateInterfaces(); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	})
 	// POST /neighbor?sw_if_index=N&address=A plays a resolved ARP/ND entry: VPP's adjacency /32 (/128).
 	mux.HandleFunc("POST /neighbor", func(w http.ResponseWriter, r *http.Request) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -72,6 +73,12 @@ func TestFaultFlags(t *testing.T) {
 	want := vppsim.Faults{HangUpAfter: 7, NoReply: true, NoPingReply: true, ReplyDelay: 5 * time.Millisecond}
 	if cfg.InterfaceDelay != 2*time.Second || o.faults != want {
 		t.Errorf("interface delay %v, faults %+v; want 2s and %+v", cfg.InterfaceDelay, o.faults, want)
+	}
+	if _, cfg, err := parseFlags([]string{"--socket", "/tmp/x.sock", "--interfaces-on-demand"}, io.Discard); err != nil || !cfg.InterfacesOnDemand {
+		t.Errorf("--interfaces-on-demand: %+v, %v", cfg, err)
+	}
+	if _, _, err := parseFlags([]string{"--socket", "/tmp/x.sock", "--interfaces-on-demand", "--interfaces-after", "2s"}, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("--interfaces-on-demand with --interfaces-after: %v, want a usage error", err)
 	}
 }
 

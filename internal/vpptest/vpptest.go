@@ -43,8 +43,10 @@ type Options struct {
 	// Uplink is the simulator's uplink name (sw_if_index 1); a real VPP's is always loop0, made by its
 	// startup-config. Default vppproc.Uplink.
 	Uplink string
-	// LateUplink makes the uplink appear as a real VPP's does: 2 s after every (re)start. Without it,
-	// New returns once the uplink exists.
+	// LateUplink makes the uplink missing after every (re)start, as a real VPP's is until its
+	// startup-config creates it 2 s later. The simulator's appears only when the test calls
+	// ReleaseUplink (UplinkGated), so that the wait for it is seen for sure. Without LateUplink, New
+	// returns once the uplink exists.
 	LateUplink bool
 }
 
@@ -75,9 +77,7 @@ func New(t testing.TB, opts Options) *VPP {
 	v := &VPP{t: t, uplink: opts.Uplink}
 	if !Real() {
 		cfg := vppsim.Config{Interfaces: []string{opts.Uplink}, Version: "26.06-sim"}
-		if opts.LateUplink {
-			cfg.InterfaceDelay = StartupDelay
-		}
+		cfg.InterfacesOnDemand = opts.LateUplink
 		sim, err := vppsim.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +124,7 @@ func (v *VPP) PID() uint32 {
 }
 
 // Restart restarts VPP: new pid, empty FIB. A real VPP's uplink is missing again for 2 s, the
-// simulator's only with LateUplink.
+// simulator's only with LateUplink, until ReleaseUplink.
 func (v *VPP) Restart() {
 	v.t.Helper()
 	if v.sim != nil {
@@ -137,6 +137,22 @@ func (v *VPP) Restart() {
 	defer cancel()
 	if err := v.proc.Restart(ctx); err != nil {
 		v.t.Fatal(err)
+	}
+}
+
+// UplinkGated reports whether the test decides when a late uplink appears (ReleaseUplink): true for the
+// simulator; a real VPP creates it from its startup-config 2 s after every (re)start, so a client may
+// connect before or after it exists.
+func (v *VPP) UplinkGated() bool { return v.sim != nil }
+
+// ReleaseUplink makes a late uplink (Options.LateUplink) appear now in the simulator; a real VPP's
+// appears by itself (StartupDelay), so there it does nothing.
+func (v *VPP) ReleaseUplink() {
+	v.t.Helper()
+	if v.sim != nil {
+		if err := v.sim.CreateInterfaces(); err != nil {
+			v.t.Fatal(err)
+		}
 	}
 }
 

@@ -192,13 +192,18 @@ func BenchmarkRestartLateUplink20k(b *testing.B) {
 	cfg := benchAgent(c, v.Socket())
 	cfg.uplinkIf = v.Uplink()
 	p := startProc(b, "agent", agentBin, nil, nil, cfg.args()...)
+	v.ReleaseUplink()
 	p.waitLog("full resync done", time.Minute)
 	var total time.Duration
 	for b.Loop() {
 		b.StopTimer()
 		seen := len(p.records())
 		v.Restart()
-		appeared := v.WaitUplink(10 * time.Second)
+		if v.UplinkGated() { // as a real VPP's startup-config does
+			time.Sleep(vpptest.StartupDelay)
+			v.ReleaseUplink()
+		}
+		appeared := v.WaitUplink(30 * time.Second)
 		var done time.Time
 		for deadline := time.Now().Add(time.Minute); done.IsZero(); time.Sleep(5 * time.Millisecond) {
 			for _, r := range p.records()[seen:] {

@@ -73,6 +73,11 @@ type Config struct {
 	// (local0 is there at once), as interfaces created by VPP's
 	// startup-config appear 2 s after its API answers.
 	InterfaceDelay time.Duration
+	// InterfacesOnDemand makes the configured interfaces appear only when
+	// CreateInterfaces is called, after the start and after every Restart
+	// (local0 is there at once): a test that must see a client wait for
+	// its interface decides when the wait ends. It overrides InterfaceDelay.
+	InterfacesOnDemand bool
 }
 
 // Faults are switchable misbehaviours, applied from the next message on.
@@ -191,9 +196,11 @@ func (s *Sim) reset() {
 		s.lateIfaces.Stop()
 		s.lateIfaces = nil
 	}
-	if s.ifaces == nil || s.cfg.InterfaceDelay > 0 {
+	if s.ifaces == nil || s.cfg.InterfaceDelay > 0 || s.cfg.InterfacesOnDemand {
 		s.ifaces = []*iface{{index: 0, name: "local0"}}
-		if s.cfg.InterfaceDelay > 0 {
+		if s.cfg.InterfacesOnDemand {
+			// CreateInterfaces adds them.
+		} else if s.cfg.InterfaceDelay > 0 {
 			var t *time.Timer
 			t = time.AfterFunc(s.cfg.InterfaceDelay, func() {
 				s.mu.Lock()
@@ -214,6 +221,24 @@ func (s *Sim) reset() {
 		ifc.carrier = ifc.index != 0
 		ifc.addrs = nil
 	}
+}
+
+// CreateInterfaces adds the configured interfaces now, as VPP's startup-config
+// does, when they do not exist yet (Config.InterfacesOnDemand, or before an
+// InterfaceDelay has passed). It reports an error when they already exist.
+func (s *Sim) CreateInterfaces() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ifaces) > 1 {
+		return errors.New("vppsim: the interfaces exist already")
+	}
+	if s.lateIfaces != nil {
+		s.lateIfaces.Stop()
+		s.lateIfaces = nil
+	}
+	s.createInterfaces()
+	s.log.Info("vppsim: interfaces created", "interfaces", s.cfg.Interfaces)
+	return nil
 }
 
 // createInterfaces adds the configured interfaces, sw_if_index 1..N, admin

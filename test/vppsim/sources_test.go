@@ -111,6 +111,29 @@ func TestDumpOrderVaries(t *testing.T) {
 	t.Error("11 dumps of 20 routes came in the same order")
 }
 
+// TestInterfacesOnDemand: with InterfacesOnDemand the interfaces appear when the test says so, after the
+// start and after a restart, and not before.
+func TestInterfacesOnDemand(t *testing.T) {
+	s := startSim(t, Config{Interfaces: []string{"loop0"}, InterfacesOnDemand: true})
+	for _, step := range []string{"start", "restart"} {
+		if n := len(s.Interfaces()); n != 1 {
+			t.Fatalf("%s: %d interfaces before CreateInterfaces, want only local0", step, n)
+		}
+		if err := s.CreateInterfaces(); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Interfaces(); len(got) != 2 || got[1].Name != "loop0" {
+			t.Fatalf("%s: interfaces %+v after CreateInterfaces, want local0 and loop0", step, got)
+		}
+		if err := s.CreateInterfaces(); err == nil {
+			t.Errorf("%s: a second CreateInterfaces did not fail", step)
+		}
+		if err := s.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestInterfaceDelay: interfaces created by startup-config appear late, after start and after a restart.
 func TestInterfaceDelay(t *testing.T) {
 	const delay = 300 * time.Millisecond
