@@ -568,7 +568,8 @@ func TestRelist(t *testing.T) {
 	if _, err := calicotest.PutBlocks(testCtx(t), cli, 10, func(int) string { return "n" }); err != nil {
 		t.Fatal(err)
 	}
-	h := newHarness(t, cli, nil)
+	// The production probe interval: the test counts relists exactly, and needs no probe.
+	h := newHarness(t, cli, func(c *Config) { c.ProbeInterval = DefaultProbeInterval })
 	h.run()
 	first := h.next()
 	h.w.Relist()

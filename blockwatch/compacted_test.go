@@ -17,7 +17,12 @@ func TestCompactedRelistAtCompactionRevision(t *testing.T) {
 	px := newProxy(t, srv.Endpoint())
 	a, b, c := mustPrefix("10.5.0.0/26"), mustPrefix("10.5.0.64/26"), mustPrefix("10.5.0.128/26")
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
-	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) { c.CompactedRelistSpread = 300 * time.Millisecond })
+	// The production probe interval: these tests count relists exactly, and the proxy cuts connections
+	// (no probe is needed to notice), so a short interval would only let a slow probe add a relist.
+	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) {
+		c.CompactedRelistSpread = 300 * time.Millisecond
+		c.ProbeInterval = DefaultProbeInterval
+	})
 	h.run()
 	if s := h.next(); s.Blocks.Len() != 1 {
 		t.Fatalf("initial: %v", s.Blocks)
@@ -55,6 +60,7 @@ func TestCompactedRelistFallsBack(t *testing.T) {
 	putBlock(t, cli, calicotest.Block(a, "node-a", 1))
 	putBlock(t, cli, calicotest.Block(b, "node-b", 2))
 	h := newHarness(t, fastClient(t, px.Endpoint()), func(c *Config) {
+		c.ProbeInterval = DefaultProbeInterval // as above
 		c.CompactedRelistSpread, c.PageSize = -1, 1
 	})
 	var armed atomic.Bool
