@@ -155,9 +155,9 @@ func BorrowOrder(pool IPPool, node string, cidrs []netip.Prefix) []netip.Prefix 
 		if c.Bits() != pool.BlockSize || !p.Contains(c.Addr()) {
 			continue
 		}
-		idx := shr(toU128(c.Addr()).sub(base), hostBits)
+		idx := toU128(c.Addr()).sub(base).shr(hostBits)
 		// (idx - start) modulo the number of subnets: the distance walked from the start.
-		key := shr(idx.sub(start).shl(128-n), 128-n)
+		key := idx.sub(start).shl(128 - n).shr(128 - n)
 		vs = append(vs, visit{c, key})
 	}
 	slices.SortFunc(vs, func(a, b visit) int { return a.key.cmp(b.key) })

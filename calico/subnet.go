@@ -175,7 +175,7 @@ func freeBlock(pool netip.Prefix, blockSize int, start u128, used []netip.Prefix
 	hostBits := bitLen - blockSize
 	step := pow2(hostBits)
 	nBlocksLog := blockSize - pool.Bits()
-	start = shr(start.shl(128-nBlocksLog), 128-nBlocksLog) // modulo the number of subnets
+	start = start.shl(128 - nBlocksLog).shr(128 - nBlocksLog) // modulo the number of subnets
 	cand, _ := ps.first.add(start.shl(hostBits))
 	origin := cand
 	wrapped := false
@@ -214,7 +214,7 @@ func freeBlock(pool netip.Prefix, blockSize int, start u128, used []netip.Prefix
 }
 
 // shr shifts u right by n bits.
-func shr(u u128, n int) u128 {
+func (u u128) shr(n int) u128 {
 	switch {
 	case n == 0:
 		return u
