@@ -240,7 +240,7 @@ func (r *Registrar) step(ctx context.Context, sess **concurrency.Session) (bool,
 		}
 	}
 	lease := (*sess).Lease()
-	rev, err := r.put(ctx, resp.Kvs, lease)
+	rev, err := r.put(ctx, resp.Kvs, resp.Header.Revision, lease)
 	if err != nil {
 		return false, err
 	}
@@ -275,9 +275,10 @@ func (r *Registrar) newSession(ctx context.Context, lease clientv3.LeaseID) (*co
 }
 
 // put writes the keys that do not already hold our value on our lease, in one transaction that
-// succeeds only if none of them changed since they were read (seen). It returns the revision the
-// registration is current at, or 0 when the condition failed.
-func (r *Registrar) put(ctx context.Context, seen []*mvccpb.KeyValue, lease clientv3.LeaseID) (int64, error) {
+// succeeds only if none of them changed since they were read (seen, at revision seenRev). It returns
+// the revision the registration is current at (seenRev when nothing needed writing), or 0 when the
+// condition failed.
+func (r *Registrar) put(ctx context.Context, seen []*mvccpb.KeyValue, seenRev int64, lease clientv3.LeaseID) (int64, error) {
 	have := map[string]*mvccpb.KeyValue{}
 	for _, kv := range seen {
 		have[string(kv.Key)] = kv
@@ -296,16 +297,11 @@ func (r *Registrar) put(ctx context.Context, seen []*mvccpb.KeyValue, lease clie
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", rev))
 		ops = append(ops, clientv3.OpPut(k, r.kvs[k], clientv3.WithLease(lease)))
 	}
+	if len(ops) == 0 {
+		return seenRev, nil // the read that found them is the confirmation: wait watches from there
+	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	if len(ops) == 0 {
-		// Nothing to write; confirm the revision with a read of one key.
-		resp, err := r.cfg.Client.Get(pctx, r.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err != nil {
-			return 0, fmt.Errorf("read registration %s: %w", r.prefix, err)
-		}
-		return resp.Header.Revision, nil
-	}
 	resp, err := r.cfg.Client.Txn(pctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("put peer IP keys: %w", err)
