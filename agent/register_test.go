@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -13,34 +12,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // registrar runs a registrar for node with peer IP ip until the returned stop is called.
 type testRegistrar struct {
 	*agent.Registrar
 	m    *agent.Metrics
 	reg  *prometheus.Registry
-	log  *syncBuffer
+	log  *logging.Buffer
 	stop func()
 }
 
@@ -48,7 +30,7 @@ func startRegistrar(t *testing.T, cli *clientv3.Client, node, ip string, deregis
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	m := agent.NewMetrics(reg)
-	buf := &syncBuffer{}
+	buf := &logging.Buffer{}
 	r, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: node,
 		PeerIPs: []netip.Addr{netip.MustParseAddr(ip)}, TTL: 5 * time.Second, Deregister: deregister,
 		RequestTimeout: 2 * time.Second, CheckInterval: 200 * time.Millisecond, Metrics: m,

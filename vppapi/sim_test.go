@@ -4,7 +4,6 @@ package vppapi_test
 // unmodified socketclient.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +24,7 @@ import (
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/core"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
@@ -774,7 +773,7 @@ func TestHangUpMidApply(t *testing.T) {
 
 func TestIncompatible(t *testing.T) {
 	sim := startSim(t, vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
-	var logs syncBuffer
+	var logs logging.Buffer
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	for i := range 2 { // reported, then reported again after the backoff: it keeps retrying
 		ev := h.expect(vppapi.Incompatible)
@@ -802,24 +801,6 @@ func TestIncompatible(t *testing.T) {
 	if n := strings.Count(logs.String(), "VPP is incompatible"); n != 1 {
 		t.Errorf("the incompatibility was logged %d times over two attempts, want once", n)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestRunStopsWithoutLeaks(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"net/netip"
 )
 
@@ -94,19 +94,6 @@ func TestWrongCAFailsAtOnce(t *testing.T) {
 
 var metricsAddrRe = regexp.MustCompile(`serving metrics and health.*address=(\S+)`)
 
-// syncBuffer is a bytes.Buffer safe for the daemon's logger and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // TestDaemonOverMutualTLS: the daemon reaches etcd over mutual TLS, serves an ADD on its 0600 socket,
 // exposes its metrics and health on loopback, and removes its socket when stopped.
 func TestDaemonOverMutualTLS(t *testing.T) {
@@ -127,7 +114,7 @@ func TestDaemonOverMutualTLS(t *testing.T) {
 	defer os.RemoveAll(sockDir)
 	sock := filepath.Join(sockDir, "block-ipam.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
+	var logs logging.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--nodename", "n1", "--socket", sock, "--metrics-address", "127.0.0.1:0",

@@ -3,9 +3,11 @@
 package logging
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 )
 
 // New returns a logger writing to w at level (debug, info, warn or error) in format (text or json).
@@ -23,4 +25,24 @@ func New(level, format string, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
+}
+
+// Buffer is a log sink safe for concurrent writes whose text can be read while loggers write: for
+// tests that check what a daemon logged.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns everything written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
