@@ -6,9 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,13 +184,45 @@ func Start(t testing.TB) (*Server, *clientv3.Client) {
 	return s, c
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago (for servers that need a port
-// before they start).
+// FreePort returns a loopback TCP port that was free a moment ago, for servers that need a port before
+// they start (etcd's URLs, a restart on the same port). It picks below the kernel's ephemeral range, so
+// the port cannot be taken in the meantime by some test's outgoing connection, which is what a port
+// from "127.0.0.1:0" can be (seen in CI: "bind: address already in use" on the first start).
 func FreePort() (int, error) {
+	lo, hi := 20000, ephemeralLow()-1
+	for range 64 {
+		if hi <= lo {
+			break
+		}
+		port := lo + rand.IntN(hi-lo+1)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use; pick another
+		}
+		l.Close()
+		return port, nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
