@@ -97,8 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // syncKinds are the kind label values of the resync metrics: what triggered a full resync.
 func syncKinds() []string {
 	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "relist-pools"}
-	for _, r := range []string{blockwatch.ReasonInitial, blockwatch.ReasonCompacted, blockwatch.ReasonWatchError,
-		blockwatch.ReasonWatchClosed, blockwatch.ReasonRequested, blockwatch.ReasonRestarted} {
+	for _, r := range blockwatch.RelistReasons() {
 		kinds = append(kinds, "relist-"+r)
 	}
 	return kinds

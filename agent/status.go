@@ -169,8 +169,9 @@ func (a *Agent) setView(f func(v *readiness)) {
 }
 
 // Ready reports whether the node is fully serving: the first snapshot is applied, VPP is connected and
-// the uplink set up, the first full resync is done, the etcd watch is in sync and the registration is
-// present. When it is not, missing lists what is lacking.
+// the uplink set up, the first full resync is done, the etcd watch is in sync with no problem reported
+// (blockwatch.Status.Problem: ownership read from the affinities without strict affinity) and the
+// registration is present. When it is not, missing lists what is lacking.
 func (a *Agent) Ready() (ok bool, missing []string) {
 	a.mu.Lock()
 	v := a.view
@@ -180,6 +181,9 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 	}
 	if !v.etcdSynced {
 		missing = append(missing, "etcd watch not in sync")
+	}
+	if p := a.src.Status().Problem; p != "" {
+		missing = append(missing, p)
 	}
 	// The connection is read live: the loop's own view lags while it works on a long resync.
 	switch st := a.dp.Status(); {

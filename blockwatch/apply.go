@@ -1,6 +1,7 @@
 package blockwatch
 
 import (
+	"fmt"
 	"net/netip"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -23,12 +24,15 @@ type decoded struct {
 	// keyErr: the key itself is malformed (nothing else is set); valErr: the value is.
 	keyErr, valErr error
 
-	cidr  netip.Prefix // srcBlocks
+	cidr  netip.Prefix // srcBlocks, srcAffinities
 	block *Block       // nil: deleted or deleted:true
 	peer  peerID       // srcHosts
 	addr  netip.Addr   // invalid: deleted
 	name  string       // srcPools
 	pool  calico.IPPool
+	// srcAffinities: the affinity's node and state (affinityState).
+	node, affinity string
+	ipam           calico.IPAMConfig // srcIPAMConfig
 }
 
 // decode decodes one key and its value (or its delete, with del). It is pure.
@@ -47,6 +51,16 @@ func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
 	case srcPools:
 		if d.name, d.keyErr = w.dec.poolName(key); d.keyErr == nil && !del {
 			d.pool, d.valErr = pool(d.name, value)
+		}
+	case srcAffinities:
+		if d.node, d.cidr, d.keyErr = affinityKey(key); d.keyErr == nil && !del {
+			d.affinity, d.valErr = affinityState(value)
+		}
+	case srcIPAMConfig:
+		if key != calico.IPAMConfigKey {
+			d.keyErr = fmt.Errorf("key %q is not the IPAM config %q", key, calico.IPAMConfigKey)
+		} else if !del {
+			d.ipam, d.valErr = calico.DecodeIPAMConfig(value)
 		}
 	}
 	return d
@@ -127,5 +141,13 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 			}
 		}
 		c.setPool(d.name, p, d.rev, ch)
+	case srcAffinities:
+		if claims := c.installAffinity(prev, d, ch); claims != nil {
+			owner, _ := c.blocks.get(d.cidr)
+			w.log.Warn("several nodes hold an affinity to one block; routing it to the earliest created",
+				"block", d.cidr, "nodes", claims, "owner", owner.Owner.Node)
+		}
+	case srcIPAMConfig:
+		c.installIPAMConfig(prev, d)
 	}
 }

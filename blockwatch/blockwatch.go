@@ -85,15 +85,24 @@ type Status struct {
 	// Relists counts completed lists after the initial one. Revision and Relists advance only after
 	// the snapshot that reflects them has been emitted.
 	Relists uint64
+	// Ownership and Problem are those of the last snapshot emitted (Snapshot.Ownership and
+	// Snapshot.Problem).
+	Ownership Ownership
+	Problem   string
 }
 
-// Watcher lists and watches the block, hosts and pool prefixes and emits snapshots on Updates.
+// Watcher lists and watches the block (or affinity), hosts and pool prefixes, and the IPAM config
+// unless ownership comes from the blocks, and emits snapshots on Updates.
 type Watcher struct {
 	cfg      Config
 	dec      decoder
 	log      *slog.Logger
 	metrics  *metrics
+	// prefixes are the watched prefixes ("" for a source not watched), set by each list from the
+	// ownership source (owned by Run).
 	prefixes [numSources]string
+	// source is where the next list reads block owners from (owned by Run).
+	source   Ownership
 	streamID string // isolates the Watcher's gRPC watch stream from other watches on the client
 	attempt  int    // counts watch attempts: each gets a stream of its own (owned by Run)
 
@@ -131,10 +140,14 @@ func New(cfg Config) (*Watcher, error) {
 		dec:      newDecoder(cfg),
 		log:      cfg.Logger.With("component", "blockwatch"),
 		metrics:  m,
-		prefixes: [numSources]string{srcBlocks: cfg.BlockPrefix, srcHosts: cfg.HostsPrefix, srcPools: cfg.PoolPrefix},
+		source:   cfg.Ownership,
 		updates:  make(chan *Snapshot, 1),
 		relist:   make(chan struct{}, 1),
 	}
+	if w.source == OwnershipAuto {
+		w.source = "" // chosen by the first list (initialOwnership)
+	}
+	w.prefixes = w.prefixesFor(w.source)
 	w.streamID = fmt.Sprintf("%p", w)
 	return w, nil
 }
@@ -184,6 +197,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-w.relist:
 		default:
 		}
+		if w.source == "" {
+			o, err := w.initialOwnership(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				w.failed(err)
+				if !w.sleep(ctx, bo.Next()) {
+					return nil
+				}
+				continue
+			}
+			w.source = o
+		}
 		full, err := w.list(ctx, reason, at)
 		if at != 0 && (errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev)) {
 			// Compacted again, or a member behind that revision: list at the current one.
@@ -193,6 +220,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, errOwnershipChanged) {
+			// list has switched w.source: list again from the other source.
+			w.log.Info("the IPAM config changed during the list; listing again", "ownership", w.source)
+			at = 0
+			continue
 		}
 		if err != nil {
 			// Any other failure retries at the same revision, after the backoff.
@@ -217,6 +250,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		switch reason {
 		case ReasonRequested:
+		case ReasonOwnership:
+			// The watch waited its share of the spread before it returned.
+			w.source = w.view.ipam.want(w.source)
 		case ReasonCompacted:
 			// Every watcher behind one gRPC proxy learns of a compaction at the same moment: spread
 			// the relists, and read at the compaction revision, so that the proxy can answer most of
@@ -299,14 +335,19 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
 	var chans [numSources]clientv3.WatchChan
 	for src, prefix := range w.prefixes {
+		if prefix == "" {
+			continue
+		}
 		// From rev, not rev+1: see the package comment.
-		chans[src] = w.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev),
+		key, end := keyRange(source(src), prefix)
+		chans[src] = w.cfg.Client.Watch(wctx, key, clientv3.WithRange(end), clientv3.WithRev(rev),
 			clientv3.WithProgressNotify())
 	}
 	established := deadline.Stop()
 	w.emit(full)
 	w.mu.Lock()
 	w.status.Revision, w.status.Synced = rev, established
+	w.status.Ownership, w.status.Problem = full.Ownership, full.Problem
 	if full.RelistReason != ReasonInitial {
 		w.status.Relists++
 	}
@@ -329,6 +370,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	defer ticker.Stop()
 	lastHeard := time.Now()
 	var probeSent time.Time // when the unanswered probe was sent; zero if none
+	// switchAt is when to relist from the other ownership source the IPAM config asks for; zero if
+	// it asks for the one in force.
+	var switchAt time.Time
 
 	for {
 		var ch changes
@@ -341,6 +385,9 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 		case <-w.relist:
 			return ReasonRequested, nil
 		case now := <-ticker.C:
+			if !switchAt.IsZero() && !now.Before(switchAt) {
+				return ReasonOwnership, nil
+			}
 			switch {
 			case probeSent.IsZero() && now.Sub(lastHeard) >= w.cfg.ProbeInterval:
 				select {
@@ -374,6 +421,10 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			src = srcHosts
 		case resp, ok = <-chans[srcPools]:
 			src = srcPools
+		case resp, ok = <-chans[srcAffinities]:
+			src = srcAffinities
+		case resp, ok = <-chans[srcIPAMConfig]:
+			src = srcIPAMConfig
 		}
 		reason, err := w.handle(src, resp, ok, rev, &ch)
 		// Fold the responses that are already waiting into the same snapshot.
@@ -386,6 +437,10 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 				src = srcHosts
 			case resp, ok = <-chans[srcPools]:
 				src = srcPools
+			case resp, ok = <-chans[srcAffinities]:
+				src = srcAffinities
+			case resp, ok = <-chans[srcIPAMConfig]:
+				src = srcIPAMConfig
 			default:
 				break batch
 			}
@@ -400,11 +455,44 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 			return reason, err
 		}
 		lastHeard, probeSent = time.Now(), time.Time{}
+		switchAt = w.scheduleSwitch(switchAt)
+		problem := w.view.problem()
 		w.mu.Lock()
 		w.status.Revision = w.view.rev
 		w.status.Synced = true
+		was := w.status.Problem
+		w.status.Problem = problem
 		w.mu.Unlock()
+		if problem != was {
+			if problem != "" {
+				w.log.Warn(problem)
+			} else {
+				w.log.Info("the IPAM config has strict affinity on again: ownership from the affinities is complete")
+			}
+		}
+		if !switchAt.IsZero() && !time.Now().Before(switchAt) {
+			return ReasonOwnership, nil
+		}
 	}
+}
+
+// scheduleSwitch returns when the watch must end to relist from the ownership source the IPAM
+// config asks for (OwnershipAuto): at, if already scheduled; a random time within the relist spread
+// from now if newly asked for; zero if the source in force is the one asked for.
+func (w *Watcher) scheduleSwitch(at time.Time) time.Time {
+	if w.cfg.Ownership != OwnershipAuto || w.view.ipam.want(w.view.ownership) == w.view.ownership {
+		return time.Time{}
+	}
+	if !at.IsZero() {
+		return at
+	}
+	var wait time.Duration
+	if spread := w.relistSpread(); spread > 0 {
+		wait = rand.N(spread)
+	}
+	w.log.Info("strict affinity changed in the IPAM config; switching the ownership source",
+		"from", w.view.ownership, "to", w.view.ipam.want(w.view.ownership), "in", wait.Round(time.Millisecond))
+	return time.Now().Add(wait)
 }
 
 // handle applies one watch response to the view, or returns the relist reason and error it carries.

@@ -17,10 +17,16 @@ const (
 	srcBlocks source = iota
 	srcHosts
 	srcPools
+	// srcAffinities replaces srcBlocks when ownership comes from the affinities (see Ownership).
+	srcAffinities
+	// srcIPAMConfig is the IPAM config key, read unless Config.Ownership is OwnershipBlocks.
+	srcIPAMConfig
 	numSources
 )
 
-func (s source) String() string { return [...]string{"blocks", "hosts", "pools"}[s] }
+func (s source) String() string {
+	return [...]string{"blocks", "hosts", "pools", "affinities", "ipam-config"}[s]
+}
 
 // peerEntry is the last good address of one peer key, the revision of the last value applied to it,
 // and the key's create revision.
@@ -55,6 +61,14 @@ type cache struct {
 	// names interns the node names of the blocks: 100,000 blocks of 1,000 nodes hold 1,000 strings.
 	// It only grows until the next relist starts a fresh cache.
 	names map[string]string
+
+	// ownership is where the blocks' owners come from: OwnershipBlocks or OwnershipAffinities.
+	ownership Ownership
+	// affinities holds, by block and then node, the affinity keys read (OwnershipAffinities only);
+	// blocks and held are derived from it. Never handed out.
+	affinities map[netip.Prefix]map[string]affinityEntry
+	// ipam is the IPAM config (read unless Config.Ownership is OwnershipBlocks).
+	ipam ipamState
 }
 
 func newCache() *cache {
@@ -62,6 +76,7 @@ func newCache() *cache {
 		blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
 		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
 		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{}, names: map[string]string{},
+		ownership: OwnershipBlocks, affinities: map[netip.Prefix]map[string]affinityEntry{}, ipam: ipamState{known: true},
 	}
 }
 
@@ -250,6 +265,7 @@ func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	s := &Snapshot{
 		Revision: c.rev, Blocks: c.blocks.freeze(), Held: c.held, Peers: c.peers, Pools: c.pools,
 		Full: full, RelistReason: reason, PoolsChanged: ch.pools, ReceivedAt: ch.received,
+		Ownership: c.ownership, Problem: c.problem(),
 	}
 	if len(ch.blocks) > 0 {
 		s.ChangedBlocks = slices.SortedFunc(maps.Keys(ch.blocks), netip.Prefix.Compare)

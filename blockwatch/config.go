@@ -52,13 +52,18 @@ type Config struct {
 	// causes no relist). Default 1s: an idle Watcher opens and cancels one watch a second.
 	ProbeInterval time.Duration
 	// CompactedRelistSpread bounds the random wait before the relist that follows a compaction (a
-	// watch resumed at a revision etcd no longer has), per started hundred nodes registered under
+	// watch resumed at a revision etcd no longer has), and before the relist that follows a change of
+	// the ownership source (OwnershipAuto), per started hundred nodes registered under
 	// HostsPrefix (so 25s with 450 nodes). The relist reads at the compaction revision, serializably:
 	// the watchers behind one etcd gRPC proxy all learn of a compaction at once, and a spread lets the
 	// proxy answer most of their lists from its cache instead of asking etcd once for each, and keeps
 	// them from timing out together. The view, and so the routes, stay as they were meanwhile.
 	// Default 5s; negative means none.
 	CompactedRelistSpread time.Duration
+	// Ownership is where block owners are read from (see Ownership): OwnershipBlocks (""), the
+	// blocks; OwnershipAffinities, the affinity keys, which requires Calico's strict affinity;
+	// OwnershipAuto, the affinities while the IPAM config has strict affinity on, else the blocks.
+	Ownership Ownership
 	// Logger receives warnings about malformed values and watch errors; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the package's metrics (see metrics.go); nil means no metrics.
@@ -91,6 +96,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Ownership == "" {
+		c.Ownership = OwnershipBlocks
+	}
 	return c
 }
 
@@ -120,6 +128,19 @@ func (c Config) Validate() error {
 		if rest := c.BlockPrefix[len(calico.BlockPrefix):]; rest != "" && rest != "ipv4/" && rest != "ipv6/" &&
 			rest != "ipv4/block/" && rest != "ipv6/block/" {
 			errs = append(errs, fmt.Errorf("BlockPrefix %q is not a family prefix of %q", c.BlockPrefix, calico.BlockPrefix))
+		}
+	}
+	if _, err := ParseOwnership(string(c.Ownership)); err != nil {
+		errs = append(errs, fmt.Errorf("Ownership: %w", err))
+	}
+	if c.Ownership != OwnershipBlocks {
+		// The affinities and the IPAM config are read at Calico's own keys.
+		for _, p := range prefixes {
+			for _, k := range []string{calico.HostAffinityPrefix, calico.IPAMConfigKey} {
+				if strings.HasPrefix(p.value, k) || strings.HasPrefix(k, p.value) {
+					errs = append(errs, fmt.Errorf("%s %q overlaps %q, which ownership %s reads", p.name, p.value, k, c.Ownership))
+				}
+			}
 		}
 	}
 	if c.PageSize < 1 {

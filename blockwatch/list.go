@@ -25,8 +25,10 @@ type page struct {
 // minParallelDecode is the page length from which a page is decoded on several cores.
 const minParallelDecode = 64
 
-// list reads the three prefixes at one revision into a fresh view, replaces the current view with it
-// and returns the Full snapshot for watch to emit. On error the current view is left untouched.
+// list reads the watched prefixes at one revision into a fresh view, replaces the current view with it
+// and returns the Full snapshot for watch to emit. On error the current view is left untouched. Block
+// owners come from w.source; in OwnershipAuto, a list that finds the IPAM config asking for the other
+// source switches w.source and fails with errOwnershipChanged.
 // With at != 0 every page is read serializably at revision at, a request that etcd's gRPC proxy
 // answers from its cache when another client sent the same one before.
 //
@@ -34,6 +36,7 @@ const minParallelDecode = 64
 // page is decoded on all cores, then installed in key order.
 func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot, error) {
 	started := time.Now()
+	w.prefixes = w.prefixesFor(w.source)
 	lctx, cancel := context.WithCancel(ctx)
 	pages := make(chan page, 1)
 	var wg sync.WaitGroup
@@ -48,7 +51,14 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	if prev == nil {
 		prev = newCache()
 	}
+	// Last good values survive a relist only from a view of the same ownership source: the revisions
+	// of affinity keys say nothing of block keys.
+	lastGood := prev
+	if prev.ownership != w.source {
+		lastGood = newCache()
+	}
 	next := newCache()
+	next.ownership = w.source
 	var received time.Time
 	complete := false
 	for p := range pages {
@@ -63,7 +73,7 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 			next.rev, received = p.rev, p.received
 		}
 		for _, d := range w.decodePage(p) {
-			w.install(next, prev, &d, nil)
+			w.install(next, lastGood, &d, nil)
 		}
 	}
 	if !complete {
@@ -72,18 +82,28 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		}
 		return nil, errors.New("list: incomplete")
 	}
+	if w.cfg.Ownership == OwnershipAuto {
+		if want := next.ipam.want(w.source); want != w.source {
+			w.source = want
+			return nil, errOwnershipChanged
+		}
+	}
 	ch := changes{received: received}
 	next.diff(prev, &ch)
 	w.view = next
+	w.metrics.setOwnership(next.ownership)
+	if p := next.problem(); p != "" {
+		w.log.Warn(p)
+	}
 	full := next.snapshot(&ch, true, reason)
 	w.metrics.relist(reason)
-	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "blocks", next.blocks.n,
+	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "ownership", next.ownership, "blocks", next.blocks.n,
 		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
 		"duration", time.Since(started).Round(time.Millisecond))
 	return full, nil
 }
 
-// fetch sends the pages of the three prefixes to out, all read at revision at (if not 0: serializably)
+// fetch sends the pages of the watched prefixes to out, all read at revision at (if not 0: serializably)
 // or else at the revision of the first one, then a last page; or the error that stopped it. It
 // returns early when ctx ends.
 func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
@@ -97,7 +117,10 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 	}
 	rev := at
 	for src, prefix := range w.prefixes {
-		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+		if prefix == "" {
+			continue
+		}
+		key, end := keyRange(source(src), prefix)
 		for n := 0; ; n++ {
 			opts := []clientv3.OpOption{
 				clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize),

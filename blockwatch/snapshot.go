@@ -24,7 +24,16 @@ const (
 	ReasonRequested = "requested"
 	// ReasonRestarted: Run was called again on a Watcher whose previous Run had returned.
 	ReasonRestarted = "restarted"
+	// ReasonOwnership: the IPAM config's strict affinity changed, and with it the ownership source
+	// (OwnershipAuto).
+	ReasonOwnership = "ownership-changed"
 )
+
+// RelistReasons returns every relist reason, for consumers that pre-create a series per reason.
+func RelistReasons() []string {
+	return []string{ReasonInitial, ReasonCompacted, ReasonWatchError, ReasonWatchClosed, ReasonRequested,
+		ReasonRestarted, ReasonOwnership}
+}
 
 // Snapshot is the routing view of etcd at Revision. It is immutable once emitted: consumers must not
 // modify it, and the Watcher never mutates a map or slice after handing it out (maps are copied on
@@ -63,6 +72,13 @@ type Snapshot struct {
 	// ReceivedAt is when the etcd response that produced this snapshot was received (the earliest
 	// one, after coalescing).
 	ReceivedAt time.Time
+	// Ownership is where the owners in Blocks come from: OwnershipBlocks or OwnershipAffinities (see
+	// Ownership: from the affinities, blocks have no Borrowed addresses, and blocks without an
+	// affinity are absent).
+	Ownership Ownership
+	// Problem, when not empty, says why Blocks may lack routes although the view is complete:
+	// ownership comes from the affinities while the IPAM config does not say strict affinity is on.
+	Problem string
 }
 
 // Held says why a block is held: its value cannot be read.

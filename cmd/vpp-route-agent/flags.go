@@ -86,6 +86,7 @@ type etcdFlags struct {
 	nodename           string
 	legacyHostAffinity bool
 	poolCIDRs          []string
+	ownership          string
 }
 
 func (e *etcdFlags) register(fs *pflag.FlagSet) {
@@ -95,6 +96,10 @@ func (e *etcdFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&e.nodename, "nodename", "", "this node's name; else $NODENAME, /var/lib/calico/nodename, the lower-cased hostname")
 	fs.BoolVar(&e.legacyHostAffinity, "legacy-host-affinity", true, "treat the pre-2016 block field hostAffinity as the owner when affinity is absent")
 	fs.StringSliceVar(&e.poolCIDRs, "pool-cidr", nil, "managed pool CIDR (repeatable); default: the enabled Calico IPPools in etcd")
+	fs.StringVar(&e.ownership, "ownership", string(blockwatch.OwnershipBlocks), "where block owners are read from: "+
+		"blocks (every block write reaches every node; addresses borrowed from other nodes' blocks are routed), "+
+		"affinities (Calico's affinity keys, written only when a block is claimed or released; requires strict affinity, "+
+		"else not ready), auto (affinities while the IPAM config has strict_affinity on, else blocks)")
 }
 
 // validate checks the flags without opening any connection; lookup gives $ETCD_PASSWORD.
@@ -112,6 +117,9 @@ func (e *etcdFlags) validate(lookup func(string) (string, bool)) error {
 	}
 	if _, err := e.pools(); err != nil {
 		return err
+	}
+	if _, err := blockwatch.ParseOwnership(e.ownership); err != nil {
+		return fmt.Errorf("--ownership: %w", err)
 	}
 	return nil
 }

@@ -59,6 +59,9 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err != nil {
 		return err
 	}
+	if snap.Problem != "" {
+		fmt.Fprintf(stderr, "warning: %s\n", snap.Problem)
+	}
 	v := agent.View(snap, agent.Options{NodeName: node, Pools: pools})
 	if *output == "json" {
 		return writeRoutesJSON(stdout, v)
@@ -86,7 +89,7 @@ func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockw
 	snap, err := blockwatch.List(ctx, blockwatch.Config{
 		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
 		RequestTimeout: ef.RequestTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
-		Logger: slog.New(slog.DiscardHandler),
+		Ownership: blockwatch.Ownership(ef.ownership), Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		why := ""
