@@ -94,10 +94,10 @@ type Status struct {
 // Watcher lists and watches the block (or affinity), hosts and pool prefixes, and the IPAM config
 // unless ownership comes from the blocks, and emits snapshots on Updates.
 type Watcher struct {
-	cfg      Config
-	dec      decoder
-	log      *slog.Logger
-	metrics  *metrics
+	cfg     Config
+	dec     decoder
+	log     *slog.Logger
+	metrics *metrics
 	// prefixes are the watched prefixes ("" for a source not watched), set by each list from the
 	// ownership source (owned by Run).
 	prefixes [numSources]string
@@ -136,13 +136,13 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	w := &Watcher{
-		cfg:      cfg,
-		dec:      newDecoder(cfg),
-		log:      cfg.Logger.With("component", "blockwatch"),
-		metrics:  m,
-		source:   cfg.Ownership,
-		updates:  make(chan *Snapshot, 1),
-		relist:   make(chan struct{}, 1),
+		cfg:     cfg,
+		dec:     newDecoder(cfg),
+		log:     cfg.Logger.With("component", "blockwatch"),
+		metrics: m,
+		source:  cfg.Ownership,
+		updates: make(chan *Snapshot, 1),
+		relist:  make(chan struct{}, 1),
 	}
 	if w.source == OwnershipAuto {
 		w.source = "" // chosen by the first list (initialOwnership)
