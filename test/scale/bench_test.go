@@ -37,7 +37,12 @@ import (
 //     and relists. Watchers that never catch up (events lost) are counted (stuck-watchers).
 //
 // SCALE_WATCHERS (default 1,10,100,500) and SCALE_AGENTS (default 2) set the fleet, SCALE_ADDS (100)
-// the ADDs. SCALE_PROXY picks the proxies: inprocess (etcd v3.6.16's server/proxy/grpcproxy, wired as
+// the ADDs. The data is what Calico writes with strict affinity on (blocks and their confirmed
+// affinities); the watchers and agents read block owners from the blocks, except in the
+// direct-affinities runs (blockwatch.OwnershipAffinities, --ownership affinities), where ADDs reach
+// none of them: there, the ADDs are followed by one marker write every watcher receives (a peer
+// registration rewritten), whose own cost, measured alone first, is subtracted from the ADDs'.
+// SCALE_OWNERSHIP (default blocks,affinities) picks the direct runs. SCALE_PROXY picks the proxies: inprocess (etcd v3.6.16's server/proxy/grpcproxy, wired as
 // `etcd grpc-proxy start` wires it, in a re-executed test binary) and debian (Debian's etcd-server
 // 3.4.23 `etcd grpc-proxy start`); by default both, debian when /usr/bin/etcd is installed.
 func BenchmarkFanout(b *testing.B) {
@@ -49,15 +54,33 @@ func BenchmarkFanout(b *testing.B) {
 		}
 	}
 	watchers := envInts(b, "SCALE_WATCHERS", "1,10,100,500")
-	for _, m := range watchers {
-		b.Run(fmt.Sprintf("direct/watchers=%d", m), func(b *testing.B) { runFanout(b, "direct", "", m) })
+	ownership := strings.Split(os.Getenv("SCALE_OWNERSHIP"), ",")
+	if ownership[0] == "" {
+		ownership = []string{"blocks", "affinities"}
+	}
+	for _, o := range ownership {
+		name := "direct"
+		switch blockwatch.Ownership(o) {
+		case blockwatch.OwnershipBlocks:
+		case blockwatch.OwnershipAffinities:
+			name = "direct-affinities"
+		default:
+			b.Fatalf("SCALE_OWNERSHIP=%q: want blocks, affinities or both, comma-separated", o)
+		}
+		for _, m := range watchers {
+			b.Run(fmt.Sprintf("%s/watchers=%d", name, m), func(b *testing.B) {
+				runFanout(b, "direct", "", m, blockwatch.Ownership(o))
+			})
+		}
 	}
 	for _, kind := range kinds {
 		if kind != "inprocess" && kind != "debian" {
 			b.Fatalf("SCALE_PROXY=%q: want inprocess, debian or both, comma-separated", kind)
 		}
 		for _, m := range watchers {
-			b.Run(fmt.Sprintf("proxy-%s/watchers=%d", kind, m), func(b *testing.B) { runFanout(b, "proxy", kind, m) })
+			b.Run(fmt.Sprintf("proxy-%s/watchers=%d", kind, m), func(b *testing.B) {
+				runFanout(b, "proxy", kind, m, blockwatch.OwnershipBlocks)
+			})
 		}
 	}
 }
@@ -74,7 +97,7 @@ const (
 	recoveryAdds = 20
 )
 
-func runFanout(b *testing.B, mode, kind string, m int) {
+func runFanout(b *testing.B, mode, kind string, m int, ownership blockwatch.Ownership) {
 	adds := envInts(b, "SCALE_ADDS", "100")[0]
 	k := envInts(b, "SCALE_AGENTS", "2")[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -91,7 +114,7 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dataBytes := dataSetBytes(ctx, b, wcli)
+	dataBytes := dataSetBytes(ctx, b, wcli, ownership)
 	endpoint := e.relay
 	var px *proxyProc
 	if mode == "proxy" {
@@ -104,9 +127,9 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 	s0 := e.stats()
 	agents := make([]*agentProc, k)
 	for i := range agents {
-		agents[i] = startAgent(b, i, endpoint)
+		agents[i] = startAgent(b, i, endpoint, "--ownership", string(ownership))
 	}
-	fl := startFleet(b, endpoint, m, nil)
+	fl := startFleet(b, endpoint, m, func(c *blockwatch.Config) { c.Ownership = ownership })
 	if err := fl.waitRevision(w.revs[len(w.revs)-1], 5*time.Minute); err != nil {
 		b.Fatal(err)
 	}
@@ -133,18 +156,62 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 		}
 	}
 
+	// settle returns the revision every watcher must reach, and the agents' event source and count
+	// to wait for, once the writes up to now (the last at revision last) are applied: the last
+	// write's when ADDs reach the watchers, else a marker's, written now.
+	fromBlocks := ownership == blockwatch.OwnershipBlocks
+	settle := func(last int64, adds int) (int64, string, float64) {
+		if fromBlocks {
+			return last, "blocks", float64(adds)
+		}
+		rev, err := w.mark(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rev, "hosts", 1
+	}
+	// agentEvents returns the number of events of source each agent has received.
+	agentEvents := func(source string) []float64 {
+		ev := make([]float64, k)
+		for i, a := range agents {
+			if ev[i], err = a.events(source); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return ev
+	}
+	// waitAgents waits until every agent has received n more events of source than ev0 holds.
+	waitAgents := func(source string, ev0 []float64, n float64) {
+		for i, a := range agents {
+			if err := a.waitEvents(source, ev0[i]+n, time.Minute); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// The marker's own cost, measured alone.
+	var markDown int64
+	if !fromBlocks {
+		ev0 := agentEvents("hosts")
+		st := e.stats()
+		rev, source, n := settle(0, 0)
+		if err := fl.waitRevision(rev, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		waitAgents(source, ev0, n)
+		markDown = e.stats().down - st.down
+	}
+
 	// ADDs.
 	var addCPU, etcdCPU, proxyCPU, agentCPU time.Duration
 	var addDown int64
 	var addGRPC float64
 	var valueBytes int64
 	for b.Loop() {
-		ev0 := make([]float64, k)
-		for i, a := range agents {
-			if ev0[i], err = a.blockEvents(); err != nil {
-				b.Fatal(err)
-			}
+		source := "blocks"
+		if !fromBlocks {
+			source = "hosts"
 		}
+		ev0 := agentEvents(source)
 		st := e.stats()
 		cpu0, ecpu0 := selfCPU(), e.cpu()
 		var pcpu0 time.Duration
@@ -162,14 +229,11 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 				b.Fatal(err)
 			}
 		}
-		if err := fl.waitRevision(last, 5*time.Minute); err != nil {
+		rev, _, n := settle(last, adds)
+		if err := fl.waitRevision(rev, 5*time.Minute); err != nil {
 			b.Fatal(err)
 		}
-		for i, a := range agents {
-			if err := a.waitBlockEvents(ev0[i]+float64(adds), time.Minute); err != nil {
-				b.Fatal(err)
-			}
-		}
+		waitAgents(source, ev0, n)
 		addCPU += selfCPU() - cpu0
 		etcdCPU += e.cpu() - ecpu0
 		if px != nil {
@@ -179,7 +243,7 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 			agentCPU += a.cpu() - acpu0[i]
 		}
 		st1 := e.stats()
-		addDown += st1.down - st.down
+		addDown += st1.down - st.down - markDown
 		addGRPC += st1.grpcSent - st.grpcSent
 		valueBytes += w.bytes - wb0
 	}
@@ -206,6 +270,7 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 				b.Fatal(err)
 			}
 		}
+		last, _, _ = settle(last, recoveryAdds)
 		s0 := e.stats()
 		relists0 := fl.relists()
 		start := time.Now()
@@ -251,11 +316,11 @@ func runFanout(b *testing.B, mode, kind string, m int) {
 	b.ReportMetric(blip.lists, "reconnect-lists")
 	b.ReportMetric(comp.lists, "compacted-lists")
 	b.ReportMetric(float64(blip.stuck+comp.stuck), "stuck-watchers")
-	b.Logf("%s, %d watchers + %d agents, %d blocks (%d KB of data): per ADD (value %.0f B) etcd sent %.0f B = %.2f values "+
+	b.Logf("%s, ownership from the %s, %d watchers + %d agents, %d blocks (%d KB of data): per ADD (value %.0f B) etcd sent %.0f B = %.2f values "+
 		"(etcd_network_client_grpc_sent_bytes_total says %.0f B); idle %.1f B/s a node, %d/%d watchers and %d/%d agents not in sync after %s idle; "+
 		"start-up: etcd sent %.2f data sets; reconnect after a cut-off: %d relists, %.2f data sets, in sync after %s (%d watchers never); "+
 		"the same with a compaction: %d relists, %.2f data sets, in sync after %s (%d watchers never)",
-		mode, m, k, benchBlocks, dataBytes/1000, value, perAdd, perAdd/value, addGRPC/n,
+		mode, ownership, m, k, benchBlocks, dataBytes/1000, value, perAdd, perAdd/value, addGRPC/n,
 		float64(s2.down-s1.down)/idleWindow.Seconds()/nodes, unsynced, m, notReady, k, idleWindow,
 		float64(s1.down-s0.down)/float64(dataBytes), blip.relisted, blip.lists, blip.took.Round(time.Millisecond), blip.stuck,
 		comp.relisted, comp.lists, comp.took.Round(time.Millisecond), comp.stuck)
@@ -271,10 +336,14 @@ type recovery struct {
 }
 
 // dataSetBytes is the size of the keys and values one complete list of the watched prefixes returns.
-func dataSetBytes(ctx context.Context, tb testing.TB, cli *clientv3.Client) int64 {
+func dataSetBytes(ctx context.Context, tb testing.TB, cli *clientv3.Client, ownership blockwatch.Ownership) int64 {
 	tb.Helper()
 	var n int64
-	for _, prefix := range []string{calico.BlockPrefix, blockwatch.DefaultHostsPrefix, calico.IPPoolPrefix} {
+	prefixes := []string{calico.BlockPrefix, blockwatch.DefaultHostsPrefix, calico.IPPoolPrefix}
+	if ownership != blockwatch.OwnershipBlocks {
+		prefixes = []string{calico.HostAffinityPrefix, blockwatch.DefaultHostsPrefix, calico.IPPoolPrefix, calico.IPAMConfigKey}
+	}
+	for _, prefix := range prefixes {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err != nil {
 			tb.Fatal(err)

@@ -160,8 +160,9 @@ func peerOf(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)})
 }
 
-// newWriter fills etcd with the pool, the peers of nodes nodes (at least owners) and n blocks owned
-// round-robin by the first owners of them, each holding pods allocated pods (realistic attributes),
+// newWriter fills etcd with what Calico writes with strict affinity on: the IPAM config, the pool,
+// the peers of nodes nodes (at least owners) and n blocks owned round-robin by the first owners of
+// them, with their confirmed affinities, each holding pods allocated pods (realistic attributes),
 // and returns a writer of more ADDs.
 func newWriter(ctx context.Context, cli *clientv3.Client, n, owners, nodes, pods int) (*writer, error) {
 	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "default-ipv4-ippool", CIDR: pool, BlockSize: 26}); err != nil {
@@ -171,6 +172,17 @@ func newWriter(ctx context.Context, cli *clientv3.Client, n, owners, nodes, pods
 		if err := calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, nodeName(i), peerOf(i)); err != nil {
 			return nil, err
 		}
+	}
+	cfg, err := calico.EncodeIPAMConfig(calico.IPAMConfig{StrictAffinity: true, AutoAllocateBlocks: true})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cli.Put(ctx, calico.IPAMConfigKey, string(cfg)); err != nil {
+		return nil, err
+	}
+	confirmed, err := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	if err != nil {
+		return nil, err
 	}
 	w := &writer{cli: cli}
 	for i := range n {
@@ -182,6 +194,9 @@ func newWriter(ctx context.Context, cli *clientv3.Client, n, owners, nodes, pods
 		if err != nil {
 			return nil, err
 		}
+		if _, err := cli.Put(ctx, calico.HostAffinityKey(nodeName(i%owners), b.CIDR), string(confirmed)); err != nil {
+			return nil, err
+		}
 		resp, err := cli.Put(ctx, calico.BlockKey(b.CIDR), string(v))
 		if err != nil {
 			return nil, err
@@ -190,6 +205,16 @@ func newWriter(ctx context.Context, cli *clientv3.Client, n, owners, nodes, pods
 		w.revs = append(w.revs, resp.Header.Revision)
 	}
 	return w, nil
+}
+
+// mark rewrites the first node's peer registration (same value) and returns its revision: a write
+// every watcher and agent receives, whatever it reads block owners from.
+func (w *writer) mark(ctx context.Context) (int64, error) {
+	resp, err := w.cli.Put(ctx, calicotest.PeerKey(blockwatch.DefaultHostsPrefix, nodeName(0), peerOf(0)), peerOf(0).String())
+	if err != nil {
+		return 0, fmt.Errorf("mark: %w", err)
+	}
+	return resp.Header.Revision, nil
 }
 
 func (w *writer) allocate(b *calico.Block, i int) int {
@@ -266,9 +291,9 @@ type agentProc struct {
 
 const uplinkName = "GigabitEthernet0/8/0"
 
-// startAgent runs the i-th agent (node "agent-<i>", peer 172.31.0.<i+1>) against endpoint and waits
-// until it serves /readyz.
-func startAgent(tb testing.TB, i int, endpoint string) *agentProc {
+// startAgent runs the i-th agent (node "agent-<i>", peer 172.31.0.<i+1>) against endpoint, with the
+// extra flags, and waits until it serves /readyz.
+func startAgent(tb testing.TB, i int, endpoint string, extra ...string) *agentProc {
 	tb.Helper()
 	sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
 	if err != nil {
@@ -285,10 +310,10 @@ func startAgent(tb testing.TB, i int, endpoint string) *agentProc {
 	}
 	tb.Cleanup(func() { sim.Close() })
 	node := fmt.Sprintf("agent-%d", i)
-	c := startChild(tb, node, agentBinary(tb), nil,
-		"--nodename", node, "--etcd-endpoints", "http://"+endpoint, "--vpp-api-socket", sock,
+	args := append([]string{"--nodename", node, "--etcd-endpoints", "http://" + endpoint, "--vpp-api-socket", sock,
 		"--uplink-interface", uplinkName, "--uplink-address", fmt.Sprintf("172.31.0.%d/16", i+1),
-		"--metrics-address", "127.0.0.1:0", "--log-format", "json")
+		"--metrics-address", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	c := startChild(tb, node, agentBinary(tb), nil, args...)
 	a := &agentProc{child: c, node: node, sim: sim}
 	deadline := time.Now().Add(30 * time.Second)
 	for a.url == "" {
@@ -333,9 +358,9 @@ func (a *agentProc) waitReady(within time.Duration) error {
 	}
 }
 
-// blockEvents is the number of block watch events the agent has received: the sum of its
-// vpp_route_agent_etcd_events_total{source="blocks",...} series.
-func (a *agentProc) blockEvents() (float64, error) {
+// events is the number of watch events of source (blocks, hosts, ...) the agent has received: the sum
+// of its vpp_route_agent_etcd_events_total{source="<source>",...} series.
+func (a *agentProc) events(source string) (float64, error) {
 	resp, err := httpClient.Get(a.url + "/metrics")
 	if err != nil {
 		return 0, err
@@ -348,7 +373,7 @@ func (a *agentProc) blockEvents() (float64, error) {
 	var sum float64
 	for _, line := range strings.Split(string(body), "\n") {
 		// client_golang writes labels in name order: source before type.
-		if rest, ok := strings.CutPrefix(line, `vpp_route_agent_etcd_events_total{source="blocks"`); ok {
+		if rest, ok := strings.CutPrefix(line, `vpp_route_agent_etcd_events_total{source="`+source+`"`); ok {
 			f := strings.Fields(rest)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)
 			if err != nil {
@@ -360,16 +385,16 @@ func (a *agentProc) blockEvents() (float64, error) {
 	return sum, nil
 }
 
-// waitBlockEvents waits until the agent has received at least n block events.
-func (a *agentProc) waitBlockEvents(n float64, within time.Duration) error {
+// waitEvents waits until the agent has received at least n events of source.
+func (a *agentProc) waitEvents(source string, n float64, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		got, err := a.blockEvents()
+		got, err := a.events(source)
 		if err == nil && got >= n {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.Join(fmt.Errorf("%s: %v block events after %s, want %v", a.node, got, within, n), err)
+			return errors.Join(fmt.Errorf("%s: %v %s events after %s, want %v", a.node, got, source, within, n), err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

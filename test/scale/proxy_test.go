@@ -43,7 +43,7 @@ func TestThroughGRPCProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dataBytes := dataSetBytes(ctx, t, cli)
+	dataBytes := dataSetBytes(ctx, t, cli, blockwatch.OwnershipBlocks)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
