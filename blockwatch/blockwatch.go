@@ -1,5 +1,7 @@
 // Package blockwatch keeps a consistent view of Calico's IPAM blocks, the peer IPs route agents
-// register, and Calico's IP pools, read from etcd, and hands it out as immutable snapshots.
+// register, and Calico's IP pools, read from etcd, and hands it out as immutable snapshots. Who owns
+// each block comes from the block values or, with Calico's strict affinity, from the affinity keys
+// (Config.Ownership, see Ownership); the snapshot is the same routing view either way.
 //
 // # Consistency
 //
