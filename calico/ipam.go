@@ -14,8 +14,9 @@ const (
 	AffinityPendingDeletion = "pendingDeletion"
 )
 
-// AffinityValue is the value of a host or virtual affinity key. Affinities are never a source of
-// ownership (felix uses the block's own affinity field); IPAM writers keep them in step with blocks.
+// AffinityValue is the value of a host or virtual affinity key. felix takes ownership from the
+// block's own affinity field, not from these; IPAM writers keep them in step with blocks, which is
+// what lets a reader take ownership from them when strict affinity is on (blockwatch.Ownership).
 type AffinityValue struct {
 	State   string `json:"state"`
 	Deleted bool   `json:"deleted"`
