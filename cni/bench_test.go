@@ -241,7 +241,7 @@ func BenchmarkAddDel(b *testing.B) {
 		}
 		if len(ratios) > 0 {
 			burstRatio[cmd] = pctFloat(ratios, 50)
-			fmt.Printf("  %-40s %.2fx (rounds: %s)\n", "  ratio, median of the rounds'", burstRatio[cmd], ratioList(ratios))
+			fmt.Printf("  %-40s %.2fx (rounds: %s)\n", "  ratio, median of the rounds'", burstRatio[cmd], floats(ratios))
 		}
 	}
 	fmt.Printf("  %-40s %10d %10d\n", fmt.Sprintf("duplicate addresses (%d conc.)", burstSize), blockPlugin.dups, hlp.dups)
@@ -335,18 +335,8 @@ func (p *benchPlugin) burst(ctx context.Context, round int) error {
 	}
 	p.bursts["ADD"] = append(p.bursts["ADD"], wall)
 	p.dups += dups
-	errs := make([]error, burstSize)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range burstSize {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = p.call(ctx, p.par, "DEL", cid(i))
-		}()
-	}
-	wg.Wait()
-	p.bursts["DEL"] = append(p.bursts["DEL"], time.Since(start))
+	_, errs, wall := concurrently(burstSize, func(i int) (*current.Result, error) { return p.call(ctx, p.par, "DEL", cid(i)) })
+	p.bursts["DEL"] = append(p.bursts["DEL"], wall)
 	return errors.Join(errs...)
 }
 
@@ -425,10 +415,10 @@ func mean(d []time.Duration) time.Duration {
 
 func med(d []time.Duration) time.Duration { return pct(d, 50) }
 
-// ratioList formats ratios.
-func ratioList(r []float64) string {
-	s := make([]string, len(r))
-	for i, x := range r {
+// floats lists numbers with two decimals.
+func floats(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
 		s[i] = fmt.Sprintf("%.2f", x)
 	}
 	return strings.Join(s, " ")
@@ -436,11 +426,11 @@ func ratioList(r []float64) string {
 
 // secs lists durations in seconds.
 func secs(d []time.Duration) string {
-	s := make([]string, len(d))
+	v := make([]float64, len(d))
 	for i, x := range d {
-		s[i] = fmt.Sprintf("%.2f", x.Seconds())
+		v[i] = x.Seconds()
 	}
-	return strings.Join(s, " ")
+	return floats(v)
 }
 
 // confList is a network configuration list with one plugin.
@@ -486,19 +476,7 @@ func buildHostLocal(dir string) (string, error) {
 // concurrentAdds starts n ADDs at once and returns the wall time and the number of addresses handed
 // out more than once.
 func concurrentAdds(n int, add func(i int) (*current.Result, error)) (time.Duration, int, error) {
-	outs := make([]*current.Result, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[i], errs[i] = add(i)
-		}()
-	}
-	wg.Wait()
-	wall := time.Since(start)
+	outs, errs, wall := concurrently(n, add)
 	seen := map[string]int{}
 	dups := 0
 	for i, out := range outs {
@@ -515,6 +493,24 @@ func concurrentAdds(n int, add func(i int) (*current.Result, error)) (time.Durat
 		}
 	}
 	return wall, dups, nil
+}
+
+// concurrently runs f(0) ... f(n-1) at once and returns their results and errors by index, and the
+// wall time until the last returned.
+func concurrently(n int, f func(i int) (*current.Result, error)) ([]*current.Result, []error, time.Duration) {
+	res := make([]*current.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return res, errs, time.Since(start)
 }
 
 func pct(d []time.Duration, p int) time.Duration {
