@@ -2,8 +2,10 @@ package cni_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -37,15 +39,30 @@ import (
 // proxy (or cache) with `go install`, which leaves this module's go.mod alone.
 const hostLocalModule = "github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1"
 
-// benchSamples is the number of sequential ADDs (and DELs) measured per plugin.
-const benchSamples = 200
+// Sizes of the benchmark: sequential calls per plugin and verb, concurrent ADDs per burst, bursts,
+// and plugin starts (VERSION) per plugin. About 10 s in all on a 2-core machine.
+const (
+	benchSamples  = 200
+	burstSize     = 100
+	burstRounds   = 5
+	versionProbes = 60
+)
 
 // BenchmarkAddDel compares block-ipam with host-local on this machine, both called through libcni as a
-// runtime does (one plugin process per call): sequential ADD and DEL latency (p50, p99), 100 concurrent
-// ADDs on one node (wall time, duplicates), and block-ipam's etcd round trips per ADD, counted by the
-// daemon and by etcd's own gRPC server metrics. block-ipam's daemon runs as its own process and
-// reaches etcd over mutual TLS. Samples of the two plugins are interleaved so that both see the same
-// background load. Run: make bench, or
+// runtime does (one plugin process per call):
+//
+//   - sequential ADD and DEL latency (p50, p90, p99), split into the plugin process's lifetime and
+//     libcni's own work around it, with the plugin process's CPU time;
+//   - the plugin's start alone (VERSION, executed directly);
+//   - burstRounds bursts of burstSize concurrent ADDs on one node, then as many concurrent DELs (wall
+//     time of each, duplicates);
+//   - block-ipam's etcd round trips per ADD and DEL, counted by the daemon and by etcd's own gRPC
+//     server metrics, and the daemon's CPU time per call.
+//
+// block-ipam's daemon runs as its own process and reaches etcd over mutual TLS. Samples of the two
+// plugins are interleaved, and which plugin goes first alternates from one sample (and burst) to the
+// next: a call runs a little slower right after the other plugin's (the daemon's and etcd's work
+// after a reply), and a fixed order would always hand that cost to the same plugin. Run: make bench, or
 //
 //	go test -run '^$' -bench AddDel -benchtime 1x ./cni
 func BenchmarkAddDel(b *testing.B) {
@@ -70,7 +87,7 @@ func BenchmarkAddDel(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
-	startDaemon := func(node string) string {
+	startDaemon := func(node string) (string, int) {
 		sock := filepath.Join(sockDir, node+".sock")
 		cmd := exec.CommandContext(ctx, filepath.Join(pluginDir, "block-ipamd"), "--nodename", node, "--socket", sock,
 			"--metrics-address", "", "--log-level", "warn",
@@ -83,60 +100,38 @@ func BenchmarkAddDel(b *testing.B) {
 		if err := waitSocket(ctx, sock); err != nil {
 			b.Fatal(err)
 		}
-		return sock
+		return sock, cmd.Process.Pid
 	}
 
 	logFile := filepath.Join(tmp, "block-ipam.log")
-	blockList := func(sock string) *libcni.NetworkConfigList {
+	blockPlugin := &benchPlugin{name: "block-ipam", exec: newTimedExec()}
+	blockPlugin.rt = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, filepath.Join(tmp, "cache-block"), blockPlugin.exec)
+	blockPlugin.list = func(sock string) *libcni.NetworkConfigList {
 		return confList(b, map[string]any{"type": "block-ipam", "ipam": map[string]any{
 			"type": "block-ipam", "socket": sock, "log_file": logFile, "log_level": "info"}})
 	}
-	hlList := func(dir string) *libcni.NetworkConfigList {
-		return confList(b, map[string]any{"type": "host-local", "ipam": map[string]any{
-			"type": "host-local", "dataDir": filepath.Join(tmp, dir), "ranges": [][]map[string]string{{{"subnet": "10.244.0.0/16"}}}}})
-	}
+	plugins := []*benchPlugin{blockPlugin}
 	hlBin, hlErr := buildHostLocal(tmp)
 	if hlErr != nil {
 		b.Logf("host-local unavailable, reporting block-ipam alone: %v", hlErr)
-	}
-	runtime := func(dir string) *libcni.CNIConfig {
-		exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-		return libcni.NewCNIConfigWithCacheDir([]string{dir}, filepath.Join(tmp, "cache-"+filepath.Base(dir)), exec)
-	}
-	blockRT := runtime(pluginDir)
-	var hlRT *libcni.CNIConfig
-	if hlBin != "" {
-		hlRT = runtime(filepath.Dir(hlBin))
-	}
-	call := func(rt *libcni.CNIConfig, list *libcni.NetworkConfigList, cmd, cid string) (time.Duration, *current.Result, error) {
-		conf := &libcni.RuntimeConf{ContainerID: cid, IfName: "eth0", NetNS: "/var/run/netns/" + cid}
-		start := time.Now()
-		var res types.Result
-		var err error
-		if cmd == "ADD" {
-			res, err = rt.AddNetworkList(ctx, list, conf)
-		} else {
-			err = rt.DelNetworkList(ctx, list, conf)
+	} else {
+		hl := &benchPlugin{name: "host-local", exec: newTimedExec()}
+		hl.rt = libcni.NewCNIConfigWithCacheDir([]string{filepath.Dir(hlBin)}, filepath.Join(tmp, "cache-hl"), hl.exec)
+		hl.list = func(dir string) *libcni.NetworkConfigList {
+			return confList(b, map[string]any{"type": "host-local", "ipam": map[string]any{
+				"type": "host-local", "dataDir": filepath.Join(tmp, dir), "ranges": [][]map[string]string{{{"subnet": "10.244.0.0/16"}}}}})
 		}
-		d := time.Since(start)
-		if err != nil {
-			return d, nil, fmt.Errorf("%s %s %s: %w", list.Plugins[0].Network.Type, cmd, cid, err)
-		}
-		if res == nil {
-			return d, nil, nil
-		}
-		r, err := current.NewResultFromResult(res)
-		return d, r, err
+		plugins = append(plugins, hl)
 	}
 
-	seqSock := startDaemon("bench-node")
-	blockSeq := blockList(seqSock)
-	// Warm up both (page cache, the node's first block, host-local's data dir).
-	if _, _, err := call(blockRT, blockSeq, "ADD", "warmup"); err != nil {
-		b.Fatal(err)
+	seqSock, seqPid := startDaemon("bench-node")
+	blockPlugin.seq = blockPlugin.list(seqSock)
+	if len(plugins) > 1 {
+		plugins[1].seq = plugins[1].list("seq")
 	}
-	if hlRT != nil {
-		if _, _, err := call(hlRT, hlList("seq"), "ADD", "warmup"); err != nil {
+	// Warm up both (page cache, the node's first block, host-local's data dir).
+	for _, p := range plugins {
+		if _, err := p.call(ctx, p.seq, "ADD", "warmup"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -144,107 +139,298 @@ func BenchmarkAddDel(b *testing.B) {
 	logBefore := logLines(logFile)
 
 	b.ResetTimer()
-	var blockAdd, blockDel, hlAdd, hlDel []time.Duration
-	for _, cmd := range []string{"ADD", "DEL"} {
-		for i := range benchSamples {
-			cid := fmt.Sprintf("seq%04d", i)
-			d, _, err := call(blockRT, blockSeq, cmd, cid)
-			if err != nil {
+	// Plugin start: VERSION executed directly, as libcni does it, without the daemon.
+	for i := range versionProbes {
+		for j := range plugins {
+			p := plugins[(i+j)%len(plugins)]
+			if err := p.version(ctx); err != nil {
 				b.Fatal(err)
-			}
-			if cmd == "ADD" {
-				blockAdd = append(blockAdd, d)
-			} else {
-				blockDel = append(blockDel, d)
-			}
-			if hlRT == nil {
-				continue
-			}
-			d, _, err = call(hlRT, hlList("seq"), cmd, cid)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if cmd == "ADD" {
-				hlAdd = append(hlAdd, d)
-			} else {
-				hlDel = append(hlDel, d)
 			}
 		}
+	}
+	daemonCPU := map[string]time.Duration{}
+	for _, cmd := range []string{"ADD", "DEL"} {
+		cpu0 := processCPU(seqPid)
+		for i := range benchSamples {
+			cid := fmt.Sprintf("seq%04d", i)
+			for j := range plugins {
+				p := plugins[(i+j)%len(plugins)]
+				if _, err := p.call(ctx, p.seq, cmd, cid); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		daemonCPU[cmd] = (processCPU(seqPid) - cpu0) / benchSamples
 		// Round trips of this phase, counted by the daemon and by etcd's server.
 		rpcAfter, logAfter := etcdKVRPCs(b), logLines(logFile)
 		reportRoundTrips(b, cmd, roundTripsByVerb(logAfter[len(logBefore):], cmd), rpcAfter-rpcBefore)
-		fmt.Printf("block-ipam %s: the plugin's request to the daemon (socket, daemon, etcd) p50 %.2f ms\n", cmd,
-			pctFloat(callMillis(logAfter[len(logBefore):], cmd), 50))
+		fmt.Printf("block-ipam %s: the plugin's request to the daemon (socket, daemon, etcd) p50 %.2f ms; the daemon's CPU %.2f ms per call\n", cmd,
+			pctFloat(callMillis(logAfter[len(logBefore):], cmd), 50), ms(daemonCPU[cmd]))
 		rpcBefore, logBefore = rpcAfter, logAfter
 	}
 
-	// 100 concurrent ADDs on a fresh node (block-ipam: its own daemon) and a fresh data dir (host-local).
-	parList := blockList(startDaemon("par-node"))
-	logBefore = logLines(logFile)
-	blockWall, blockDup, err := concurrentAdds(100, func(i int) (*current.Result, error) {
-		_, r, err := call(blockRT, parList, "ADD", fmt.Sprintf("par%03d", i))
-		return r, err
-	})
-	if err != nil {
-		b.Fatal(err)
+	// Bursts of concurrent ADDs on one node (block-ipam: a daemon of its own, a fresh node at the
+	// first burst; host-local: a data dir of its own), each followed by as many concurrent DELs.
+	parSock, _ := startDaemon("par-node")
+	blockPlugin.par = blockPlugin.list(parSock)
+	if len(plugins) > 1 {
+		plugins[1].par = plugins[1].list("par")
 	}
-	parLines := logLines(logFile)[len(logBefore):]
-	par, parRTs, served := callMillis(parLines, "ADD"), 0, 0
+	var parLines []string
+	for round := range burstRounds {
+		for j := range plugins {
+			p := plugins[(round+j)%len(plugins)]
+			before := len(logLines(logFile))
+			if err := p.burst(ctx, round); err != nil {
+				b.Fatal(err)
+			}
+			if p == blockPlugin {
+				parLines = append(parLines, logLines(logFile)[before:]...)
+			}
+		}
+	}
+	par, parRTs, served, parADDs := callMillis(parLines, "ADD"), 0, 0, 0
 	for _, n := range roundTripsByVerb(parLines, "ADD") {
 		parRTs += n
+		parADDs++
 		if n == 0 {
 			served++
 		}
 	}
-	fmt.Printf("block-ipam 100 concurrent ADDs: the plugin's request to the daemon p50 %.2f ms, max %.2f ms; %d etcd round trips in all, %d ADDs served by another's transaction\n",
-		pctFloat(par, 50), pctFloat(par, 100), parRTs, served)
-	var hlWall time.Duration
-	hlDup := -1
-	if hlRT != nil {
-		if hlWall, hlDup, err = concurrentAdds(100, func(i int) (*current.Result, error) {
-			_, r, err := call(hlRT, hlList("par"), "ADD", fmt.Sprintf("par%03d", i))
-			return r, err
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fmt.Printf("block-ipam %d bursts of %d concurrent ADDs: the plugin's request to the daemon p50 %.2f ms, max %.2f ms; %d etcd round trips for %d ADDs, %d ADDs served by another's transaction\n",
+		burstRounds, burstSize, pctFloat(par, 50), pctFloat(par, 100), parRTs, parADDs, served)
 	b.StopTimer()
 	if err := ipamcheck.Check(ctx, cli, ipamcheck.Options{}); err != nil {
 		b.Errorf("invariants after the benchmark: %v", err)
 	}
 
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	hlp := &benchPlugin{}
+	if len(plugins) > 1 {
+		hlp = plugins[1]
+	}
 	row := func(name string, blk, hl float64, unit string) {
 		ratio := "-"
 		if hl > 0 {
 			ratio = fmt.Sprintf("%.2fx", blk/hl)
 		}
-		fmt.Printf("  %-32s %12.2f %12.2f %8s  %s\n", name, blk, hl, ratio, unit)
+		fmt.Printf("  %-40s %10.2f %10.2f %7s  %s\n", name, blk, hl, ratio, unit)
 	}
-	fmt.Printf("\nblock-ipam (daemon, etcd over mTLS) vs host-local v1.9.1, %d sequential calls each (interleaved), through libcni:\n", benchSamples)
-	fmt.Printf("  %-32s %12s %12s %8s\n", "", "block-ipam", "host-local", "ratio")
-	row("ADD p50", ms(pct(blockAdd, 50)), ms(pct(hlAdd, 50)), "ms")
-	row("ADD p99", ms(pct(blockAdd, 99)), ms(pct(hlAdd, 99)), "ms")
-	row("DEL p50", ms(pct(blockDel, 50)), ms(pct(hlDel, 50)), "ms")
-	row("DEL p99", ms(pct(blockDel, 99)), ms(pct(hlDel, 99)), "ms")
-	row("100 concurrent ADDs, wall", blockWall.Seconds(), hlWall.Seconds(), "s")
-	fmt.Printf("  %-32s %12d %12d\n", "duplicate addresses (100 conc.)", blockDup, hlDup)
-	b.ReportMetric(ms(pct(blockAdd, 50)), "blockipam-add-p50-ms")
-	b.ReportMetric(ms(pct(blockAdd, 99)), "blockipam-add-p99-ms")
-	b.ReportMetric(ms(pct(blockDel, 50)), "blockipam-del-p50-ms")
-	b.ReportMetric(ms(pct(blockDel, 99)), "blockipam-del-p99-ms")
-	b.ReportMetric(blockWall.Seconds(), "blockipam-100conc-s")
-	b.ReportMetric(float64(blockDup), "blockipam-dups")
-	if hlRT != nil {
-		b.ReportMetric(ms(pct(hlAdd, 50)), "hostlocal-add-p50-ms")
-		b.ReportMetric(ms(pct(hlAdd, 99)), "hostlocal-add-p99-ms")
-		b.ReportMetric(ms(pct(hlDel, 50)), "hostlocal-del-p50-ms")
-		b.ReportMetric(ms(pct(hlDel, 99)), "hostlocal-del-p99-ms")
-		b.ReportMetric(hlWall.Seconds(), "hostlocal-100conc-s")
-		b.ReportMetric(ms(pct(blockAdd, 50))/ms(pct(hlAdd, 50)), "add-p50-ratio")
-		b.ReportMetric(ms(pct(blockDel, 50))/ms(pct(hlDel, 50)), "del-p50-ratio")
-		b.ReportMetric(blockWall.Seconds()/hlWall.Seconds(), "100conc-ratio")
+	fmt.Printf("\nblock-ipam (daemon, etcd over mTLS) vs host-local v1.9.1 through libcni, %d sequential calls each (interleaved):\n", benchSamples)
+	fmt.Printf("  %-40s %10s %10s %7s\n", "", "block-ipam", "host-local", "ratio")
+	row("plugin start (VERSION, direct exec) p50", ms(pct(blockPlugin.versions, 50)), ms(pct(hlp.versions, 50)), "ms")
+	for _, cmd := range []string{"ADD", "DEL"} {
+		for _, q := range []int{50, 90, 99} {
+			row(fmt.Sprintf("%s p%d", cmd, q), ms(pct(blockPlugin.total[cmd], q)), ms(pct(hlp.total[cmd], q)), "ms")
+		}
+		row("  "+cmd+" p50: plugin process", ms(pct(blockPlugin.proc[cmd], 50)), ms(pct(hlp.proc[cmd], 50)), "ms")
+		row("  "+cmd+" p50: libcni around it", ms(pct(blockPlugin.overhead[cmd], 50)), ms(pct(hlp.overhead[cmd], 50)), "ms")
+		row("  "+cmd+" plugin process CPU, mean", ms(mean(blockPlugin.cpu[cmd])), ms(mean(hlp.cpu[cmd])), "ms")
+		fmt.Printf("  %-40s %10.2f %10s %7s  ms\n", "  "+cmd+" daemon CPU, mean", ms(daemonCPU[cmd]), "-", "")
 	}
+	burstRatio := map[string]float64{}
+	for _, cmd := range []string{"ADD", "DEL"} {
+		bw, hw := blockPlugin.bursts[cmd], hlp.bursts[cmd]
+		row(fmt.Sprintf("%d concurrent %ss, wall, median", burstSize, cmd), med(bw).Seconds(), med(hw).Seconds(), "s")
+		fmt.Printf("  %-40s %s\n", "  each burst, block-ipam", secs(bw))
+		fmt.Printf("  %-40s %s\n", "  each burst, host-local", secs(hw))
+		// The two plugins' bursts of one round run back to back, under about the same background load:
+		// the median of the rounds' ratios is steadier than the ratio of the medians.
+		var ratios []float64
+		for i := range min(len(bw), len(hw)) {
+			ratios = append(ratios, bw[i].Seconds()/hw[i].Seconds())
+		}
+		if len(ratios) > 0 {
+			burstRatio[cmd] = pctFloat(ratios, 50)
+			fmt.Printf("  %-40s %.2fx (rounds: %s)\n", "  ratio, median of the rounds'", burstRatio[cmd], floats(ratios))
+		}
+	}
+	fmt.Printf("  %-40s %10d %10d\n", fmt.Sprintf("duplicate addresses (%d conc.)", burstSize), blockPlugin.dups, hlp.dups)
+
+	b.ReportMetric(ms(pct(blockPlugin.total["ADD"], 50)), "blockipam-add-p50-ms")
+	b.ReportMetric(ms(pct(blockPlugin.total["ADD"], 99)), "blockipam-add-p99-ms")
+	b.ReportMetric(ms(pct(blockPlugin.total["DEL"], 50)), "blockipam-del-p50-ms")
+	b.ReportMetric(ms(pct(blockPlugin.total["DEL"], 99)), "blockipam-del-p99-ms")
+	b.ReportMetric(med(blockPlugin.bursts["ADD"]).Seconds(), "blockipam-100conc-s")
+	b.ReportMetric(float64(blockPlugin.dups), "blockipam-dups")
+	if len(plugins) > 1 {
+		b.ReportMetric(ms(pct(hlp.total["ADD"], 50)), "hostlocal-add-p50-ms")
+		b.ReportMetric(ms(pct(hlp.total["ADD"], 99)), "hostlocal-add-p99-ms")
+		b.ReportMetric(ms(pct(hlp.total["DEL"], 50)), "hostlocal-del-p50-ms")
+		b.ReportMetric(ms(pct(hlp.total["DEL"], 99)), "hostlocal-del-p99-ms")
+		b.ReportMetric(med(hlp.bursts["ADD"]).Seconds(), "hostlocal-100conc-s")
+		b.ReportMetric(ms(pct(blockPlugin.total["ADD"], 50))/ms(pct(hlp.total["ADD"], 50)), "add-p50-ratio")
+		b.ReportMetric(ms(pct(blockPlugin.total["DEL"], 50))/ms(pct(hlp.total["DEL"], 50)), "del-p50-ratio")
+		b.ReportMetric(burstRatio["ADD"], "100conc-ratio")
+		b.ReportMetric(burstRatio["DEL"], "100conc-del-ratio")
+	}
+}
+
+// benchPlugin is one plugin under benchmark: its runtime, its configurations and what was measured.
+type benchPlugin struct {
+	name     string
+	exec     *timedExec
+	rt       *libcni.CNIConfig
+	list     func(string) *libcni.NetworkConfigList
+	seq, par *libcni.NetworkConfigList
+	// Sequential calls by verb: libcni's whole call, the plugin process within it, the rest, and the
+	// plugin process's CPU time.
+	total, proc, overhead, cpu map[string][]time.Duration
+	versions                   []time.Duration
+	bursts                     map[string][]time.Duration
+	dups                       int
+}
+
+// call runs one ADD or DEL through libcni; sequential calls record their figures.
+func (p *benchPlugin) call(ctx context.Context, list *libcni.NetworkConfigList, cmd, cid string) (*current.Result, error) {
+	if p.total == nil {
+		p.total, p.proc, p.overhead, p.cpu = map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}
+		p.bursts = map[string][]time.Duration{}
+	}
+	conf := &libcni.RuntimeConf{ContainerID: cid, IfName: "eth0", NetNS: "/var/run/netns/" + cid}
+	start := time.Now()
+	var res types.Result
+	var err error
+	if cmd == "ADD" {
+		res, err = p.rt.AddNetworkList(ctx, list, conf)
+	} else {
+		err = p.rt.DelNetworkList(ctx, list, conf)
+	}
+	d := time.Since(start)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s %s: %w", p.name, cmd, cid, err)
+	}
+	if list == p.seq {
+		wall, cpu := p.exec.last()
+		p.total[cmd] = append(p.total[cmd], d)
+		p.proc[cmd] = append(p.proc[cmd], wall)
+		p.overhead[cmd] = append(p.overhead[cmd], d-wall)
+		p.cpu[cmd] = append(p.cpu[cmd], cpu)
+	}
+	if res == nil {
+		return nil, nil
+	}
+	return current.NewResultFromResult(res)
+}
+
+// version executes the plugin's VERSION directly, as libcni does, and records its wall time.
+func (p *benchPlugin) version(ctx context.Context) error {
+	path, err := p.exec.FindInPath(p.seq.Plugins[0].Network.Type, p.rt.Path)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := p.exec.ExecPlugin(ctx, path, []byte(`{"cniVersion":"1.1.0"}`), []string{"CNI_COMMAND=VERSION"}); err != nil {
+		return fmt.Errorf("%s VERSION: %w", p.name, err)
+	}
+	p.versions = append(p.versions, time.Since(start))
+	return nil
+}
+
+// burst runs burstSize concurrent ADDs, then as many concurrent DELs of the same containers.
+func (p *benchPlugin) burst(ctx context.Context, round int) error {
+	cid := func(i int) string { return fmt.Sprintf("par%d-%03d", round, i) }
+	wall, dups, err := concurrentAdds(burstSize, func(i int) (*current.Result, error) { return p.call(ctx, p.par, "ADD", cid(i)) })
+	if err != nil {
+		return err
+	}
+	p.bursts["ADD"] = append(p.bursts["ADD"], wall)
+	p.dups += dups
+	_, errs, wall := concurrently(burstSize, func(i int) (*current.Result, error) { return p.call(ctx, p.par, "DEL", cid(i)) })
+	p.bursts["DEL"] = append(p.bursts["DEL"], wall)
+	return errors.Join(errs...)
+}
+
+// timedExec is libcni's default exec, also recording the wall and CPU time of the last plugin process
+// (meaningful for sequential calls only: the CPU time is this process's children's).
+type timedExec struct {
+	invoke.Exec
+	mu        sync.Mutex
+	wall, cpu time.Duration
+}
+
+func newTimedExec() *timedExec {
+	return &timedExec{Exec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}}
+}
+
+func (e *timedExec) ExecPlugin(ctx context.Context, path string, stdin []byte, environ []string) ([]byte, error) {
+	cpu0 := childrenCPU()
+	start := time.Now()
+	out, err := e.Exec.ExecPlugin(ctx, path, stdin, environ)
+	wall := time.Since(start)
+	cpu := childrenCPU() - cpu0
+	e.mu.Lock()
+	e.wall, e.cpu = wall, cpu
+	e.mu.Unlock()
+	return out, err
+}
+
+func (e *timedExec) last() (time.Duration, time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.wall, e.cpu
+}
+
+// childrenCPU is the CPU time (user and system) of this process's children that have exited.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// processCPU is the CPU time (user and system) a running process has used so far, from /proc; 0 when
+// it cannot be read.
+func processCPU(pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses and may contain spaces.
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat times: 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func mean(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	return sum / time.Duration(len(d))
+}
+
+func med(d []time.Duration) time.Duration { return pct(d, 50) }
+
+// floats lists numbers with two decimals.
+func floats(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, " ")
+}
+
+// secs lists durations in seconds.
+func secs(d []time.Duration) string {
+	v := make([]float64, len(d))
+	for i, x := range d {
+		v[i] = x.Seconds()
+	}
+	return floats(v)
 }
 
 // confList is a network configuration list with one plugin.
@@ -290,19 +476,7 @@ func buildHostLocal(dir string) (string, error) {
 // concurrentAdds starts n ADDs at once and returns the wall time and the number of addresses handed
 // out more than once.
 func concurrentAdds(n int, add func(i int) (*current.Result, error)) (time.Duration, int, error) {
-	outs := make([]*current.Result, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[i], errs[i] = add(i)
-		}()
-	}
-	wg.Wait()
-	wall := time.Since(start)
+	outs, errs, wall := concurrently(n, add)
 	seen := map[string]int{}
 	dups := 0
 	for i, out := range outs {
@@ -319,6 +493,24 @@ func concurrentAdds(n int, add func(i int) (*current.Result, error)) (time.Durat
 		}
 	}
 	return wall, dups, nil
+}
+
+// concurrently runs f(0) ... f(n-1) at once and returns their results and errors by index, and the
+// wall time until the last returned.
+func concurrently(n int, f func(i int) (*current.Result, error)) ([]*current.Result, []error, time.Duration) {
+	res := make([]*current.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return res, errs, time.Since(start)
 }
 
 func pct(d []time.Duration, p int) time.Duration {

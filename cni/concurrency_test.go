@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -29,19 +28,7 @@ import (
 // addAll runs one ADD per (list, container) at once, each in its own plugin process, and returns the
 // results and errors by index.
 func (e *env) addAll(lists []*libcni.NetworkConfigList, cids []string) ([]*current.Result, []error, time.Duration) {
-	res := make([]*current.Result, len(cids))
-	errs := make([]error, len(cids))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range cids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i], errs[i] = e.add(lists[i], rt(cids[i], "eth0"))
-		}()
-	}
-	wg.Wait()
-	return res, errs, time.Since(start)
+	return concurrently(len(cids), func(i int) (*current.Result, error) { return e.add(lists[i], rt(cids[i], "eth0")) })
 }
 
 // checkAccounted verifies that the successful results are exactly the allocations in etcd: no
