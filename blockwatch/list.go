@@ -45,7 +45,8 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	defer cancel()
 
 	prev := w.view
-	if prev == nil {
+	first := prev == nil // its parts go out on Listing
+	if first {
 		prev = newCache()
 	}
 	next := newCache()
@@ -62,8 +63,17 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		if next.rev == 0 {
 			next.rev, received = p.rev, p.received
 		}
+		var listed []*Block
 		for _, d := range w.decodePage(p) {
 			w.install(next, prev, &d, nil)
+			if first && d.src == srcBlocks && d.keyErr == nil {
+				if b, ok := next.blocks.get(d.cidr); ok {
+					listed = append(listed, b)
+				}
+			}
+		}
+		if len(listed) > 0 {
+			w.emitListed(next, listed)
 		}
 	}
 	if !complete {
@@ -85,7 +95,8 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 
 // fetch sends the pages of the three prefixes to out, all read at revision at (if not 0: serializably)
 // or else at the revision of the first one, then a last page; or the error that stopped it. It
-// returns early when ctx ends.
+// returns early when ctx ends. The pools and peers come first, so that a listed block's routes can be
+// known as soon as it is (Listing).
 func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 	send := func(p page) bool {
 		select {
@@ -96,7 +107,8 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 		}
 	}
 	rev := at
-	for src, prefix := range w.prefixes {
+	for _, src := range [...]source{srcPools, srcHosts, srcBlocks} {
+		prefix := w.prefixes[src]
 		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for n := 0; ; n++ {
 			opts := []clientv3.OpOption{
@@ -124,11 +136,11 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 			if rev == 0 {
 				rev = resp.Header.Revision
 			}
-			if !send(page{src: source(src), resp: resp, rev: rev, received: time.Now()}) {
+			if !send(page{src: src, resp: resp, rev: rev, received: time.Now()}) {
 				return
 			}
 			if w.testHookPage != nil {
-				w.testHookPage(source(src), n)
+				w.testHookPage(src, n)
 			}
 			if !resp.More || len(resp.Kvs) == 0 {
 				break
