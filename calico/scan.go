@@ -16,22 +16,8 @@ import "math"
 func scanRouting(data []byte, r *Routing) bool {
 	s := scanner{data: data}
 	s.ws()
-	if !s.consume('{') {
-		return false
-	}
 	var seen uint8
-	first := true
-	for {
-		s.ws()
-		if first && s.consume('}') {
-			break
-		}
-		first = false
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
-		s.ws()
+	ok := s.object(func(key []byte) bool {
 		f := routingFieldOf(key)
 		if f < 0 {
 			return false
@@ -43,37 +29,30 @@ func scanRouting(data []byte, r *Routing) bool {
 			seen |= 1 << f
 		}
 		switch f {
-		case fieldOther:
-			ok = s.skip(0)
 		case fieldCIDR:
-			var v []byte
-			if v, ok = s.plainString(); ok {
-				ok = r.CIDR.UnmarshalText(v) == nil
-			}
+			v, ok := s.plainString()
+			return ok && r.CIDR.UnmarshalText(v) == nil
 		case fieldAffinity:
+			var ok bool
 			r.Affinity, ok = s.optionalString()
+			return ok
 		case fieldHostAffinity:
+			var ok bool
 			r.HostAffinity, ok = s.optionalString()
+			return ok
 		case fieldAllocations:
-			ok = s.allocations(&r.Allocations)
+			return s.allocations(&r.Allocations)
 		case fieldAttributes:
-			ok = s.attributes(&r.Attributes)
+			return s.attributes(&r.Attributes)
 		case fieldDeleted:
+			var ok bool
 			r.Deleted, ok = s.boolean()
+			return ok
 		}
-		if !ok {
-			return false
-		}
-		s.ws()
-		if s.consume('}') {
-			break
-		}
-		if !s.consume(',') {
-			return false
-		}
-	}
+		return s.skip(0)
+	})
 	s.ws()
-	return s.pos == len(s.data) && r.CIDR.IsValid()
+	return ok && s.pos == len(s.data) && r.CIDR.IsValid()
 }
 
 // The fields of Routing, by their JSON names; fieldOther is any other key, fieldAmbiguous one that
@@ -172,6 +151,58 @@ func (s *scanner) key() ([]byte, bool) {
 	return k, s.consume(':')
 }
 
+// object reads an object whose keys are plain, calling member with each key and the scanner at the
+// value, which member must read.
+func (s *scanner) object(member func(key []byte) bool) bool {
+	if !s.consume('{') {
+		return false
+	}
+	for first := true; ; first = false {
+		s.ws()
+		if first && s.consume('}') {
+			return true
+		}
+		key, ok := s.key()
+		if !ok {
+			return false
+		}
+		s.ws()
+		if !member(key) {
+			return false
+		}
+		s.ws()
+		if s.consume('}') {
+			return true
+		}
+		if !s.consume(',') {
+			return false
+		}
+	}
+}
+
+// array reads an array, calling elem with the scanner at each element, which elem must read.
+func (s *scanner) array(elem func() bool) bool {
+	if !s.consume('[') {
+		return false
+	}
+	for first := true; ; first = false {
+		s.ws()
+		if first && s.consume(']') {
+			return true
+		}
+		if !elem() {
+			return false
+		}
+		s.ws()
+		if s.consume(']') {
+			return true
+		}
+		if !s.consume(',') {
+			return false
+		}
+	}
+}
+
 // plainString reads a string that needs no unquoting, ASCII without escapes (encoding/json replaces
 // invalid UTF-8, which a byte-wise copy would not), and returns its contents.
 func (s *scanner) plainString() ([]byte, bool) {
@@ -218,15 +249,9 @@ func (s *scanner) allocations(out *allocations) bool {
 		*out = nil
 		return true
 	}
-	if !s.consume('[') {
-		return false
-	}
 	var a allocations
-	for ord := int32(0); ; ord++ {
-		s.ws()
-		if ord == 0 && s.consume(']') {
-			break
-		}
+	ord := int32(0)
+	ok := s.array(func() bool {
 		if !s.literal("null") {
 			v, ok := s.integer()
 			if !ok {
@@ -235,18 +260,16 @@ func (s *scanner) allocations(out *allocations) bool {
 			if v < 0 || v > math.MaxInt32 {
 				v = -1
 			}
+			if a == nil {
+				a = make(allocations, 0, 4) // a block holds few addresses of other nodes, or none
+			}
 			a = append(a, allocation{ord: ord, idx: int32(v)})
 		}
-		s.ws()
-		if s.consume(']') {
-			break
-		}
-		if !s.consume(',') || ord == math.MaxInt32 {
-			return false
-		}
-	}
+		ord++
+		return ord > 0
+	})
 	*out = a
-	return true
+	return ok
 }
 
 // integer reads a JSON number written as an integer (no fraction or exponent) of at most 18 digits.
@@ -281,116 +304,96 @@ func (s *scanner) attributes(out *[]routingAttribute) bool {
 		*out = nil
 		return true
 	}
-	if !s.consume('[') {
-		return false
-	}
 	a := []routingAttribute{}
-	for i := 0; ; i++ {
-		s.ws()
-		if i == 0 && s.consume(']') {
-			break
-		}
+	var last string // the node of the previous attribute: most name the same one
+	ok := s.array(func() bool {
 		var attr routingAttribute
-		if !s.literal("null") && !s.attribute(&attr) {
-			return false
+		if !s.literal("null") {
+			node, ok := s.attribute()
+			if !ok {
+				return false
+			}
+			if string(node) != last {
+				last = string(node)
+			}
+			attr.Secondary = secondaryNode(last)
+		}
+		if cap(a) == 0 {
+			a = make([]routingAttribute, 0, 4)
 		}
 		a = append(a, attr)
-		s.ws()
-		if s.consume(']') {
-			break
-		}
-		if !s.consume(',') {
-			return false
-		}
-	}
+		return true
+	})
 	*out = a
-	return true
+	return ok
 }
 
-func (s *scanner) attribute(attr *routingAttribute) bool {
-	if !s.consume('{') {
-		return false
-	}
+// attribute reads an attribute object and returns the node its secondary object names (a part of the
+// scanner's data, or nil).
+func (s *scanner) attribute() ([]byte, bool) {
+	var node []byte
 	seen := false
-	for first := true; ; first = false {
-		s.ws()
-		if first && s.consume('}') {
-			return true
-		}
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
-		s.ws()
+	ok := s.object(func(key []byte) bool {
 		switch {
 		case string(key) == "secondary":
 			if seen {
 				return false
 			}
 			seen = true
-			ok = s.secondary(&attr.Secondary)
+			var ok bool
+			node, ok = s.secondary()
+			return ok
 		case len(key) == len("secondary") && asciiEqualFold(key, "secondary"):
 			return false
-		default:
-			ok = s.skip(0)
 		}
-		if !ok {
-			return false
-		}
-		s.ws()
-		if s.consume('}') {
-			return true
-		}
-		if !s.consume(',') {
-			return false
-		}
-	}
+		return s.skip(0)
+	})
+	return node, ok
 }
 
 // secondary reads a secondary attributes object as secondaryNode.UnmarshalJSON does when the object
 // names the node once, exactly and without escapes (exactNodeKey); any other object it leaves to
-// encoding/json.
-func (s *scanner) secondary(node *secondaryNode) bool {
+// encoding/json. Without escapes, every `"node"` in the object's text is a string token, so counting
+// the keys and string values that fold to node is exactNodeKey's count; nested values are left to
+// exactNodeKey itself.
+func (s *scanner) secondary() ([]byte, bool) {
 	if s.literal("null") {
-		return true
+		return nil, true
 	}
 	start := s.pos
-	if !s.consume('{') {
-		return false
-	}
 	var value []byte
-	for first := true; ; first = false {
-		s.ws()
-		if first && s.consume('}') {
-			break
-		}
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
-		s.ws()
-		if string(key) == AttrNode {
-			if !s.literal("null") {
-				if value, ok = s.plainString(); !ok {
-					return false
-				}
+	nodes, nested := 0, false
+	ok := s.object(func(key []byte) bool {
+		nodes += foldsToNode(key)
+		switch {
+		case s.pos < len(s.data) && s.data[s.pos] == '"':
+			v, ok := s.plainString()
+			if !ok {
+				return false // an escape, or a non-ASCII value: encoding/json decides
 			}
-		} else if !s.skip(0) {
-			return false
+			nodes += foldsToNode(v)
+			if string(key) == AttrNode {
+				value = v
+			}
+			return true
+		case string(key) == AttrNode:
+			return s.literal("null")
 		}
-		s.ws()
-		if s.consume('}') {
-			break
-		}
-		if !s.consume(',') {
-			return false
-		}
+		nested = true
+		return s.skip(0)
+	})
+	if !ok || nested && !exactNodeKey(s.data[start:s.pos]) || nodes > 1 || nodes == 1 && value == nil {
+		return nil, false
 	}
-	if !exactNodeKey(s.data[start:s.pos]) {
-		return false
+	return value, true
+}
+
+// foldsToNode is 1 if b is "node" in any letter case, else 0.
+func foldsToNode(b []byte) int {
+	if len(b) == len(AttrNode) && asciiEqualFold(b, AttrNode) {
+		return 1
 	}
-	*node = secondaryNode(value)
-	return true
+	return 0
 }
 
 // skip passes over one JSON value of any kind, checking its syntax.
