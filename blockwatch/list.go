@@ -116,10 +116,10 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 			}
 			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			if at != 0 {
-				opts = append(opts, clientv3.WithSerializable())
+				// Serializable: what a revision holds never changes, and a member that has not applied
+				// it yet says so (ErrFutureRev, and the list starts over); a linearizable read would
+				// first wait for the leader to confirm the member's applied index, page after page.
+				opts = append(opts, clientv3.WithRev(rev), clientv3.WithSerializable())
 			}
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
 			resp, err := w.cfg.Client.Get(rctx, key, opts...)
