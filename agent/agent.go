@@ -28,7 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -177,11 +176,10 @@ type Agent struct {
 	pools           []netip.Prefix
 	programmed      map[netip.Prefix]vppapi.Route
 	programmedValid bool // programmed was read from VPP since the last (re)connect
-	// listedRev is the revision of the first list's parts in desired (0: none), listedPeers their
-	// peers; dumpedListing says that the table was dumped while that list went on (programmed and
-	// foreign are that dump and this agent's acknowledged adds since), for the first full resync to use.
+	// listedRev is the revision of the first list's parts in desired (0: none); dumpedListing says that
+	// the table was dumped while that list went on (programmed and foreign are that dump and this
+	// agent's acknowledged adds since), for the first full resync to use.
 	listedRev     int64
-	listedPeers   map[string]blockwatch.Peer
 	dumpedListing bool
 	foreign       map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
@@ -297,13 +295,13 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.snap = snap
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
-		if first && a.listedAll(snap, pools) {
+		if first && a.listedRev != 0 && a.desired.catchUp(snap, pools) {
 			a.log.Debug("the desired routes were built while listing", "blocks", snap.Blocks.Len(), "table_dumped", a.dumpedListing)
 		} else {
 			a.dumpedListing = false
 			a.desired.reset(snap, pools)
 		}
-		a.listedRev, a.listedPeers = 0, nil
+		a.listedRev = 0
 		a.pools = pools
 		a.trackPeers()
 		reason := snap.RelistReason
@@ -330,17 +328,12 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 }
 
-// listedAll reports whether the parts of the first list put in desired are all of snap: the same
-// revision, peers, pools and blocks.
-func (a *Agent) listedAll(snap *blockwatch.Snapshot, pools []netip.Prefix) bool {
-	return a.listedRev != 0 && a.listedRev == snap.Revision && maps.Equal(a.listedPeers, snap.Peers) &&
-		slices.Equal(a.pools, pools) && a.desired.holds(snap.Blocks)
-}
-
 // onListed takes a part of the first list, before its Full snapshot: its blocks go into the desired
 // routes, and those of their routes VPP has no route for are added at once, while etcd is still being
 // listed. Nothing is replaced or deleted before the complete view: the first full resync does that.
 // The table is dumped when the first part comes (or VPP (re)connects), not again by that full resync.
+// The first snapshot then only brings the desired routes up to date with what changed since the list
+// (it may be folded with later changes: the agent's own registration, say).
 func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 	if a.snap != nil {
 		return // a complete view is in charge
@@ -350,7 +343,7 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
 		a.desired.begin(part.Peers, a.pools, 0)
 		a.trackPeers()
-		a.listedRev, a.listedPeers = part.Revision, part.Peers
+		a.listedRev = part.Revision
 	}
 	a.programListed(ctx, a.desired.addBlocks(part.Blocks))
 }

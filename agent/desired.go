@@ -272,15 +272,37 @@ func (d *desiredSet) addBlocks(blocks []*blockwatch.Block) map[netip.Prefix]stru
 	return dirty
 }
 
-// holds reports whether the set's blocks are exactly bs, the same *Block each.
-func (d *desiredSet) holds(bs blockwatch.Blocks) bool {
-	if len(d.perBlock) != bs.Len() {
+// catchUp brings the set, built from the same pools, to snap: it recomputes the blocks whose *Block
+// differs from the one it holds (or that it lacks, or that snap lacks) and those of the nodes whose
+// peers changed, and reports true; or, when the pools differ, reports false and changes nothing.
+func (d *desiredSet) catchUp(snap *blockwatch.Snapshot, pools []netip.Prefix) bool {
+	if !slices.Equal(d.pools, pools) {
 		return false
 	}
-	for cidr, b := range bs.All() {
-		if r, ok := d.perBlock[cidr]; !ok || r.block != b {
-			return false
+	redo := make(map[netip.Prefix]struct{})
+	for node := range d.setPeers(snap.Peers) {
+		for _, cidr := range d.byNode[node] {
+			redo[cidr] = struct{}{}
 		}
+	}
+	for cidr, b := range snap.Blocks.All() {
+		if r, ok := d.perBlock[cidr]; !ok || r.block != b {
+			redo[cidr] = struct{}{}
+		}
+	}
+	if len(d.perBlock)+len(redo) > snap.Blocks.Len() {
+		for cidr := range d.perBlock {
+			if snap.Blocks.Get(cidr) == nil {
+				redo[cidr] = struct{}{}
+			}
+		}
+	}
+	dirty := make(map[netip.Prefix]struct{}, len(redo))
+	for cidr := range redo {
+		d.setBlock(cidr, snap.Blocks.Get(cidr), dirty)
+	}
+	for p := range dirty {
+		d.recompute(p)
 	}
 	return true
 }

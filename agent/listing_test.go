@@ -31,8 +31,8 @@ func (s *listingSource) Relist()                              {}
 
 // TestProgramsWhileListing: the parts of the first list are programmed before its Full snapshot, as
 // adds of routes VPP does not have; a route of the agent's that etcd no longer has, and one via a
-// stale next hop, are left alone until the Full snapshot, whose resync then fixes them without
-// dumping the table again.
+// stale next hop, are left alone until the Full snapshot, whose resync then fixes them, and what
+// changed after the list, without dumping the table again.
 func TestProgramsWhileListing(t *testing.T) {
 	dir := t.TempDir()
 	sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
@@ -121,11 +121,17 @@ func TestProgramsWhileListing(t *testing.T) {
 		}
 	}
 
-	// The Full snapshot: the stale route goes, the moved one is replaced; the table is not dumped again.
-	src.updates <- &blockwatch.Snapshot{Revision: 7, Full: true, RelistReason: blockwatch.ReasonInitial,
-		Blocks: blockwatch.BlocksOf(map[netip.Prefix]*blockwatch.Block{blocks[0].CIDR: blocks[0], blocks[1].CIDR: blocks[1], blocks[2].CIDR: blocks[2]}),
-		Peers:  peers}
-	waitFIB("10.1.0.0/26 via 192.168.100.2", "10.2.0.0/26 via 192.168.100.2", "10.3.0.0/26 via 192.168.100.2")
+	// The Full snapshot, folded with changes made after the list (a node registered, a block moved to
+	// it, a block created): the stale route goes, the moved ones are replaced, the new one is added;
+	// the table is not dumped again.
+	c := netip.MustParseAddr("192.168.100.3")
+	moved3 := &blockwatch.Block{CIDR: blocks[2].CIDR, Owner: calico.Owner{Kind: calico.OwnerHost, Node: "c"}}
+	created := &blockwatch.Block{CIDR: netip.MustParsePrefix("10.4.0.0/26"), Owner: calico.Owner{Kind: calico.OwnerHost, Node: "c"}}
+	src.updates <- &blockwatch.Snapshot{Revision: 9, Full: true, RelistReason: blockwatch.ReasonInitial,
+		Blocks: blockwatch.BlocksOf(map[netip.Prefix]*blockwatch.Block{blocks[0].CIDR: blocks[0], blocks[1].CIDR: blocks[1],
+			moved3.CIDR: moved3, created.CIDR: created}),
+		Peers: map[string]blockwatch.Peer{"b": peers["b"], "c": {IPv4: c, IPv4Created: 8, IPv4Leased: true}}}
+	waitFIB("10.1.0.0/26 via 192.168.100.2", "10.2.0.0/26 via 192.168.100.2", "10.3.0.0/26 via 192.168.100.3", "10.4.0.0/26 via 192.168.100.3")
 	for deadline := time.Now().Add(settle); !a.Resynced(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no full resync")
