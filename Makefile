@@ -75,6 +75,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./calico -run '^$$' -fuzz FuzzParseKey -fuzztime $(FUZZTIME)
 	$(GO) test ./calico -run '^$$' -fuzz FuzzDecodeBlock -fuzztime $(FUZZTIME)
+	$(GO) test ./calico -run '^$$' -fuzz FuzzDecodeRouting -fuzztime $(FUZZTIME)
 	$(GO) test ./test/vppsim -run '^$$' -fuzz FuzzServerFrames -fuzztime $(FUZZTIME)
 
 clean:

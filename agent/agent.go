@@ -10,6 +10,12 @@
 // ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
 // that VPP has not created yet is waited for, polled every 100ms.
 //
+// At start the routes are programmed while etcd is being listed: each part of the first list
+// (blockwatch.Listed) goes into the desired routes, and those VPP has no route for are added at once,
+// against a dump of the table taken when the first part came. Nothing is replaced or deleted before
+// the list is complete; its full resync then uses that dump and the adds VPP acknowledged since,
+// instead of dumping the table again.
+//
 // Deletes happen only from a complete, fresh view: never while the watch is out of sync (etcd down),
 // never inside a block whose value cannot be read (held: its key names the CIDR), and a route whose
 // owner's registration disappeared — or was refused as a next hop (CheckNextHop, this node's own
@@ -50,6 +56,8 @@ type Dataplane interface {
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
 type Source interface {
 	Updates() <-chan *blockwatch.Snapshot
+	// Listing delivers the parts of the first list before its Full snapshot (see blockwatch.Listed).
+	Listing() <-chan *blockwatch.Listed
 	Status() blockwatch.Status
 	Relist()
 }
@@ -168,7 +176,12 @@ type Agent struct {
 	pools           []netip.Prefix
 	programmed      map[netip.Prefix]vppapi.Route
 	programmedValid bool // programmed was read from VPP since the last (re)connect
-	foreign         map[netip.Prefix]struct{}
+	// listedRev is the revision of the first list's parts in desired (0: none); dumpedListing says that
+	// the table was dumped while that list went on (programmed and foreign are that dump and this
+	// agent's acknowledged adds since), for the first full resync to use.
+	listedRev     int64
+	dumpedListing bool
+	foreign       map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
 	dumpMode string
 	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
@@ -245,6 +258,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case snap := <-a.src.Updates():
 			a.onSnapshot(ctx, snap)
+		case part := <-a.src.Listing():
+			a.onListed(ctx, part)
 		case ev := <-a.dp.Events():
 			a.onVPPEvent(ctx, ev)
 		case <-resync.C:
@@ -268,12 +283,26 @@ func (a *Agent) Relist() { a.src.Relist() }
 func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
 	first := a.snap == nil
+	if first {
+		// The list's last part, sent before its snapshot, may not have been taken yet.
+		select {
+		case part := <-a.src.Listing():
+			a.onListed(ctx, part)
+		default:
+		}
+	}
 	prev := a.snap
 	a.snap = snap
 	pools := ManagedPools(snap, a.cfg.Pools)
 	if snap.Full || first || !slices.Equal(pools, a.pools) {
+		if first && a.listedRev != 0 && a.desired.catchUp(snap, pools) {
+			a.log.Debug("the desired routes were built while listing", "blocks", snap.Blocks.Len(), "table_dumped", a.dumpedListing)
+		} else {
+			a.dumpedListing = false
+			a.desired.reset(snap, pools)
+		}
+		a.listedRev = 0
 		a.pools = pools
-		a.desired.reset(snap, pools)
 		a.trackPeers()
 		reason := snap.RelistReason
 		if reason == "" {
@@ -299,7 +328,71 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 }
 
+// onListed takes a part of the first list, before its Full snapshot: its blocks go into the desired
+// routes, and those of their routes VPP has no route for are added at once, while etcd is still being
+// listed. Nothing is replaced or deleted before the complete view: the first full resync does that.
+// The table is dumped when the first part comes (or VPP (re)connects), not again by that full resync.
+// The first snapshot then only brings the desired routes up to date with what changed since the list
+// (it may be folded with later changes: the agent's own registration, say).
+func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
+	if a.snap != nil {
+		return // a complete view is in charge
+	}
+	if part.Revision != a.listedRev {
+		// The first part of the list, or of a list retried at a new revision.
+		a.pools = managedPools(part.Pools, a.cfg.Pools)
+		a.desired.begin(part.Peers, a.pools, 0)
+		a.trackPeers()
+		a.listedRev = part.Revision
+	}
+	a.programListed(ctx, a.desired.addBlocks(part.Blocks))
+}
+
+// programListed adds, while the first list goes on, the listed routes of the prefixes in dirty (nil:
+// all) that VPP has no route for, dumping the table first if it has not been since VPP connected.
+func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct{}) {
+	if !a.vppUp || a.cfg.DryRun {
+		return
+	}
+	ctx, done := a.busy(ctx)
+	defer done()
+	if !a.uplinkReady && a.setupUplink(ctx) != nil {
+		return // the full resync reports it
+	}
+	if !a.programmedValid {
+		entries, err := a.dumpTable(ctx)
+		if err != nil {
+			return // the full resync reports it
+		}
+		owned, foreign := a.classify(entries)
+		a.noteUndeletable(owned, foreign)
+		a.programmed, a.foreign = owned, foreign
+		a.programmedValid, a.dumpedListing = true, true
+		dirty = nil // the routes of earlier parts too
+	}
+	var adds []vppapi.Route
+	add := func(p netip.Prefix, tgt target) {
+		_, have := a.programmed[p]
+		_, isForeign := a.foreign[p]
+		if tgt.resolved && !have && !isForeign {
+			adds = append(adds, vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplink, TableID: a.cfg.TableID})
+		}
+	}
+	if dirty == nil {
+		for p, tgt := range a.desired.targets {
+			add(p, tgt)
+		}
+	}
+	for p := range dirty {
+		if tgt, ok := a.desired.targets[p]; ok {
+			add(p, tgt)
+		}
+	}
+	a.apply(ctx, adds, nil)
+}
+
 func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
+	a.dumpedListing = false
 	switch ev.Kind {
 	// vppapi logs connection changes; the agent only reacts to them.
 	case vppapi.Connected:
@@ -314,6 +407,9 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.needFull = "vpp-connect"
 		if ev.Restarted {
 			a.needFull = "vpp-restart"
+		}
+		if a.snap == nil && a.listedRev != 0 {
+			a.programListed(ctx, nil) // what the first list has brought so far
 		}
 	case vppapi.Disconnected, vppapi.Incompatible:
 		a.vppUp = false
@@ -420,6 +516,11 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 			return err
 		}
 	}
+	if a.dumpedListing && a.programmedValid {
+		// The first full resync after the first list: the table was dumped while listing.
+		a.dumpedListing = false
+		return a.reconcileAll(ctx)
+	}
 	entries, err := a.dumpTable(ctx)
 	if err != nil {
 		return err
@@ -445,8 +546,13 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
-	dirty := make(map[netip.Prefix]struct{}, len(owned)+len(a.desired.targets))
-	for p := range owned {
+	return a.reconcileAll(ctx)
+}
+
+// reconcileAll brings every programmed and every desired route prefix to its target.
+func (a *Agent) reconcileAll(ctx context.Context) error {
+	dirty := make(map[netip.Prefix]struct{}, len(a.programmed)+len(a.desired.targets))
+	for p := range a.programmed {
 		dirty[p] = struct{}{}
 	}
 	for p := range a.desired.targets {
@@ -591,6 +697,12 @@ func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{},
 			dels = append(dels, have)
 		}
 	}
+	return a.apply(ctx, adds, dels)
+}
+
+// apply makes the FIB changes (or logs them in a dry run), records in programmed what VPP acknowledged,
+// and returns the number of operations done.
+func (a *Agent) apply(ctx context.Context, adds, dels []vppapi.Route) int {
 	if len(adds) == 0 && len(dels) == 0 {
 		return 0
 	}

@@ -88,11 +88,15 @@ func View(snap *blockwatch.Snapshot, opts Options) RoutesView {
 // ManagedPools returns the pool CIDRs the agent manages: explicit ones if given, else the CIDRs of the
 // snapshot's enabled IP pools, sorted.
 func ManagedPools(snap *blockwatch.Snapshot, explicit []netip.Prefix) []netip.Prefix {
+	return managedPools(snap.Pools, explicit)
+}
+
+func managedPools(pools map[string]calico.IPPool, explicit []netip.Prefix) []netip.Prefix {
 	if explicit != nil {
 		return explicit
 	}
 	var out []netip.Prefix
-	for _, p := range snap.Pools {
+	for _, p := range pools {
 		if !p.Disabled {
 			out = append(out, p.CIDR)
 		}
@@ -232,15 +236,7 @@ func (d *desiredSet) setPeers(raw map[string]blockwatch.Peer) map[string]struct{
 
 // reset rebuilds everything from a snapshot.
 func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
-	d.pools = pools
-	d.setPeers(snap.Peers)
-	d.perBlock = make(map[netip.Prefix]blockResult, snap.Blocks.Len())
-	d.sources = make(map[netip.Prefix][]netip.Prefix)
-	d.byNode = make(map[string][]netip.Prefix)
-	d.targets = make(map[netip.Prefix]target, snap.Blocks.Len())
-	d.blocks = [numBlockKinds]int{}
-	d.unresolvedCount = 0
-	d.resolved = 0
+	d.begin(snap.Peers, pools, snap.Blocks.Len())
 	dirty := make(map[netip.Prefix]struct{}, snap.Blocks.Len())
 	for cidr, b := range snap.Blocks.All() {
 		d.setBlock(cidr, b, dirty)
@@ -248,6 +244,67 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 	for p := range dirty {
 		d.recompute(p)
 	}
+}
+
+// begin empties the set for the given peers and pools, with room for n blocks.
+func (d *desiredSet) begin(peers map[string]blockwatch.Peer, pools []netip.Prefix, n int) {
+	d.pools = pools
+	d.setPeers(peers)
+	d.perBlock = make(map[netip.Prefix]blockResult, n)
+	d.sources = make(map[netip.Prefix][]netip.Prefix)
+	d.byNode = make(map[string][]netip.Prefix)
+	d.targets = make(map[netip.Prefix]target, n)
+	d.blocks = [numBlockKinds]int{}
+	d.unresolvedCount = 0
+	d.resolved = 0
+}
+
+// addBlocks adds or replaces blocks (a part of a list) and returns the route prefixes whose target may
+// have changed.
+func (d *desiredSet) addBlocks(blocks []*blockwatch.Block) map[netip.Prefix]struct{} {
+	dirty := make(map[netip.Prefix]struct{}, len(blocks))
+	for _, b := range blocks {
+		d.setBlock(b.CIDR, b, dirty)
+	}
+	for p := range dirty {
+		d.recompute(p)
+	}
+	return dirty
+}
+
+// catchUp brings the set, built from the same pools, to snap: it recomputes the blocks whose *Block
+// differs from the one it holds (or that it lacks, or that snap lacks) and those of the nodes whose
+// peers changed, and reports true; or, when the pools differ, reports false and changes nothing.
+func (d *desiredSet) catchUp(snap *blockwatch.Snapshot, pools []netip.Prefix) bool {
+	if !slices.Equal(d.pools, pools) {
+		return false
+	}
+	redo := make(map[netip.Prefix]struct{})
+	for node := range d.setPeers(snap.Peers) {
+		for _, cidr := range d.byNode[node] {
+			redo[cidr] = struct{}{}
+		}
+	}
+	for cidr, b := range snap.Blocks.All() {
+		if r, ok := d.perBlock[cidr]; !ok || r.block != b {
+			redo[cidr] = struct{}{}
+		}
+	}
+	if len(d.perBlock)+len(redo) > snap.Blocks.Len() {
+		for cidr := range d.perBlock {
+			if snap.Blocks.Get(cidr) == nil {
+				redo[cidr] = struct{}{}
+			}
+		}
+	}
+	dirty := make(map[netip.Prefix]struct{}, len(redo))
+	for cidr := range redo {
+		d.setBlock(cidr, snap.Blocks.Get(cidr), dirty)
+	}
+	for p := range dirty {
+		d.recompute(p)
+	}
+	return true
 }
 
 // update applies an incremental snapshot and returns the route prefixes whose target may have changed.

@@ -115,7 +115,8 @@ func TestDesiredConflictIsDeterministic(t *testing.T) {
 
 // TestDesiredIncrementalMatchesRebuild drives the incremental set with random block and peer changes
 // and checks after each step that it equals a set rebuilt from scratch, and that every prefix whose
-// target changed was reported dirty.
+// target changed was reported dirty; and that a set built from the parts of an older snapshot and
+// then caught up with the current one (as the agent's first list does) equals it too.
 func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	nodes := []string{"a", "b", "c", "d"}
@@ -128,6 +129,7 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 		}
 	}
 	cur := snapOf(nil, map[string]blockwatch.Peer{})
+	var past []*blockwatch.Snapshot // the last few snapshots
 	inc := newDesiredSet(peerCheck{node: "a"})
 	inc.reset(cur, ManagedPools(cur, nil))
 	for step := 0; step < 2000; step++ {
@@ -181,6 +183,29 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 			if _, ok := full.targets[p]; !ok && !has(dirty, p) {
 				t.Fatalf("step %d: %s vanished but was not reported dirty", step, p)
 			}
+		}
+		if len(past) > 0 {
+			old := past[rng.IntN(len(past))]
+			listed := newDesiredSet(peerCheck{node: "a"})
+			listed.begin(old.Peers, ManagedPools(old, nil), 0)
+			var part []*blockwatch.Block
+			for _, b := range old.Blocks.All() {
+				if part = append(part, b); rng.IntN(8) == 0 {
+					listed.addBlocks(part)
+					part = nil
+				}
+			}
+			listed.addBlocks(part)
+			if !listed.catchUp(next, ManagedPools(next, nil)) {
+				t.Fatalf("step %d: catchUp refused the same pools", step)
+			}
+			if !maps.EqualFunc(listed.targets, full.targets, target.equal) || listed.blocks != full.blocks ||
+				listed.unresolvedCount != full.unresolvedCount || listed.resolvedCount() != full.resolvedCount() {
+				t.Fatalf("step %d: listed and caught up differs from a rebuild:\n got %v\nwant %v", step, listed.targets, full.targets)
+			}
+		}
+		if past = append(past, next); len(past) > 10 {
+			past = past[1:]
 		}
 		cur = next
 	}

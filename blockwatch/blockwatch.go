@@ -17,7 +17,8 @@
 // watcher behind one etcd gRPC proxy learns of the compaction at once, and their identical requests
 // are then answered from the proxy's cache instead of by etcd, once for each. A snapshot is therefore
 // never a partial view: a block missing from a snapshot is absent from etcd (at the revision the
-// snapshot reflects), never merely not read yet. Each prefix's watch applies events in revision order
+// snapshot reflects), never merely not read yet. (The parts of the first list that Listing hands out
+// before its Full snapshot are not snapshots, and say nothing of what they do not hold.) Each prefix's watch applies events in revision order
 // and only when newer than the revision already applied to the key; the three watches are independent
 // streams, so a snapshot taken between their responses may reflect one prefix at a slightly later
 // revision than another.
@@ -109,6 +110,7 @@ type Watcher struct {
 	attempt  int    // counts watch attempts: each gets a stream of its own (owned by Run)
 
 	updates chan *Snapshot
+	listing chan *Listed
 	relist  chan struct{}
 	running atomic.Bool
 
@@ -144,6 +146,7 @@ func New(cfg Config) (*Watcher, error) {
 		metrics: m,
 		source:  cfg.Ownership,
 		updates: make(chan *Snapshot, 1),
+		listing: make(chan *Listed, 1),
 		relist:  make(chan struct{}, 1),
 	}
 	if w.source == OwnershipAuto {

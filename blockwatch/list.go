@@ -48,7 +48,8 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	defer cancel()
 
 	prev := w.view
-	if prev == nil {
+	first := prev == nil // its parts go out on Listing
+	if first {
 		prev = newCache()
 	}
 	// Last good values survive a relist only from a view of the same ownership source: the revisions
@@ -72,8 +73,17 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		if next.rev == 0 {
 			next.rev, received = p.rev, p.received
 		}
+		var listed []*Block
 		for _, d := range w.decodePage(p) {
 			w.install(next, lastGood, &d, nil)
+			if first && d.src == srcBlocks && d.keyErr == nil {
+				if b, ok := next.blocks.get(d.cidr); ok {
+					listed = append(listed, b)
+				}
+			}
+		}
+		if len(listed) > 0 {
+			w.emitListed(next, listed)
 		}
 	}
 	if !complete {
@@ -105,7 +115,8 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 
 // fetch sends the pages of the watched prefixes to out, all read at revision at (if not 0: serializably)
 // or else at the revision of the first one, then a last page; or the error that stopped it. It
-// returns early when ctx ends.
+// returns early when ctx ends. The pools and peers come first, so that a listed block's routes can be
+// known as soon as it is (Listing).
 func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 	send := func(p page) bool {
 		select {
@@ -116,21 +127,23 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 		}
 	}
 	rev := at
-	for src, prefix := range w.prefixes {
+	// The IPAM config first (it names the ownership source), then the pools and peers.
+	for _, src := range [...]source{srcIPAMConfig, srcPools, srcHosts, srcBlocks, srcAffinities} {
+		prefix := w.prefixes[src]
 		if prefix == "" {
 			continue
 		}
-		key, end := keyRange(source(src), prefix)
+		key, end := keyRange(src, prefix)
 		for n := 0; ; n++ {
 			opts := []clientv3.OpOption{
 				clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize),
 				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 			}
 			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			if at != 0 {
-				opts = append(opts, clientv3.WithSerializable())
+				// Serializable: what a revision holds never changes, and a member that has not applied
+				// it yet says so (ErrFutureRev, and the list starts over); a linearizable read would
+				// first wait for the leader to confirm the member's applied index, page after page.
+				opts = append(opts, clientv3.WithRev(rev), clientv3.WithSerializable())
 			}
 			rctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
 			resp, err := w.cfg.Client.Get(rctx, key, opts...)
@@ -147,11 +160,11 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 			if rev == 0 {
 				rev = resp.Header.Revision
 			}
-			if !send(page{src: source(src), resp: resp, rev: rev, received: time.Now()}) {
+			if !send(page{src: src, resp: resp, rev: rev, received: time.Now()}) {
 				return
 			}
 			if w.testHookPage != nil {
-				w.testHookPage(source(src), n)
+				w.testHookPage(src, n)
 			}
 			if !resp.More || len(resp.Kvs) == 0 {
 				break

@@ -180,9 +180,14 @@ func exactNodeKey(data []byte) bool {
 
 // DecodeRouting decodes the routing part of a block value. Like DecodeBlock it fails on a value that is
 // not JSON or has no valid CIDR, and on a wrongly typed field it reads; unlike it, it does not look at
-// the types of the fields it skips.
+// the types of the fields it skips. Values as Calico writes them are read in one pass (scanRouting),
+// any other with encoding/json.
 func DecodeRouting(data []byte) (*Routing, error) {
 	var r Routing
+	if scanRouting(data, &r) {
+		return &r, nil
+	}
+	r = Routing{}
 	if err := decodeBlockValue(data, &r, &r.CIDR); err != nil {
 		return nil, err
 	}

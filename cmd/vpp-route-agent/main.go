@@ -77,6 +77,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 // double its memory for little CPU saved. 40 is also Felix's default (goGCThreshold).
 const defaultGCPercent = 40
 
+// startupGCPercent is the Go GC target until the first full resync is done, unless --go-gc-percent
+// is higher: the first list builds the whole view from an empty heap, with about twice its size in
+// garbage (the etcd responses), which the steady target would collect a dozen times over, each
+// collection taking CPU from the list, etcd and VPP. The garbage is handed back after that resync.
+// At 100,000 blocks: 12% less CPU for the cold start, and a peak RSS 30-40 MB higher
+// (BenchmarkColdStart100k, BenchmarkMemory100k).
+const startupGCPercent = 100
+
 // daemonConfig is everything the daemon needs, validated.
 type daemonConfig struct {
 	etcd             etcdFlags
@@ -236,7 +244,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 func daemon(ctx context.Context, cfg *daemonConfig) error {
 	log := cfg.log
 	if cfg.gcPercent > 0 {
-		debug.SetGCPercent(cfg.gcPercent)
+		debug.SetGCPercent(max(cfg.gcPercent, startupGCPercent))
 	}
 	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", etcdconfig.Redacted(cfg.etcd.Endpoints),
 		"etcd_user", cfg.etcd.Username, "vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
@@ -296,6 +304,9 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	})
 	if registrar != nil {
 		g.Go(func() error { return registrar.Run(gctx) })
+	}
+	if cfg.gcPercent > 0 {
+		g.Go(func() error { steadyGC(gctx, a, cfg.gcPercent); return nil })
 	}
 	if cfg.metricsAddress != "" {
 		ln, err := net.Listen("tcp", cfg.metricsAddress)
@@ -389,6 +400,20 @@ func signalLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 			a.Relist()
 		}
 	}
+}
+
+// steadyGC sets the Go GC target to percent once the agent's first full resync is done.
+func steadyGC(ctx context.Context, a *agent.Agent, percent int) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !a.Resynced() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	debug.SetGCPercent(percent)
 }
 
 // notifyLoop tells systemd READY=1 once the first full resync is done, and pets the watchdog while the

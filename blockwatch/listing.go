@@ -1,0 +1,54 @@
+package blockwatch
+
+import (
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// Listed is a part of a Watcher's first list, handed out while the list goes on (Listing) so that a
+// consumer can start work before the list is complete: every pool and peer of the list's revision
+// (the list reads them before the blocks), and blocks listed since the previous part. It is not a
+// view of etcd: a block absent from every part may still be listed, and until the Full snapshot
+// arrives nothing may be concluded from an absence. Its maps and blocks are immutable, shared with the
+// snapshots.
+type Listed struct {
+	// Revision is the revision of the list. A list that fails is retried at a new revision (whose
+	// parts carry it); the parts of one revision together hold each of its blocks once.
+	Revision int64
+	// Blocks are blocks present at Revision, with their routing data (as Snapshot.Blocks holds them).
+	Blocks []*Block
+	// Peers and Pools are all the peers and pools at Revision.
+	Peers map[string]Peer
+	Pools map[string]calico.IPPool
+}
+
+// Listing delivers the parts of the first list, the one that has no previous view to diff against
+// (later lists replace a view the consumer already acts on: it waits for their Full snapshot). Like
+// Updates it has capacity 1 and coalesces: a part the consumer has not taken yet is merged into the
+// next one. The Full snapshot that ends the list comes on Updates, after its last part; a consumer may
+// ignore Listing altogether.
+func (w *Watcher) Listing() <-chan *Listed { return w.listing }
+
+// emitListed hands a part of the first list out without blocking, merged with the part the consumer
+// has not taken yet, if it is of the same revision. c is the view being listed: its peers and pools
+// are complete, and from now on shared.
+func (w *Watcher) emitListed(c *cache, blocks []*Block) {
+	c.peersShared, c.poolsShared = true, true
+	l := &Listed{Revision: c.rev, Blocks: blocks, Peers: c.peers, Pools: c.pools}
+	select {
+	case w.listing <- l:
+		return
+	default:
+	}
+	select {
+	case old := <-w.listing:
+		if old.Revision == l.Revision {
+			l.Blocks = append(old.Blocks, l.Blocks...)
+		}
+	default:
+	}
+	select {
+	case w.listing <- l:
+	default:
+		w.log.Error("blockwatch: listed part dropped: Listing has another sender")
+	}
+}
