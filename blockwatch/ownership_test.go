@@ -208,6 +208,7 @@ func TestAffinityOwnership(t *testing.T) {
 	if v := ah.counter("vpp_route_agent_etcd_events_total", "source", "blocks", "type", "put"); v != 0 {
 		t.Errorf("affinity watcher received %v block events", v)
 	}
+	bh.waitFor("the marking peer write", func(s *Snapshot) bool { return s.Revision >= mark })
 	if v := bh.counter("vpp_route_agent_etcd_events_total", "source", "blocks", "type", "put"); v != 1 {
 		t.Errorf("block watcher received %v block events, want 1", v)
 	}
