@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -32,16 +33,17 @@ const (
 const maxAttempts = 100
 
 // call is one operation of the daemon: its request (Node is the daemon's), the etcd store, the
-// node cache of its pool settings and a logger. It runs on the state goroutine only.
+// node state and what the operation read besides it. It runs on the state goroutine only.
 type call struct {
 	conf  *cni.Request
 	etcd  *etcdClient
+	state *nodeState
 	log   *slog.Logger
 	pause func(context.Context)
-	// cache is the node cache of the request's pool settings, owned by the state goroutine.
-	cache *nodeCache
 	// endpoints names etcd in messages (redacted).
 	endpoints string
+	// read is what the operation read besides the state.
+	read opRead
 	// attempts counts the optimistic attempts of the operation (1 when no race was lost; 0 when
 	// another ADD's write served this one); roundTrips its etcd round trips.
 	attempts   int
@@ -52,6 +54,225 @@ type call struct {
 	waiting []*batchRequest
 	// claims counts the blocks this operation claimed.
 	claims int
+}
+
+// opRead is what an operation read besides the node state: its handle, blocks that are not the
+// node's (nil: absent), block listings and whole families of blocks.
+type opRead struct {
+	handle      bool
+	handleKV    *kv
+	handleValue *calico.Handle
+	blocks      map[netip.Prefix]*kv
+	listings    [2]*listing
+	family      [2]bool
+}
+
+// maxNeeds bounds the reads one decision may ask for before it is taken.
+const maxNeeds = 6
+
+// decide takes decision on a view of the state, reading first what the state lacks and then what
+// the decision says it needs, until it needs nothing more. The decision only changes the view.
+func (c *call) decide(ctx context.Context, handleID string, decision func(*view) error) (*view, error) {
+	for range maxNeeds {
+		if err := c.sync(ctx, handleID); err != nil {
+			return nil, err
+		}
+		v := c.newView(handleID)
+		err := decision(v)
+		var n *needs
+		if !errors.As(err, &n) {
+			return v, err
+		}
+		if err := c.fetch(ctx, handleID, n); err != nil {
+			return nil, err
+		}
+	}
+	return nil, withCode(ErrDatastore, "the datastore kept changing under %d reads", maxNeeds)
+}
+
+// sync reads what the state has not received from its followers yet: every source (with the handle,
+// in the same round trip), then the blocks of new affinities. None in steady state.
+func (c *call) sync(ctx context.Context, handleID string) error {
+	s := c.state
+	for _, k := range s.known {
+		if k == 0 {
+			blocks := slices.Collect(maps.Keys(s.blocks))
+			ops := s.refreshOps(handleID, blocks)
+			res, err := c.txn(ctx, nil, ops, nil)
+			if err != nil {
+				return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+			}
+			if err := c.refreshed(handleID, blocks, res); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	if m := s.missingBlocks(); len(m) > 0 {
+		return c.fetch(ctx, handleID, &needs{blocks: m})
+	}
+	return nil
+}
+
+// refreshed applies the answer to the state's refreshOps (a read, or a failed write's failure branch).
+func (c *call) refreshed(handleID string, blocks []netip.Prefix, res *txnResult) error {
+	hkv, others, err := c.state.refreshed(handleID, blocks, res.Ranges, res.Revision)
+	if err != nil {
+		return err
+	}
+	if handleID != "" {
+		if err := c.setHandle(handleID, hkv); err != nil {
+			return err
+		}
+	}
+	if c.read.blocks == nil {
+		c.read.blocks = map[netip.Prefix]*kv{}
+	}
+	maps.Copy(c.read.blocks, others)
+	// Listings are as old as the decision that lost: read them again if needed.
+	c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
+	return nil
+}
+
+// setHandle records the handle as read (nil: absent).
+func (c *call) setHandle(handleID string, hkv *kv) error {
+	c.read.handle, c.read.handleKV, c.read.handleValue = true, hkv, nil
+	if hkv == nil {
+		return nil
+	}
+	h, err := calico.DecodeHandle(hkv.Value)
+	if err != nil {
+		return withCode(ErrDatastore, "handle %s: %w", handleID, err)
+	}
+	if !h.Deleted {
+		c.read.handleValue = h
+	}
+	return nil
+}
+
+// fetch reads what a decision needs, in one round trip (one per maxTxnOps blocks).
+func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
+	var ops []op
+	if n.handle {
+		ops = append(ops, getOp(calico.HandleKey(handleID)))
+	}
+	for _, f := range []Family{V4, V6} {
+		if n.listing[f] || n.family[f] {
+			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
+		}
+	}
+	blocks := n.blocks
+	for {
+		chunk := blocks[:min(len(blocks), maxTxnOps-len(ops))]
+		blocks = blocks[len(chunk):]
+		for _, cidr := range chunk {
+			ops = append(ops, getOp(calico.BlockKey(cidr)))
+		}
+		res, err := c.txn(ctx, nil, ops, nil)
+		if err != nil {
+			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+		}
+		if len(res.Ranges) != len(ops) {
+			return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
+		}
+		if c.read.blocks == nil {
+			c.read.blocks = map[netip.Prefix]*kv{}
+		}
+		ranges := res.Ranges
+		if n.handle {
+			var hkv *kv
+			if len(ranges[0]) == 1 {
+				hkv = &ranges[0][0]
+			}
+			if err := c.setHandle(handleID, hkv); err != nil {
+				return err
+			}
+			ranges, n.handle = ranges[1:], false
+		}
+		for _, f := range []Family{V4, V6} {
+			if !n.listing[f] && !n.family[f] {
+				continue
+			}
+			l := &listing{rev: res.Revision}
+			for i := range ranges[0] {
+				kv := &ranges[0][i]
+				k, err := calico.ParseKey(kv.Key)
+				if err != nil || k.Kind != calico.KindBlock {
+					c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
+					continue
+				}
+				l.cidrs = append(l.cidrs, k.CIDR)
+				if n.family[f] {
+					c.gotBlock(k.CIDR, kv, res.Revision)
+				}
+			}
+			c.read.listings[f] = l
+			c.read.family[f] = c.read.family[f] || n.family[f]
+			ranges = ranges[1:]
+			n.listing[f], n.family[f] = false, false
+		}
+		for i, cidr := range chunk {
+			var v *kv
+			if len(ranges[i]) == 1 {
+				v = &ranges[i][0]
+			}
+			c.gotBlock(cidr, v, res.Revision)
+		}
+		if len(blocks) == 0 {
+			return nil
+		}
+		ops = ops[:0]
+	}
+}
+
+// gotBlock records a block read at rev: the state's when it is one of the node's affinities, else the
+// operation's.
+func (c *call) gotBlock(cidr netip.Prefix, v *kv, rev int64) {
+	if _, ok := c.state.affinity[cidr]; ok {
+		c.state.setBlock(cidr, v, rev)
+		return
+	}
+	c.read.blocks[cidr] = v
+}
+
+// write sends the plan of a view, conditional as writes() says. A transaction that was sent is
+// waited for even when the operation is cancelled, so that what it did is applied to the state. When
+// the conditions fail, the same transaction reads the state's sources, the handle and the view's
+// blocks instead; write applies that and returns errConflict.
+func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*plan, error) {
+	p, err := v.writes(newHandle)
+	if err != nil {
+		return nil, err
+	}
+	if c.pause != nil {
+		c.pause(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", v.handleID, err)
+	}
+	blocks := slices.Collect(maps.Keys(v.blocks))
+	slices.SortFunc(blocks, comparePrefix)
+	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, c.state.refreshOps(v.handleID, blocks))
+	if err != nil {
+		return nil, fmt.Errorf("write %d blocks and handle %s: %w", len(p.blocks), v.handleID, err)
+	}
+	if !res.Succeeded {
+		if err := c.refreshed(v.handleID, blocks, res); err != nil {
+			return nil, err
+		}
+		return nil, errConflict
+	}
+	c.state.committed(p, res.Revision, v.fresh)
+	c.claims += p.claims
+	for cidr, e := range p.blocks {
+		if e == nil {
+			v.blocks[cidr] = nil
+			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects this node)", "block", cidr)
+			continue
+		}
+		e.rev, e.dirty, e.created = res.Revision, false, false
+	}
+	return p, nil
 }
 
 // retry runs attempt until it succeeds, fails for good, or the deadline or maxAttempts ends it. Lost

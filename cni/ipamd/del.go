@@ -2,7 +2,6 @@ package ipamd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -22,70 +21,62 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 }
 
 func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
-	spec := readSpec{handle: true, hint: c.cache.hint()}
 	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
-	var v *view
-	var err error
-	if fast := c.cachedView(handle, false); fast != nil {
-		// One round trip: the handle's value is derived from the remembered blocks and the write is
-		// conditional on exactly that value; if the handle holds anything else (or the blocks
-		// changed) the same transaction reads the current state instead.
-		guess := calico.NewHandle()
-		for cidr, e := range fast.blocks {
-			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })); n > 0 {
-				guess.Add(cidr, n)
-			}
-		}
-		if len(guess.Block) > 0 {
-			fast.handle = guess
-			if fast.handleValue, err = calico.EncodeHandle(guess); err != nil {
-				return err
-			}
-			h, changed, err := fast.releaseHandle(handle, match)
-			if err != nil {
-				return err
-			}
-			if changed {
-				r := c.reads(handle, spec)
-				emptied := fast.emptied()
-				res, err := fast.commit(ctx, h, r.ops)
-				if err == nil {
-					c.releaseUnselectedEmptied(ctx, fast, emptied)
-					c.remember(fast, nil)
-					return nil
-				}
-				if !errors.Is(err, errConflict) {
-					return err
-				}
-				if v, err = c.viewFrom(handle, r, res); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if v == nil {
-		if v, err = c.newView(ctx, handle, spec); err != nil {
-			return err
-		}
-	}
-	if v.handle == nil {
-		c.log.Debug("no handle: nothing to release", "handle", handle)
-		return nil
-	}
-	if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
+	var h *calico.Handle
+	changed := false
+	v, err := c.decide(ctx, handle, func(v *view) error {
+		var err error
+		h, changed, err = v.del(handle, match)
 		return err
-	}
-	h, changed, err := v.releaseHandle(handle, match)
+	})
 	if err != nil || !changed {
 		return err
 	}
 	emptied := v.emptied()
-	if _, err := v.commit(ctx, h, nil); err != nil {
+	if _, err := c.write(ctx, v, h); err != nil {
 		return err
 	}
 	c.releaseUnselectedEmptied(ctx, v, emptied)
-	c.remember(v, nil)
 	return nil
+}
+
+// del decides a DEL on the view: the handle as it is left (nil: deleted) and whether anything changes.
+// Until the handle is read, its value is derived from the node's blocks and the write is conditional
+// on exactly that value (steady state: one round trip, no read); if the handle holds anything else,
+// the write's failure branch reads it.
+func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
+	if !v.read.handle {
+		guess := calico.NewHandle()
+		for cidr, e := range v.blocks {
+			if e == nil {
+				continue
+			}
+			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })); n > 0 {
+				guess.Add(cidr, n)
+			}
+		}
+		if len(guess.Block) == 0 {
+			return nil, false, &needs{handle: true}
+		}
+		data, err := calico.EncodeHandle(guess)
+		if err != nil {
+			return nil, false, err
+		}
+		v.handle, v.handleValue = guess, data
+	}
+	if v.handle == nil {
+		v.log.Debug("no handle: nothing to release", "handle", handle)
+		return nil, false, nil
+	}
+	if err := v.require(handleBlocks(v.handle)...); err != nil {
+		return nil, false, err
+	}
+	h, changed, err := v.releaseHandle(handle, match)
+	if err == nil && !changed && !v.read.handle {
+		// Nothing of this interface in the node's blocks: only the handle can say where it is.
+		return nil, false, &needs{handle: true}
+	}
+	return h, changed, err
 }
 
 // emptied returns the blocks this attempt changed that are now empty and owned by a node.
@@ -102,10 +93,23 @@ func (v *view) emptied() []netip.Prefix {
 // releaseUnselectedEmptied does after a release what Calico's ensureConsistentAffinity does (ipam.go):
 // a block the release left empty, whose pool no longer selects the block's owner node, is deleted with
 // that node's affinity (calico.ReleaseWhenUnselected), in one transaction conditional on both being as
-// read. It costs a read only when a release emptied a block. Best effort: a failure is logged, and the
+// read. It costs a read only when a release emptied a block of another node, or one of this node's
+// whose pool no longer selects it. Best effort: a failure is logged, and the
 // owner's next ADD does the same.
 func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []netip.Prefix) {
-	cidrs = slices.DeleteFunc(slices.Clone(cidrs), func(c netip.Prefix) bool { return v.blocks[c] == nil })
+	cidrs = slices.DeleteFunc(slices.Clone(cidrs), func(cidr netip.Prefix) bool {
+		e := v.blocks[cidr]
+		if e == nil {
+			return true
+		}
+		// This node's blocks are decided on the state, with no read: a release happens only when
+		// the state says the pool no longer selects the node (and is confirmed by the read below).
+		if o := calico.OwnerOf(e.b, false).Node; o == c.conf.Node {
+			p := v.poolOf(cidr)
+			return p == nil || p.Disabled || !calico.ReleaseWhenUnselected(*p, v.node, e.b, o)
+		}
+		return false
+	})
 	var owners []string
 	for _, cidr := range cidrs {
 		if o := calico.OwnerOf(v.blocks[cidr].b, false).Node; !slices.Contains(owners, o) {
@@ -162,8 +166,7 @@ func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []ne
 			continue
 		}
 		c.log.Info("released an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "pool", pool.Name)
-		v.blocks[cidr] = nil
-		delete(v.affinity, cidr)
+		c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: nil}, affinity: map[string][]byte{akey: nil}}, tr.Revision, false)
 	}
 }
 
@@ -192,7 +195,7 @@ func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribu
 		}
 		mine := func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) }
 		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
-			if err := e.b.Release(ords...); err != nil {
+			if err := e.edit().Release(ords...); err != nil {
 				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)
 			}
 			e.dirty = true

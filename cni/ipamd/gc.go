@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 )
 
 // gcCandidate is an allocation GC found stale in its snapshot, identified by the sequence number it
@@ -22,34 +24,37 @@ type gcCandidate struct {
 	handle string
 }
 
-// gc releases this node's allocations on this network whose (containerID, ifname) is not in
-// cni.dev/valid-attachments. Without the key it releases nothing (the runtime gave no information).
-// It snapshots every block once, then releases block by block: each block is re-read with the handles
-// involved, each candidate re-validated (same handle, node, network and allocation sequence number),
-// and written conditionally on what was read. Allocations of other nodes, of other networks, and those
-// block-ipam did not write (no network attribute) are never touched. Errors do not stop it: they are
-// returned joined at the end.
-func (c *call) gc(ctx context.Context) (int, error) {
-	if !c.conf.HaveAttachments {
-		c.log.Info("GC without cni.dev/valid-attachments: nothing released")
-		return 0, nil
-	}
-	valid := map[types.GCAttachment]bool{}
-	for _, a := range c.conf.ValidAttachments {
-		valid[a] = true
-	}
+// gcSnapshot is what GC found stale in one read of every block: the candidates by block, and the
+// errors of blocks it could not read.
+type gcSnapshot struct {
+	stale      map[netip.Prefix][]gcCandidate
+	errs       []error
+	roundTrips int64
+}
 
-	// Snapshot: every block of both families in one read.
-	res, err := c.txn(ctx, nil, []op{
+// snapshotGC reads every block of both families in one round trip and finds this node's allocations
+// on the request's network whose (containerID, ifname) is not in cni.dev/valid-attachments. It runs
+// on the connection's goroutine, not the state goroutine: the read of the whole cluster's blocks
+// holds no other operation up. Without the key there is nothing to find (the runtime gave no
+// information).
+func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSnapshot, error) {
+	snap := &gcSnapshot{stale: map[netip.Prefix][]gcCandidate{}}
+	if !conf.HaveAttachments {
+		return snap, nil
+	}
+	snap.roundTrips++
+	res, err := etcd.txn(ctx, nil, []op{
 		prefixOp(calico.BlockPrefix+"ipv4/block/", false),
 		prefixOp(calico.BlockPrefix+"ipv6/block/", false),
 	}, nil)
 	if err != nil {
-		return 0, fmt.Errorf("GC snapshot: %w", err)
+		return snap, fmt.Errorf("GC snapshot: %w", err)
 	}
-	prefix := c.conf.Network + "."
-	stale := map[netip.Prefix][]gcCandidate{}
-	var errs []error
+	valid := map[types.GCAttachment]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[a] = true
+	}
+	prefix := conf.Network + "."
 	for _, kvs := range res.Ranges {
 		for _, kv := range kvs {
 			k, err := calico.ParseKey(kv.Key)
@@ -59,7 +64,7 @@ func (c *call) gc(ctx context.Context) (int, error) {
 			e, err := decodeBlockKV(k.CIDR, kv)
 			if err != nil {
 				// Only a problem if it holds something of ours; the error is reported either way.
-				errs = append(errs, fmt.Errorf("GC: %w", err))
+				snap.errs = append(snap.errs, fmt.Errorf("GC: %w", err))
 				continue
 			}
 			if e == nil {
@@ -67,7 +72,7 @@ func (c *call) gc(ctx context.Context) (int, error) {
 			}
 			for ord := range e.b.Allocations {
 				a := e.b.AttributeOf(ord)
-				if !c.ours(a) {
+				if !ours(conf, a) {
 					continue
 				}
 				att := types.GCAttachment{ContainerID: strings.TrimPrefix(a.Handle(), prefix), IfName: ifnameOf(a)}
@@ -75,19 +80,30 @@ func (c *call) gc(ctx context.Context) (int, error) {
 					continue
 				}
 				seq, ok := e.b.SequenceOf(ord)
-				stale[k.CIDR] = append(stale[k.CIDR], gcCandidate{ord: ord, seq: seq, hasSeq: ok, handle: a.Handle()})
+				snap.stale[k.CIDR] = append(snap.stale[k.CIDR], gcCandidate{ord: ord, seq: seq, hasSeq: ok, handle: a.Handle()})
 			}
 		}
 	}
+	return snap, nil
+}
 
+// gc releases, on the state goroutine, what snapshotGC found stale, block by block: each block is
+// re-read with the handles involved, each candidate re-validated (same handle, node, network and
+// allocation sequence number), and written conditionally on what was read. Allocations of other
+// nodes, of other networks, and those block-ipam did not write (no network attribute) are never
+// touched. Errors do not stop it: they are returned joined at the end.
+func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
+	if !c.conf.HaveAttachments {
+		c.log.Info("GC without cni.dev/valid-attachments: nothing released")
+		return 0, nil
+	}
+	c.roundTrips += snap.roundTrips
+	errs := snap.errs
+	stale := snap.stale
 	if c.pause != nil && len(stale) > 0 {
 		c.pause(ctx)
 	}
-	cidrs := make([]netip.Prefix, 0, len(stale))
-	for cidr := range stale {
-		cidrs = append(cidrs, cidr)
-	}
-	slices.SortFunc(cidrs, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	cidrs := slices.SortedFunc(maps.Keys(stale), comparePrefix)
 	released := 0
 	for _, cidr := range cidrs {
 		n := 0
@@ -111,10 +127,10 @@ func (c *call) gc(ctx context.Context) (int, error) {
 	return released, nil
 }
 
-// ours reports whether an allocation is this node's on this network, written by block-ipam.
-func (c *call) ours(a *calico.AllocationAttribute) bool {
-	return a != nil && a.Secondary[AttrNetwork] == c.conf.Network && a.Secondary[calico.AttrNode] == c.conf.Node &&
-		strings.HasPrefix(a.Handle(), c.conf.Network+".")
+// ours reports whether an allocation is the request's node's on its network, written by block-ipam.
+func ours(conf *cni.Request, a *calico.AllocationAttribute) bool {
+	return a != nil && a.Secondary[AttrNetwork] == conf.Network && a.Secondary[calico.AttrNode] == conf.Node &&
+		strings.HasPrefix(a.Handle(), conf.Network+".")
 }
 
 // gcBlock re-reads one block and the handles of its candidates in one transaction, releases the
@@ -146,7 +162,7 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	perHandle := map[string]int{}
 	for _, cd := range cands {
 		a := e.b.AttributeOf(cd.ord)
-		if !c.ours(a) || a.Handle() != cd.handle {
+		if !ours(c.conf, a) || a.Handle() != cd.handle {
 			continue
 		}
 		if seq, ok := e.b.SequenceOf(cd.ord); ok != cd.hasSeq || seq != cd.seq {
@@ -158,20 +174,21 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	if len(ords) == 0 {
 		return 0, nil
 	}
-	if err := e.b.Release(ords...); err != nil {
+	if err := e.edit().Release(ords...); err != nil {
 		return 0, withCode(ErrDatastore, "%w", err)
 	}
 	cmps := []compare{modRevisionIs(calico.BlockKey(cidr), e.rev)}
 	var writes []op
+	written := e
 	if e.b.DeleteWhenReleased() {
 		writes = append(writes, deleteOp(calico.BlockKey(cidr)))
+		written = nil
 	} else {
 		e.b.BumpSequence()
-		data, err := calico.EncodeBlock(e.b)
-		if err != nil {
+		if e.encoded, err = calico.EncodeBlock(e.b); err != nil {
 			return 0, err
 		}
-		writes = append(writes, putOp(calico.BlockKey(cidr), data))
+		writes = append(writes, putOp(calico.BlockKey(cidr), e.encoded))
 	}
 	for i, h := range handles {
 		if perHandle[h] == 0 {
@@ -200,14 +217,14 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 			writes = append(writes, putOp(key, data))
 		}
 	}
-	tr, err := c.txn(ctx, cmps, writes, nil)
+	tr, err := c.txn(context.WithoutCancel(ctx), cmps, writes, nil)
 	if err != nil {
 		return 0, err
 	}
 	if !tr.Succeeded {
 		return 0, errConflict
 	}
-	c.forgetAll()
+	c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: written}}, tr.Revision, false)
 	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
 	return len(ords), nil
 }

@@ -1,12 +1,17 @@
 // Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
 // unix socket and owns the node's allocation state on one long-lived etcd client.
 //
-// One goroutine, the state loop, runs every operation and owns the node caches; the socket's
-// handlers only queue requests to it and wait. ADDs that queue while an operation runs are served
-// together: the next ADD's one conditional transaction also writes their handles and addresses
-// when they fit in the node's current blocks (see add.go). Every write stays conditional on etcd's
-// revisions (other nodes, calico-ipam and calicoctl write the same keys), so a daemon killed at any
-// point leaves etcd consistent, and two daemons of one node would still hand out no address twice.
+// One direction of flow: the socket's handlers queue requests; one goroutine, the state loop, owns
+// the node state (state.go), which followers (watch.go) keep up to date from etcd watches: the IPAM
+// config, pools, IPReservations, the node's Calico Node resource, its affinities and their blocks.
+// For each request the loop takes a decision on a view of that state (view.go; pure: add.go, del.go,
+// check.go), sends it as one conditional transaction, and applies what committed back to the state.
+// In steady state an ADD or a DEL is that one transaction, with no read. ADDs that queue while an
+// operation runs are served together: the next ADD's transaction also writes their handles and
+// addresses when they fit in the node's blocks. Every write stays conditional on etcd's revisions
+// (other nodes, calico-ipam and calicoctl write the same keys), and a lost race reads the current
+// state in the same round trip, so a daemon killed at any point leaves etcd consistent, and two
+// daemons of one node would still hand out no address twice.
 package ipamd
 
 import (
@@ -22,12 +27,15 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -85,15 +93,28 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	jobs    chan *job
-	// caches are the node caches by pool settings; only the state loop touches them.
-	caches map[string]*nodeCache
+	updates chan update
+	// state is the node state; only the state loop touches it.
+	state     *nodeState
+	followers followers
+
+	// heartbeat is the loop's last turn (UnixNano; it turns at least every second when idle),
+	// busyUntil the deadline of the operation it runs, 0 when idle: /healthz and the watchdog.
+	heartbeat atomic.Int64
+	busyUntil atomic.Int64
+	// synced: the state has read every source once (/readyz, Synced).
+	synced atomic.Bool
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
 type job struct {
 	req   *cni.Request
 	start time.Time
-	done  chan *cni.Reply
+	// ctx ends when the plugin hangs up: a job not started is dropped, a running one stops before
+	// its next transaction.
+	ctx  context.Context
+	gc   *gcSnapshot
+	done chan *cni.Reply
 }
 
 // batchRequest is an ADD waiting behind another, which the other's write may serve.
@@ -110,24 +131,48 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	updates := make(chan update, 256)
 	return &Server{
-		cfg:     cfg,
-		etcd:    &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
-		log:     cfg.Logger,
-		metrics: newMetrics(cfg.Registerer),
-		jobs:    make(chan *job, queueLength),
-		caches:  map[string]*nodeCache{},
+		cfg:       cfg,
+		etcd:      &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
+		log:       cfg.Logger,
+		metrics:   newMetrics(cfg.Registerer),
+		jobs:      make(chan *job, queueLength),
+		updates:   updates,
+		state:     newNodeState(cfg.Node, cfg.Logger),
+		followers: followers{f: follower{cli: cfg.Client, timeout: cfg.CallTimeout, log: cfg.Logger, out: updates}},
 	}, nil
 }
 
-// Run runs the state loop until ctx is done.
+// Run runs the state loop and the followers that feed it until ctx is done.
 func (s *Server) Run(ctx context.Context) error {
+	s.followers.start(ctx, s.state)
+	defer s.followers.wait()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
+		s.heartbeat.Store(time.Now().UnixNano())
+		s.synced.Store(s.state.synced())
 		var first *job
 		select {
 		case <-ctx.Done():
 			return nil
+		case u := <-s.updates:
+			s.apply(ctx, u)
+			continue
+		case <-tick.C:
+			continue
 		case first = <-s.jobs:
+		}
+		// Decide on everything the followers have delivered.
+	updates:
+		for {
+			select {
+			case u := <-s.updates:
+				s.apply(ctx, u)
+			default:
+				break updates
+			}
 		}
 		batch := []*job{first}
 	drain:
@@ -140,7 +185,31 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		s.serveBatch(ctx, batch)
+		s.followers.reconcile(ctx, s.state)
 	}
+}
+
+// apply hands a follower's update to the state, and follows the blocks of the affinities it has.
+func (s *Server) apply(ctx context.Context, u update) {
+	s.state.apply(u)
+	if !u.block.IsValid() && u.src == srcAffinity {
+		s.followers.reconcile(ctx, s.state)
+	}
+}
+
+// Synced reports whether the node state has been read in full once (after that, operations in steady
+// state need no read).
+func (s *Server) Synced() bool { return s.synced.Load() }
+
+// HealthyWithin reports whether the state loop has turned within d, or runs an operation whose
+// deadline has not passed by d: it does not depend on etcd being reachable.
+func (s *Server) HealthyWithin(d time.Duration) bool {
+	now := time.Now()
+	if now.Sub(time.Unix(0, s.heartbeat.Load())) < d {
+		return true
+	}
+	until := s.busyUntil.Load()
+	return until != 0 && now.UnixNano() < until+int64(d)
 }
 
 // serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
@@ -151,6 +220,11 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 		if answered[i] {
 			continue
 		}
+		if err := j.ctx.Err(); err != nil {
+			// The plugin hung up before its turn: nobody waits for the answer.
+			s.finish(j, &cni.Reply{Code: types.ErrTryAgainLater, Msg: "the plugin hung up before its request ran"})
+			continue
+		}
 		var waiting []*batchRequest
 		var idx []int
 		if key, ok := batchKey(j.req); ok {
@@ -158,7 +232,7 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 			for k := i + 1; k < len(batch); k++ {
 				o := batch[k]
 				h := handleID(o.req.Network, o.req.ContainerID)
-				if answered[k] || slices.Contains(handles, h) {
+				if answered[k] || slices.Contains(handles, h) || o.ctx.Err() != nil {
 					continue
 				}
 				if okey, ok := batchKey(o.req); !ok || okey != key {
@@ -200,21 +274,18 @@ func (s *Server) request(r *cni.Request) *cni.Request {
 // operate runs one job on the state loop.
 func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *cni.Reply {
 	req := s.request(j.req)
-	timeout := j.req.Timeout
-	if timeout <= 0 || timeout > MaxTimeout {
-		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
-	}
-	// End a little before the shim gives up, so that it gets the reason rather than a deadline.
-	ctx, cancel := context.WithDeadline(ctx, j.start.Add(timeout*9/10))
+	// End at the request's deadline, and at once when the plugin hangs up (between transactions:
+	// one that was sent is waited for, and applied).
+	deadline := deadline(j.req, j.start)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	cacheKey := fmt.Sprint(req.Pools)
-	cache := s.caches[cacheKey]
-	if cache == nil {
-		cache = &nodeCache{}
-		s.caches[cacheKey] = cache
-	}
-	c := &call{conf: req, etcd: s.etcd, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
-		pause: s.cfg.Pause, cache: cache, endpoints: s.cfg.Endpoints, waiting: waiting}
+	stop := context.AfterFunc(j.ctx, cancel)
+	defer stop()
+	s.heartbeat.Store(time.Now().UnixNano())
+	s.busyUntil.Store(deadline.UnixNano())
+	defer s.busyUntil.Store(0)
+	c := &call{conf: req, etcd: s.etcd, state: s.state, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
+		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, waiting: waiting}
 	reply := &cni.Reply{}
 	var err error
 	if s.etcdLost() && req.Verb != "STATUS" {
@@ -228,7 +299,7 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 		case "CHECK":
 			err = c.check(ctx, req.ContainerID, req.IfName)
 		case "GC":
-			reply.Released, err = c.gc(ctx)
+			reply.Released, err = c.gc(ctx, j.gc)
 		case "STATUS":
 			err = c.status(ctx)
 		}
@@ -350,24 +421,88 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	case len(data) > cni.MaxMessage:
 		reply = &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)}
 	default:
-		// A shim that gives up is not noticed (its half-closed connection reads EOF either way): the
-		// operation runs to its deadline, which the shim's own bounds.
-		reply = s.handle(ctx, start, data)
+		jctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go watchHangup(jctx, conn, cancel)
+		if reply = s.handle(jctx, start, data); reply == nil {
+			return
+		}
 	}
 	out, _ := json.Marshal(reply)
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
 }
 
+// hangupPoll is how often a waiting connection is checked for a plugin that gave up.
+const hangupPoll = 20 * time.Millisecond
+
+// watchHangup calls cancel when the plugin closes its end of conn, until ctx is done. The plugin
+// half-closes its side after the request, which reads as EOF; a plugin that gives up closes both,
+// which a unix socket reports as POLLHUP.
+func watchHangup(ctx context.Context, conn net.Conn, cancel func()) {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	t := time.NewTicker(hangupPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		hup := false
+		rc.Control(func(fd uintptr) {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+				hup = fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+			}
+		})
+		if hup {
+			cancel()
+			return
+		}
+	}
+}
+
+// deadline is when the daemon gives up on a request: a little before the shim does, so that it
+// gets the reason rather than a deadline.
+func deadline(r *cni.Request, start time.Time) time.Time {
+	timeout := r.Timeout
+	if timeout <= 0 || timeout > MaxTimeout {
+		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
+	}
+	return start.Add(timeout * 9 / 10)
+}
+
+// handle answers one request, nil when the plugin hung up (ctx ended, the daemon still runs).
 func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
 	var req cni.Request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
-	j := &job{req: &req, start: start, done: make(chan *cni.Reply, 1)}
+	j := &job{req: &req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
 	if err := s.check(&req); err != nil {
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
+	}
+	if req.Verb == "GC" {
+		// The snapshot of every block is read here, off the state loop; the loop decides on it.
+		req.Node = s.cfg.Node
+		sctx, cancel := context.WithDeadline(ctx, deadline(&req, start))
+		snap, err := snapshotGC(sctx, s.etcd, &req)
+		cancel()
+		if err != nil {
+			te := toCNIError(err)
+			s.finish(j, &cni.Reply{Code: te.Code, Msg: te.Msg, RoundTrips: snap.roundTrips, Attempts: 1})
+			return <-j.done
+		}
+		j.gc = snap
 	}
 	select {
 	case s.jobs <- j:
@@ -379,15 +514,29 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	case r := <-j.done:
 		return r
 	case <-ctx.Done():
-		// The daemon stops; the state loop still answers into the buffered channel if it gets there.
+		// The plugin hung up, or the daemon stops; the state loop still answers into the buffered
+		// channel if it gets there.
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrTryAgainLater, Msg: "the block-ipam daemon is stopping"}
 	}
 }
 
-// health answers /healthz (the process serves) and /readyz (and its etcd connection is not failing).
+// healthWindow is how long the state loop may go without turning, beyond the deadline of the
+// operation it runs, before /healthz fails.
+const healthWindow = 30 * time.Second
+
+// health answers /healthz (the state loop is alive: HealthyWithin) and /readyz (and its etcd
+// connection is not failing, and the node state has been read).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if !s.HealthyWithin(healthWindow) {
+		http.Error(w, "the state loop is stalled", http.StatusServiceUnavailable)
+		return
+	}
 	if r.URL.Path == "/readyz" && s.etcdLost() {
 		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
+		return
+	}
+	if r.URL.Path == "/readyz" && !s.Synced() {
+		http.Error(w, "the node's IPAM state has not been read from etcd at "+s.cfg.Endpoints+" yet", http.StatusServiceUnavailable)
 		return
 	}
 	fmt.Fprintln(w, "ok")

@@ -1,0 +1,326 @@
+package ipamd
+
+import (
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// source is one piece of the datastore the node state follows besides blocks: a key or a prefix.
+type source int
+
+const (
+	srcConfig source = iota
+	srcPools
+	srcReservations
+	srcNode
+	srcAffinity
+	numSources
+)
+
+// nodeState is what the daemon knows of the datastore, owned by the state goroutine: the IPAM config,
+// the pools, the IPReservations, the node's Calico Node resource, the node's affinities and the blocks
+// they name. Followers (watch.go) and the reads of operations feed it; every change arrives with the
+// revision it was true at, and a change older than what the state knows is dropped, so that a watch
+// event, a relist and a transaction's read may arrive in any order.
+//
+// Known revisions make the operations' writes exact: a write conditional on "no key of a source was
+// written after known[src]" (or on a key's mod revision) holds only if the state was right, and when it
+// holds the state is right up to the write's revision.
+type nodeState struct {
+	node string
+	log  *slog.Logger
+	// raw are each source's keys as last known, known the revision they are known at (0: never read).
+	raw   [numSources]map[string]kv
+	known [numSources]int64
+
+	// Decoded from raw.
+	cfg      calico.IPAMConfig
+	cfgRev   int64 // mod revision of the config key, 0 when absent
+	pools    []calico.IPPool
+	poolRevs map[string]int64
+	reserved calico.Reservations
+	nodeRes  *calico.Node
+	nodeRev  int64
+	affinity map[netip.Prefix]affinityEntry
+
+	// blocks are the blocks of the node's affinities: nil when absent, soft-deleted or unusable (then
+	// in bad); blockKnown the revision each is known at. Only blocks of affinities are kept.
+	blocks     map[netip.Prefix]*blockEntry
+	blockKnown map[netip.Prefix]int64
+	bad        map[netip.Prefix]error
+}
+
+func newNodeState(node string, log *slog.Logger) *nodeState {
+	s := &nodeState{node: node, log: log, cfg: calico.DefaultIPAMConfig(), poolRevs: map[string]int64{},
+		affinity: map[netip.Prefix]affinityEntry{}, blocks: map[netip.Prefix]*blockEntry{},
+		blockKnown: map[netip.Prefix]int64{}, bad: map[netip.Prefix]error{}}
+	for i := range s.raw {
+		s.raw[i] = map[string]kv{}
+	}
+	return s
+}
+
+// key returns the key or prefix of a source.
+func (s *nodeState) key(src source) (key string, prefix bool) {
+	switch src {
+	case srcConfig:
+		return calico.IPAMConfigKey, false
+	case srcPools:
+		return calico.IPPoolPrefix, true
+	case srcReservations:
+		return calico.IPReservationPrefix, true
+	case srcNode:
+		return calico.NodeKey(s.node), false
+	default:
+		return calico.HostAffinityNodePrefix(s.node), true
+	}
+}
+
+// synced reports whether every source and the block of every affinity have been read.
+func (s *nodeState) synced() bool {
+	for _, k := range s.known {
+		if k == 0 {
+			return false
+		}
+	}
+	for cidr := range s.affinity {
+		if s.blockKnown[cidr] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// missingBlocks returns the affinities whose block has not been read, sorted.
+func (s *nodeState) missingBlocks() []netip.Prefix {
+	var out []netip.Prefix
+	for cidr := range s.affinity {
+		if s.blockKnown[cidr] == 0 {
+			out = append(out, cidr)
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return out
+}
+
+// replace sets a source to what a read at revision rev found.
+func (s *nodeState) replace(src source, kvs []kv, rev int64) {
+	if rev <= s.known[src] {
+		return
+	}
+	m := make(map[string]kv, len(kvs))
+	for _, kv := range kvs {
+		m[kv.Key] = kv
+	}
+	s.raw[src], s.known[src] = m, rev
+	s.decode(src)
+}
+
+// event applies one change of a source at revision rev (a deletion when kv.Value is nil).
+func (s *nodeState) event(src source, e kvEvent) {
+	if e.Rev <= s.known[src] {
+		return
+	}
+	if e.Deleted {
+		delete(s.raw[src], e.KV.Key)
+	} else {
+		s.raw[src][e.KV.Key] = e.KV
+	}
+	s.known[src] = e.Rev
+	s.decode(src)
+}
+
+// wrote records keys of a source this daemon wrote at rev; exact (the source is known at rev) when
+// the write was conditional on the source being as known.
+func (s *nodeState) wrote(src source, puts []kv, deletes []string, rev int64, exact bool) {
+	for _, kv := range puts {
+		s.raw[src][kv.Key] = kv
+	}
+	for _, k := range deletes {
+		delete(s.raw[src], k)
+	}
+	if exact && rev > s.known[src] {
+		s.known[src] = rev
+	}
+	s.decode(src)
+}
+
+// setBlock records the block cidr as read or written at rev (kv nil: absent), if it is one of the
+// node's affinities and rev is newer than what is known.
+func (s *nodeState) setBlock(cidr netip.Prefix, kv *kv, rev int64) {
+	if _, ok := s.affinity[cidr]; !ok || rev <= s.blockKnown[cidr] {
+		return
+	}
+	s.blockKnown[cidr] = rev
+	delete(s.bad, cidr)
+	s.blocks[cidr] = nil
+	if kv == nil {
+		return
+	}
+	e, err := decodeBlockKV(cidr, *kv)
+	if err != nil {
+		s.bad[cidr] = err
+		s.log.Warn("cannot use block", "cidr", cidr, "err", err)
+		return
+	}
+	s.blocks[cidr] = e
+}
+
+// decode rebuilds the decoded form of a source from its keys.
+func (s *nodeState) decode(src source) {
+	switch src {
+	case srcConfig:
+		s.cfg, s.cfgRev = calico.DefaultIPAMConfig(), 0
+		for _, kv := range s.raw[src] {
+			c, err := calico.DecodeIPAMConfig(kv.Value)
+			if err != nil {
+				// The default stays in force; the write conditions still check the key.
+				s.log.Warn("ignoring undecodable IPAM config", "key", kv.Key, "err", err)
+			} else {
+				s.cfg = c
+			}
+			s.cfgRev = kv.ModRevision
+		}
+	case srcPools:
+		s.pools, s.poolRevs = nil, map[string]int64{}
+		for _, k := range slices.Sorted(maps.Keys(s.raw[src])) {
+			kv := s.raw[src][k]
+			p, err := calico.DecodeIPPool(kv.Value)
+			if err != nil {
+				s.log.Warn("ignoring undecodable IP pool", "key", kv.Key, "err", err)
+				continue
+			}
+			p.Name = strings.TrimPrefix(kv.Key, calico.IPPoolPrefix)
+			s.pools = append(s.pools, p)
+			s.poolRevs[p.Name] = kv.ModRevision
+		}
+	case srcReservations:
+		s.reserved = nil
+		for _, k := range slices.Sorted(maps.Keys(s.raw[src])) {
+			rs, err := calico.DecodeIPReservation(s.raw[src][k].Value)
+			if err != nil {
+				s.log.Warn("ignoring undecodable IPReservation entries", "key", k, "err", err)
+			}
+			s.reserved = append(s.reserved, rs...)
+		}
+	case srcNode:
+		s.nodeRes, s.nodeRev = nil, 0
+		for _, kv := range s.raw[src] {
+			s.nodeRev = kv.ModRevision
+			n, err := calico.DecodeNode(kv.Value)
+			if err != nil {
+				// Pools with node selectors then select nothing; those for every node still serve.
+				s.log.Warn("ignoring undecodable Calico Node resource", "key", kv.Key, "err", err)
+				continue
+			}
+			s.nodeRes = &n
+		}
+	case srcAffinity:
+		s.affinity = map[netip.Prefix]affinityEntry{}
+		for _, kv := range s.raw[src] {
+			k, err := calico.ParseKey(kv.Key)
+			if err != nil || k.Kind != calico.KindHostAffinity || k.Name != s.node {
+				continue
+			}
+			a, err := calico.DecodeAffinity(kv.Value)
+			if err != nil {
+				s.log.Warn("ignoring undecodable affinity", "key", kv.Key, "err", err)
+				continue
+			}
+			if a.Deleted {
+				a.State = calico.AffinityPendingDeletion
+			}
+			s.affinity[k.CIDR] = affinityEntry{state: a.State, rev: kv.ModRevision}
+		}
+		// Only the blocks of affinities are followed.
+		for cidr := range s.blockKnown {
+			if _, ok := s.affinity[cidr]; !ok {
+				delete(s.blocks, cidr)
+				delete(s.blockKnown, cidr)
+				delete(s.bad, cidr)
+			}
+		}
+	}
+}
+
+// freshness are the compares under which a decision taken on the state still holds: no pool, no
+// IPReservation and no affinity of the node written after the state knew them, the IPAM config and
+// the Calico Node resource at their mod revisions. Deletions of pools, reservations and affinities go
+// unnoticed: they only make a decision taken without them more cautious than needed.
+func (s *nodeState) freshness() []compare {
+	return []compare{
+		modRevisionIs(calico.IPAMConfigKey, s.cfgRev),
+		noneModifiedSince(calico.IPPoolPrefix, s.known[srcPools]),
+		noneModifiedSince(calico.IPReservationPrefix, s.known[srcReservations]),
+		modRevisionIs(calico.NodeKey(s.node), s.nodeRev),
+		noneModifiedSince(calico.HostAffinityNodePrefix(s.node), s.known[srcAffinity]),
+	}
+}
+
+// refreshOps are the reads that bring every source and the given blocks up to date in one round
+// trip (the handle's first, when handle is not empty).
+func (s *nodeState) refreshOps(handle string, blocks []netip.Prefix) []op {
+	var ops []op
+	if handle != "" {
+		ops = append(ops, getOp(calico.HandleKey(handle)))
+	}
+	for src := range numSources {
+		k, prefix := s.key(src)
+		if prefix {
+			ops = append(ops, prefixOp(k, false))
+		} else {
+			ops = append(ops, getOp(k))
+		}
+	}
+	for _, c := range blocks {
+		if len(ops) >= maxTxnOps {
+			break
+		}
+		ops = append(ops, getOp(calico.BlockKey(c)))
+	}
+	return ops
+}
+
+// refreshed applies the answer to refreshOps(handle, blocks) read at rev: the sources and the blocks
+// of affinities go to the state; it returns the handle's pair (nil when absent) and the blocks that
+// are not the node's affinities (read, nil when absent), for the operation that asked.
+func (s *nodeState) refreshed(handle string, blocks []netip.Prefix, ranges [][]kv, rev int64) (handleKV *kv, others map[netip.Prefix]*kv, err error) {
+	if len(ranges) != len(s.refreshOps(handle, blocks)) {
+		return nil, nil, withCode(ErrDatastore, "etcd answered %d reads of %d", len(ranges), len(s.refreshOps(handle, blocks)))
+	}
+	if handle != "" {
+		if kvs := ranges[0]; len(kvs) == 1 {
+			handleKV = &kvs[0]
+		}
+		ranges = ranges[1:]
+	}
+	for src := range numSources {
+		s.replace(src, ranges[src], rev)
+	}
+	ranges = ranges[numSources:]
+	others = map[netip.Prefix]*kv{}
+	for i, c := range blocks[:len(ranges)] {
+		var v *kv
+		if len(ranges[i]) == 1 {
+			v = &ranges[i][0]
+		}
+		if _, ok := s.affinity[c]; ok {
+			s.setBlock(c, v, rev)
+		} else {
+			others[c] = v
+		}
+	}
+	return handleKV, others, nil
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}

@@ -1,0 +1,348 @@
+package ipamd
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+)
+
+// maxTxnOps stays under etcd's default --max-txn-ops (128).
+const maxTxnOps = 100
+
+// blockEntry is a block as known, its mod revision (0 for a block this operation creates), and
+// whether the operation changed it.
+type blockEntry struct {
+	b     *calico.Block
+	rev   int64
+	dirty bool
+	// own: b is this view's copy (the state's blocks are shared until changed).
+	own bool
+	// created marks a block claimed by this operation (written with its affinity, if absent).
+	created bool
+	// release marks an empty block of the node whose pool no longer selects it: deleted with its
+	// affinity (calico.ReleaseWhenUnselected).
+	release bool
+	// encoded is the block's value as read or last written (nil once changed in memory).
+	encoded []byte
+}
+
+// edit returns the block for changing, copying it first if it is still the state's.
+func (e *blockEntry) edit() *calico.Block {
+	if !e.own {
+		e.b, e.own = e.b.Clone(), true
+	}
+	return e.b
+}
+
+// affinityEntry is one of the node's affinity keys as known.
+type affinityEntry struct {
+	state string
+	rev   int64
+}
+
+// listing is the set of block CIDRs of one family at a revision.
+type listing struct {
+	rev   int64
+	cidrs []netip.Prefix
+}
+
+// needs is what a decision could not take without reading more: it is returned as an error, the
+// operation reads it, and the decision runs again from the start on the new view.
+type needs struct {
+	handle  bool
+	blocks  []netip.Prefix
+	listing [2]bool
+	family  [2]bool
+}
+
+func (n *needs) Error() string { return "the decision needs more of the datastore" }
+
+// view is what one attempt of an operation decides on: the node state, and what the operation read
+// besides it (the handle, blocks of other nodes, block listings). Deciding changes only the view's
+// copies; writes() turns the changes into one conditional transaction. It does no I/O.
+type view struct {
+	*call
+
+	handleID  string
+	handle    *calico.Handle // nil: absent
+	handleRev int64
+	// handleValue, when set, is the exact value the handle is believed to hold (derived from the
+	// node's blocks, not read): the write is then conditional on it instead of on handleRev.
+	handleValue []byte
+	cfg         calico.IPAMConfig
+	pools       []calico.IPPool
+	// node is this node's Calico Node resource (for IP pool node selectors); nil when absent.
+	node *calico.Node
+	// reserved are Calico's IPReservations, never handed out by automatic assignment.
+	reserved calico.Reservations
+	// affinity are the node's affinities (the state's: read only).
+	affinity map[netip.Prefix]affinityEntry
+	// fresh makes the write conditional on the state's freshness (decisions that used the pools,
+	// reservations, config, Node resource or affinities).
+	fresh bool
+	// affinityWrites are changes to the node's affinity keys the write makes besides those of the
+	// blocks it creates: confirm a pending affinity of a block it uses, or delete a stale one.
+	affinityWrites map[netip.Prefix]calico.AffinityStep
+	blocks         map[netip.Prefix]*blockEntry
+	// bad holds blocks that exist but cannot be decoded or break Calico's invariants; never written.
+	bad map[netip.Prefix]error
+	// others are waiting ADDs (see serveBatch) whose handles and addresses the write creates too.
+	others []*batchRequest
+}
+
+// newView returns a view of the node state and of what the operation has read.
+func (c *call) newView(handleID string) *view {
+	s := c.state
+	v := &view{call: c, handleID: handleID, cfg: s.cfg, pools: s.pools, node: s.nodeRes, reserved: s.reserved,
+		affinity: s.affinity, affinityWrites: map[netip.Prefix]calico.AffinityStep{},
+		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(c.read.blocks)), bad: map[netip.Prefix]error{}}
+	for cidr, e := range s.blocks {
+		if e != nil {
+			cp := *e
+			cp.own = false
+			e = &cp
+		}
+		v.blocks[cidr] = e
+	}
+	for cidr, err := range s.bad {
+		v.bad[cidr] = err
+	}
+	for cidr, kv := range c.read.blocks {
+		if _, ok := v.blocks[cidr]; ok {
+			continue
+		}
+		v.blocks[cidr] = nil
+		if kv == nil {
+			continue
+		}
+		e, err := decodeBlockKV(cidr, *kv)
+		if err != nil {
+			v.bad[cidr] = err
+			continue
+		}
+		v.blocks[cidr] = e
+	}
+	if c.read.handle {
+		if kv := c.read.handleKV; kv != nil {
+			// Decoded by the read; a soft-deleted handle is absent but has a revision.
+			v.handle, v.handleRev = c.read.handleValue, kv.ModRevision
+		}
+	}
+	return v
+}
+
+// require returns a need for those of cidrs the view does not hold.
+func (v *view) require(cidrs ...netip.Prefix) error {
+	var todo []netip.Prefix
+	for _, c := range cidrs {
+		_, loaded := v.blocks[c]
+		if _, bad := v.bad[c]; !loaded && !bad && !slices.Contains(todo, c) {
+			todo = append(todo, c)
+		}
+	}
+	if len(todo) > 0 {
+		return &needs{blocks: todo}
+	}
+	return nil
+}
+
+// listing returns the block CIDRs of family f, or a need for them.
+func (v *view) listing(f Family) (*listing, error) {
+	if l := v.read.listings[f]; l != nil {
+		return l, nil
+	}
+	n := &needs{}
+	n.listing[f] = true
+	return nil, n
+}
+
+// requireFamily returns a need for every block of family f unless the operation read them.
+func (v *view) requireFamily(f Family) error {
+	if v.read.family[f] {
+		return nil
+	}
+	n := &needs{}
+	n.family[f] = true
+	return n
+}
+
+// decodeBlockKV decodes a block read under the key of cidr, refusing values that break Calico's
+// invariants: block-ipam never writes on top of a block it does not understand. A soft-deleted block
+// gives nil.
+func decodeBlockKV(cidr netip.Prefix, kv kv) (*blockEntry, error) {
+	b, err := calico.DecodeBlock(kv.Value)
+	if err != nil {
+		return nil, withCode(ErrDatastore, "block %s: %w", cidr, err)
+	}
+	if b.Deleted {
+		return nil, nil
+	}
+	if b.CIDR != cidr {
+		return nil, withCode(ErrDatastore, "block key %s holds cidr %s", calico.BlockKey(cidr), b.CIDR)
+	}
+	if err := b.Validate(); err != nil {
+		return nil, withCode(ErrDatastore, "%w", err)
+	}
+	return &blockEntry{b: b, rev: kv.ModRevision, encoded: kv.Value, own: true}, nil
+}
+
+// dirtyCIDRs returns the CIDRs of the blocks this attempt changed, sorted.
+func (v *view) dirtyCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for c, e := range v.blocks {
+		if e != nil && e.dirty {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return out
+}
+
+// plan is one conditional transaction a decision leads to, and what it writes.
+type plan struct {
+	cmps []compare
+	ops  []op
+	// blocks are the changed blocks (nil: deleted), affinity the node's affinity keys written (nil
+	// value: deleted), for the state once the write committed.
+	blocks   map[netip.Prefix]*blockEntry
+	affinity map[string][]byte
+	claims   int
+}
+
+// errNoChange: the decision changes nothing; there is nothing to write.
+var errNoChange = errors.New("nothing to write")
+
+// writes turns the view's changes into one transaction, conditional on every key being as known: an
+// existing block at its mod revision, a new block still absent with no block of its family created
+// since the listing its choice was based on (so no overlapping block of another size appeared), its
+// affinity as known, the handle at its mod revision (or exact value), the others' handles absent, and,
+// when the view is fresh, the state's freshness. A block a release left empty and without affinity is
+// deleted instead of written (calico.Block.DeleteWhenReleased), and v.affinityWrites confirm or delete
+// affinities. newHandle nil or empty deletes the handle.
+func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
+	p := &plan{blocks: map[netip.Prefix]*blockEntry{}, affinity: map[string][]byte{}}
+	if v.fresh {
+		p.cmps = v.state.freshness()
+	}
+	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	var listed [2]bool
+	for _, c := range v.dirtyCIDRs() {
+		e := v.blocks[c]
+		key := calico.BlockKey(c)
+		if !e.created && (e.release || e.b.DeleteWhenReleased()) {
+			p.cmps = append(p.cmps, modRevisionIs(key, e.rev))
+			p.ops = append(p.ops, deleteOp(key))
+			p.blocks[c] = nil
+			continue
+		}
+		e.b.BumpSequence()
+		data, err := calico.EncodeBlock(e.b)
+		if err != nil {
+			return nil, fmt.Errorf("encode block %s: %w", c, err)
+		}
+		e.encoded = data
+		p.blocks[c] = e
+		if e.created {
+			f := familyOf(c.Addr())
+			p.cmps = append(p.cmps, absent(key))
+			if l := v.read.listings[f]; l != nil && !listed[f] {
+				listed[f] = true
+				p.cmps = append(p.cmps, noneCreatedSince(calico.BlockPrefix+f.String()+"/block/", l.rev))
+			}
+			affKey := calico.HostAffinityKey(v.conf.Node, c)
+			if a, ok := v.affinity[c]; ok {
+				p.cmps = append(p.cmps, modRevisionIs(affKey, a.rev))
+			} else {
+				p.cmps = append(p.cmps, absent(affKey))
+			}
+			p.ops = append(p.ops, putOp(affKey, confirmed))
+			p.affinity[affKey] = confirmed
+			p.claims++
+		} else {
+			p.cmps = append(p.cmps, modRevisionIs(key, e.rev))
+		}
+		p.ops = append(p.ops, putOp(key, data))
+	}
+	for c, step := range v.affinityWrites {
+		a, ok := v.affinity[c]
+		if e := v.blocks[c]; !ok || (e != nil && e.created) {
+			continue
+		}
+		affKey := calico.HostAffinityKey(v.conf.Node, c)
+		p.cmps = append(p.cmps, modRevisionIs(affKey, a.rev))
+		if step == calico.AffinityStale {
+			p.ops = append(p.ops, deleteOp(affKey))
+			p.affinity[affKey] = nil
+		} else {
+			p.ops = append(p.ops, putOp(affKey, confirmed))
+			p.affinity[affKey] = confirmed
+		}
+	}
+	hkey := calico.HandleKey(v.handleID)
+	if v.handleValue != nil {
+		p.cmps = append(p.cmps, valueIs(hkey, v.handleValue))
+	} else {
+		p.cmps = append(p.cmps, modRevisionIs(hkey, v.handleRev))
+	}
+	if newHandle == nil || len(newHandle.Block) == 0 {
+		if v.handleRev != 0 || v.handleValue != nil {
+			p.ops = append(p.ops, deleteOp(hkey))
+		}
+	} else {
+		data, err := calico.EncodeHandle(newHandle)
+		if err != nil {
+			return nil, fmt.Errorf("encode handle %s: %w", v.handleID, err)
+		}
+		p.ops = append(p.ops, putOp(hkey, data))
+	}
+	for _, r := range v.others {
+		data, err := calico.EncodeHandle(handleWith(nil, r.assigned))
+		if err != nil {
+			return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
+		}
+		key := calico.HandleKey(r.Handle)
+		p.cmps = append(p.cmps, absent(key))
+		p.ops = append(p.ops, putOp(key, data))
+	}
+	if len(p.ops) == 0 {
+		return nil, errNoChange
+	}
+	return p, nil
+}
+
+// committed applies a plan that etcd committed at rev to the state; exact says the plan was
+// conditional on the state's freshness, which is then known up to rev.
+func (s *nodeState) committed(p *plan, rev int64, exact bool) {
+	var puts []kv
+	var dels []string
+	for k, v := range p.affinity {
+		if v == nil {
+			dels = append(dels, k)
+		} else {
+			puts = append(puts, kv{Key: k, Value: v, CreateRevision: rev, ModRevision: rev})
+		}
+	}
+	if exact {
+		for src := range numSources {
+			if src != srcAffinity && rev > s.known[src] {
+				s.known[src] = rev
+			}
+		}
+	}
+	s.wrote(srcAffinity, puts, dels, rev, exact)
+	for c, e := range p.blocks {
+		if _, ok := s.affinity[c]; !ok || rev <= s.blockKnown[c] {
+			continue
+		}
+		s.blockKnown[c] = rev
+		delete(s.bad, c)
+		if e == nil {
+			s.blocks[c] = nil
+			continue
+		}
+		s.blocks[c] = &blockEntry{b: e.b, rev: rev, encoded: e.encoded}
+	}
+}
