@@ -67,6 +67,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Pause, when set, runs before every write (tests: kill the daemon or change etcd there).
 	Pause func(context.Context)
+	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
+	// operation it runs, before /healthz fails (default 30 s).
+	HealthWindow time.Duration
 }
 
 // Validate checks the configuration.
@@ -82,6 +85,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.HealthWindow <= 0 {
+		c.HealthWindow = 30 * time.Second
 	}
 	return nil
 }
@@ -520,14 +526,10 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	}
 }
 
-// healthWindow is how long the state loop may go without turning, beyond the deadline of the
-// operation it runs, before /healthz fails.
-const healthWindow = 30 * time.Second
-
 // health answers /healthz (the state loop is alive: HealthyWithin) and /readyz (and its etcd
 // connection is not failing, and the node state has been read).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	if !s.HealthyWithin(healthWindow) {
+	if !s.HealthyWithin(s.cfg.HealthWindow) {
 		http.Error(w, "the state loop is stalled", http.StatusServiceUnavailable)
 		return
 	}

@@ -128,11 +128,11 @@ func (fs *followers) start(ctx context.Context, s *nodeState) {
 	fs.blocks = map[netip.Prefix]context.CancelFunc{}
 	for src := range numSources {
 		key, prefix := s.key(src)
-		fs.go_(ctx, key, prefix, update{src: src})
+		fs.spawn(ctx, key, prefix, update{src: src})
 	}
 }
 
-func (fs *followers) go_(ctx context.Context, key string, prefix bool, tag update) {
+func (fs *followers) spawn(ctx context.Context, key string, prefix bool, tag update) {
 	fs.wg.Add(1)
 	go func() {
 		defer fs.wg.Done()
@@ -155,12 +155,13 @@ func (fs *followers) reconcile(ctx context.Context, s *nodeState) {
 		if _, ok := fs.blocks[cidr]; !ok {
 			bctx, stop := context.WithCancel(ctx)
 			fs.blocks[cidr] = stop
-			fs.go_(bctx, calico.BlockKey(cidr), false, update{block: cidr})
+			fs.spawn(bctx, calico.BlockKey(cidr), false, update{block: cidr})
 		}
 	}
 }
 
-// stop stops every follower and waits for them (ctx, their parent, must be done or ending).
+// wait stops every block follower and waits for all of them (the source followers stop with the
+// context start was given).
 func (fs *followers) wait() {
 	for _, stop := range fs.blocks {
 		stop()

@@ -1,0 +1,194 @@
+package ipamd
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+)
+
+// startServer runs a daemon for node1 on a real etcd with the given pause hook, and a pool.
+func startServer(t *testing.T, cfg Config) (*Server, string, *clientv3.Client) {
+	t.Helper()
+	_, cli := etcdtest.Start(t)
+	pool, _ := calico.EncodeIPPool(calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26})
+	if _, err := cli.Put(t.Context(), calico.IPPoolKey("p"), string(pool)); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Node, cfg.Client = "node1", cli
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); srv.Run(ctx) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return srv, sock, cli
+}
+
+func addRequest(cid string, timeout time.Duration) *cni.Request {
+	return &cni.Request{Verb: "ADD", ContainerID: cid, IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}, Timeout: timeout}
+}
+
+func healthz(srv *Server) int {
+	rec := httptest.NewRecorder()
+	srv.HealthHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	return rec.Code
+}
+
+// TestHealthzFollowsTheStateLoop: /healthz (and the systemd watchdog, through HealthyWithin) says ok
+// while the state loop is idle or runs an operation within its deadline, and fails when the loop is
+// stuck past it; it recovers when the loop turns again.
+func TestHealthzFollowsTheStateLoop(t *testing.T) {
+	stuck, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv, sock, _ := startServer(t, Config{HealthWindow: 300 * time.Millisecond, Pause: func(context.Context) {
+		// Ignores its context: a loop stuck in a call that does not honour its deadline.
+		once.Do(func() {
+			close(stuck)
+			<-release
+		})
+	}})
+	if code := healthz(srv); code != http.StatusOK {
+		t.Fatalf("idle: /healthz %d", code)
+	}
+	go cni.Call(context.Background(), sock, addRequest("c1", time.Second))
+	<-stuck
+	if code := healthz(srv); code != http.StatusOK {
+		t.Fatalf("within the operation's deadline: /healthz %d", code)
+	}
+	// The operation's deadline is 0.9 s after its start; the window 0.3 s beyond it.
+	deadline := time.Now().Add(10 * time.Second)
+	for healthz(srv) == http.StatusOK && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := healthz(srv); code != http.StatusServiceUnavailable {
+		t.Fatalf("stuck past the deadline: /healthz %d, want 503", code)
+	}
+	if srv.HealthyWithin(300 * time.Millisecond) {
+		t.Fatal("stuck past the deadline: HealthyWithin true")
+	}
+	close(release)
+	for healthz(srv) != http.StatusOK && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := healthz(srv); code != http.StatusOK {
+		t.Fatalf("loop turning again: /healthz %d", code)
+	}
+}
+
+// TestHungUpRequestIsDropped: a request whose plugin hangs up while it waits in the queue is not run.
+func TestHungUpRequestIsDropped(t *testing.T) {
+	stuck, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv, sock, cli := startServer(t, Config{Pause: func(context.Context) {
+		once.Do(func() {
+			close(stuck)
+			<-release
+		})
+	}})
+	first := make(chan error, 1)
+	go func() {
+		r, err := cni.Call(context.Background(), sock, addRequest("c1", 20*time.Second))
+		if err == nil {
+			err = r.Err()
+		}
+		first <- err
+	}()
+	<-stuck
+	// The second plugin gives up: its context ends while its request waits behind c1's.
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan error, 1)
+	go func() {
+		_, err := cni.Call(ctx, sock, addRequest("c2", 20*time.Second))
+		second <- err
+	}()
+	for srv.Queued() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-second
+	time.Sleep(5 * hangupPoll)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// c2 was dropped; a third ADD runs after it in the same loop, so c2's turn has passed.
+	r, err := cni.Call(context.Background(), sock, addRequest("c3", 20*time.Second))
+	if err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	resp, err := cli.Get(t.Context(), calico.HandleKey("net1.c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Fatal("the ADD of a plugin that hung up was run")
+	}
+}
+
+// TestSocketHangupDetected: watchHangup tells a plugin that closed its connection from one that only
+// half-closed it after its request.
+func TestSocketHangupDetected(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		a, b, err := socketPair(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if full {
+			a.Close()
+		} else {
+			a.(*net.UnixConn).CloseWrite()
+		}
+		ctx, stop := context.WithTimeout(context.Background(), 10*hangupPoll)
+		hung := make(chan struct{})
+		watchHangup(ctx, b, func() { close(hung) })
+		select {
+		case <-hung:
+			if !full {
+				t.Error("half-closed connection taken for a hang-up")
+			}
+		default:
+			if full {
+				t.Error("closed connection not noticed")
+			}
+		}
+		stop()
+		a.Close()
+		b.Close()
+	}
+}
+
+func socketPair(dir string) (net.Conn, net.Conn, error) {
+	l, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer l.Close()
+	a, err := net.Dial("unix", l.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := l.Accept()
+	return a, b, err
+}

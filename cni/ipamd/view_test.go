@@ -1,0 +1,167 @@
+package ipamd
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+)
+
+// testState is a node state for node1 read at revision 10: pool p (10.244.0.0/16, /30 blocks) and,
+// when blocks is set, affinities to those blocks, each block holding the given number of addresses.
+func testState(t *testing.T, blocks map[string]int) *nodeState {
+	t.Helper()
+	s := newNodeState("node1", slog.New(slog.DiscardHandler))
+	pool, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 30})
+	s.replace(srcPools, []kv{{Key: calico.IPPoolKey("p"), Value: pool, ModRevision: 3}}, 10)
+	var affs []kv
+	for c := range blocks {
+		aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+		affs = append(affs, kv{Key: calico.HostAffinityKey("node1", netip.MustParsePrefix(c)), Value: aff, ModRevision: 4})
+	}
+	for _, src := range []source{srcConfig, srcReservations, srcNode, srcAffinity} {
+		var kvs []kv
+		if src == srcAffinity {
+			kvs = affs
+		}
+		s.replace(src, kvs, 10)
+	}
+	for c, n := range blocks {
+		cidr := netip.MustParsePrefix(c)
+		b := calico.NewBlock(cidr, "host:node1", 1)
+		for i := range n {
+			h := "net1.other" + string(rune('a'+i))
+			b.AutoAssign(1, calico.AllocationAttribute{HandleID: &h}, nil)
+		}
+		data, _ := calico.EncodeBlock(b)
+		s.setBlock(cidr, &kv{Key: calico.BlockKey(cidr), Value: data, ModRevision: 5}, 10)
+	}
+	return s
+}
+
+func testCall(s *nodeState) *call {
+	return &call{conf: &cni.Request{Verb: "ADD", Network: "net1", Node: "node1", Assign: [2]bool{true, false}}, state: s, log: s.log}
+}
+
+// TestAddDecision: ADD decides on the state alone, without etcd: an address from the node's block
+// with room, written conditional on that block's revision, the handle being absent and the state's
+// freshness; with the blocks full, it needs the family's listing to claim; with the listing, it claims
+// the next free block and writes its affinity.
+func TestAddDecision(t *testing.T) {
+	attr := func(c *call) calico.AllocationAttribute { return attribute(c.conf, "net1.c1", "eth0") }
+	tests := []struct {
+		name      string
+		blocks    map[string]int
+		listing   []string // nil: not read
+		want      string // "": any address of a block not listed (a claim)
+		needs     bool
+		wantClaim bool
+	}{
+		{name: "room in the node's block", blocks: map[string]int{"10.244.0.0/30": 1}, want: "10.244.0.1"},
+		{name: "full block needs a listing", blocks: map[string]int{"10.244.0.0/30": 4}, needs: true},
+		{name: "claim after the listing", blocks: map[string]int{"10.244.0.0/30": 4}, listing: []string{"10.244.0.0/30", "10.244.0.4/30"},
+			wantClaim: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := testState(t, tt.blocks)
+			if !s.synced() {
+				t.Fatal("state not synced")
+			}
+			c := testCall(s)
+			if tt.listing != nil {
+				l := &listing{rev: 10}
+				for _, p := range tt.listing {
+					l.cidrs = append(l.cidrs, netip.MustParsePrefix(p))
+				}
+				c.read.listings[V4] = l
+			}
+			v := c.newView("net1.c1")
+			got, held, err := v.add("net1.c1", "eth0", attr(c))
+			var n *needs
+			if tt.needs {
+				if !errors.As(err, &n) || !n.listing[V4] {
+					t.Fatalf("got %v %v, want a need for the ipv4 listing", got, err)
+				}
+				return
+			}
+			if err != nil || held || len(got) != 1 || (tt.want != "" && got[0].Addr.String() != tt.want) ||
+				(tt.want == "" && slices.Contains(tt.listing, got[0].Block.String())) {
+				t.Fatalf("got %v held=%v err=%v, want %q", got, held, err, tt.want)
+			}
+			p, err := v.writes(handleWith(nil, got))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (p.claims == 1) != tt.wantClaim {
+				t.Fatalf("claims %d", p.claims)
+			}
+			for _, want := range append(s.freshness(), modRevisionIs(calico.HandleKey("net1.c1"), 0)) {
+				if !slices.ContainsFunc(p.cmps, func(c compare) bool { return c.key == want.key && c.value == want.value && c.target == want.target }) {
+					t.Errorf("write not conditional on %+v", want)
+				}
+			}
+			// The decision changed only the view: the state's block is as read.
+			for cidr, e := range s.blocks {
+				if e.b.Free(nil) != 4-tt.blocks[cidr.String()] {
+					t.Errorf("deciding changed the state's block %s", cidr)
+				}
+			}
+			// Committed, the state holds the write at its revision and is known up to it.
+			s.committed(p, 20, true)
+			blk := netip.PrefixFrom(got[0].Addr, 30).Masked()
+			if e := s.blocks[blk]; e == nil || e.rev != 20 || e.b.AttributeOf(mustOrd(t, blk, got[0].Addr)) == nil {
+				t.Errorf("state after commit: block %s %+v", blk, e)
+			}
+			if s.known[srcPools] != 20 || s.known[srcAffinity] != 20 {
+				t.Errorf("known revisions %v after an exact write at 20", s.known)
+			}
+		})
+	}
+}
+
+func mustOrd(t *testing.T, b netip.Prefix, a netip.Addr) int {
+	o, ok := calico.Ordinal(b, a)
+	if !ok {
+		t.Fatalf("%s not in %s", a, b)
+	}
+	return o
+}
+
+// TestStateOrdersUpdates: an update older than what the state knows is dropped, whichever way it
+// came (a watch event, a relist, a transaction's read).
+func TestStateOrdersUpdates(t *testing.T) {
+	s := testState(t, nil)
+	pool := func(rev int64, disabled bool) kv {
+		v, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26, Disabled: disabled})
+		return kv{Key: calico.IPPoolKey("p"), Value: v, ModRevision: rev}
+	}
+	s.event(srcPools, kvEvent{KV: pool(12, true), Rev: 12})
+	s.replace(srcPools, []kv{pool(3, false)}, 11) // a relist older than the event
+	if len(s.pools) != 1 || !s.pools[0].Disabled || s.known[srcPools] != 12 {
+		t.Fatalf("stale relist applied: %+v known %d", s.pools, s.known[srcPools])
+	}
+	s.event(srcPools, kvEvent{KV: kv{Key: calico.IPPoolKey("p")}, Rev: 13, Deleted: true})
+	if len(s.pools) != 0 {
+		t.Fatalf("deleted pool kept: %+v", s.pools)
+	}
+	// A block is kept only while the node has its affinity.
+	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	cidr := netip.MustParsePrefix("10.244.0.0/26")
+	s.event(srcAffinity, kvEvent{KV: kv{Key: calico.HostAffinityKey("node1", cidr), Value: aff, ModRevision: 14}, Rev: 14})
+	if s.synced() {
+		t.Fatal("synced without the affinity's block")
+	}
+	s.setBlock(cidr, nil, 14)
+	if !s.synced() {
+		t.Fatal("not synced with every block read")
+	}
+	s.event(srcAffinity, kvEvent{KV: kv{Key: calico.HostAffinityKey("node1", cidr)}, Rev: 15, Deleted: true})
+	if _, ok := s.blockKnown[cidr]; ok {
+		t.Fatal("block kept after its affinity went")
+	}
+}
