@@ -40,6 +40,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
 
 // Limits of the daemon.
@@ -104,10 +105,9 @@ type Server struct {
 	state     *nodeState
 	followers followers
 
-	// heartbeat is the loop's last turn (UnixNano; it turns at least every second when idle),
-	// busyUntil the deadline of the operation it runs, 0 when idle: /healthz and the watchdog.
-	heartbeat atomic.Int64
-	busyUntil atomic.Int64
+	// live marks the loop's turns (at least every second when idle) and the deadline of the operation
+	// it runs: /healthz and the watchdog.
+	live liveness.Loop
 	// synced: the state has read every source once (/readyz, Synced).
 	synced atomic.Bool
 }
@@ -157,7 +157,7 @@ func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		s.heartbeat.Store(time.Now().UnixNano())
+		s.live.Turn()
 		s.synced.Store(s.state.synced())
 		var first *job
 		select {
@@ -209,14 +209,7 @@ func (s *Server) Synced() bool { return s.synced.Load() }
 
 // HealthyWithin reports whether the state loop has turned within d, or runs an operation whose
 // deadline has not passed by d: it does not depend on etcd being reachable.
-func (s *Server) HealthyWithin(d time.Duration) bool {
-	now := time.Now()
-	if now.Sub(time.Unix(0, s.heartbeat.Load())) < d {
-		return true
-	}
-	until := s.busyUntil.Load()
-	return until != 0 && now.UnixNano() < until+int64(d)
-}
+func (s *Server) HealthyWithin(d time.Duration) bool { return s.live.HealthyWithin(d) }
 
 // serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
 // it along, and those its write served are answered without an operation of their own.
@@ -287,9 +280,8 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	defer cancel()
 	stop := context.AfterFunc(j.ctx, cancel)
 	defer stop()
-	s.heartbeat.Store(time.Now().UnixNano())
-	s.busyUntil.Store(deadline.UnixNano())
-	defer s.busyUntil.Store(0)
+	s.live.Turn()
+	defer s.live.Busy(deadline)()
 	c := &call{conf: req, etcd: s.etcd, state: s.state, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
 		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, waiting: waiting}
 	reply := &cni.Reply{}

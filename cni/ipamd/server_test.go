@@ -43,6 +43,9 @@ func startServer(t *testing.T, cfg Config) (*Server, string, *clientv3.Client) {
 	go func() { defer wg.Done(); srv.Run(ctx) }()
 	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	for end := time.Now().Add(10 * time.Second); !srv.Synced() && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	return srv, sock, cli
 }
 

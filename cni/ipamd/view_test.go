@@ -57,7 +57,7 @@ func TestAddDecision(t *testing.T) {
 		name      string
 		blocks    map[string]int
 		listing   []string // nil: not read
-		want      string // "": any address of a block not listed (a claim)
+		want      string   // "": any address of a block not listed (a claim)
 		needs     bool
 		wantClaim bool
 	}{
