@@ -90,7 +90,8 @@ func (v *view) holdsAny(handle string) bool {
 }
 
 func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
-	v.fresh = true
+	// The pools ADD selects depend on the IPAM config and the Node resource's labels.
+	v.uses[calico.IPAMConfigKey], v.uses[calico.NodeKey(v.conf.Node)] = v.cfgRev, v.nodeRev
 	auto, err := v.selectPools(true)
 	if err != nil {
 		return nil, false, err
@@ -305,6 +306,7 @@ func (v *view) releaseUnselected(cidrs []netip.Prefix) {
 		v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
 		e.release, e.dirty = true, true
 		v.affinityWrites[cidr] = calico.AffinityStale
+		v.use(cidr)
 	}
 }
 
@@ -457,6 +459,7 @@ func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (alloc
 		return allocation{}, false
 	}
 	e.dirty = true
+	v.use(e.b.CIDR)
 	addr, _ := calico.OrdinalAddr(e.b.CIDR, ords[0])
 	return allocation{Block: e.b.CIDR, Addr: addr}, true
 }
@@ -546,6 +549,7 @@ func (v *view) assignSpecific(pools []calico.IPPool, ip netip.Addr, attr calico.
 		return allocation{}, withCode(ErrDatastore, "requested address %s: %w", ip, err)
 	}
 	e.dirty = true
+	v.use(e.b.CIDR)
 	return allocation{Block: e.b.CIDR, Addr: ip}, nil
 }
 

@@ -94,18 +94,14 @@ func (c *call) decide(ctx context.Context, handleID string, decision func(*view)
 // in the same round trip), then the blocks of new affinities. None in steady state.
 func (c *call) sync(ctx context.Context, handleID string) error {
 	s := c.state
-	for _, k := range s.known {
-		if k == 0 {
-			blocks := slices.Collect(maps.Keys(s.blocks))
-			ops := s.refreshOps(handleID, blocks)
-			res, err := c.txn(ctx, nil, ops, nil)
-			if err != nil {
-				return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
-			}
-			if err := c.refreshed(handleID, blocks, res); err != nil {
-				return err
-			}
-			break
+	if !s.allListed() {
+		blocks := slices.Collect(maps.Keys(s.blocks))
+		res, err := c.txn(ctx, nil, s.refreshOps(handleID, blocks), nil)
+		if err != nil {
+			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+		}
+		if err := c.refreshed(handleID, blocks, res); err != nil {
+			return err
 		}
 	}
 	if m := s.missingBlocks(); len(m) > 0 {
@@ -262,7 +258,7 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 		}
 		return nil, errConflict
 	}
-	c.state.committed(p, res.Revision, v.fresh)
+	c.state.committed(p, res.Revision)
 	c.claims += p.claims
 	for cidr, e := range p.blocks {
 		if e == nil {

@@ -166,7 +166,7 @@ func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []ne
 			continue
 		}
 		c.log.Info("released an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "pool", pool.Name)
-		c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: nil}, affinity: map[string][]byte{akey: nil}}, tr.Revision, false)
+		c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: nil}, affinity: map[string][]byte{akey: nil}}, tr.Revision)
 	}
 }
 

@@ -116,10 +116,9 @@ func prefixEnd(prefix string) string {
 
 // kv is one key-value pair as read.
 type kv struct {
-	Key            string
-	Value          []byte
-	CreateRevision int64
-	ModRevision    int64
+	Key         string
+	Value       []byte
+	ModRevision int64
 }
 
 // txnResult is the outcome of a transaction: the store revision it ran at, whether the compares
@@ -159,7 +158,7 @@ func (c *etcdClient) txn(ctx context.Context, cmps []compare, success, failure [
 		}
 		kvs := make([]kv, 0, len(rr.Kvs))
 		for _, k := range rr.Kvs {
-			kvs = append(kvs, kv{Key: string(k.Key), Value: k.Value, CreateRevision: k.CreateRevision, ModRevision: k.ModRevision})
+			kvs = append(kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
 		}
 		out.Ranges = append(out.Ranges, kvs)
 	}

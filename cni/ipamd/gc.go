@@ -224,7 +224,7 @@ func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandida
 	if !tr.Succeeded {
 		return 0, errConflict
 	}
-	c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: written}}, tr.Revision, false)
+	c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: written}}, tr.Revision)
 	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
 	return len(ords), nil
 }

@@ -195,3 +195,54 @@ func socketPair(dir string) (net.Conn, net.Conn, error) {
 	b, err := l.Accept()
 	return a, b, err
 }
+
+// TestDeletedPoolLeavesState: a pool deleted while an ADD that would claim from it is being written
+// fails the write (conditional on the pool's mod revision), the retry claims from the pool left, and
+// the deletion, whose watch event queued behind the write, still reaches the node state.
+func TestDeletedPoolLeavesState(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	// Pool a sorts before p: ADD claims from it first.
+	for name, cidr := range map[string]string{"p": "10.244.0.0/16", "a": "10.245.0.0/16"} {
+		v, _ := calico.EncodeIPPool(calico.IPPool{Name: name, CIDR: netip.MustParsePrefix(cidr), BlockSize: 26})
+		if _, err := cli.Put(t.Context(), calico.IPPoolKey(name), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var once sync.Once
+	srv, err := New(Config{Node: "node1", Client: cli, Pause: func(context.Context) {
+		once.Do(func() {
+			cli.Delete(context.Background(), calico.IPPoolKey("a"))
+			time.Sleep(200 * time.Millisecond) // the watch event queues behind this operation
+		})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); srv.Run(ctx) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	defer func() { cancel(); wg.Wait() }()
+	for end := time.Now().Add(10 * time.Second); !srv.Synced() && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	r, err := cni.Call(context.Background(), sock, addRequest("c1", 5*time.Second))
+	if err != nil || r.Code != 0 || len(r.Allocations) != 1 {
+		t.Fatalf("ADD: %+v %v", r, err)
+	}
+	if a := r.Allocations[0].Addr; !netip.MustParsePrefix("10.244.0.0/16").Contains(a) {
+		t.Errorf("ADD got %s from the pool deleted before its write", a)
+	}
+	time.Sleep(300 * time.Millisecond) // the deletion's event reaches the loop
+	cancel()
+	wg.Wait()
+	if len(srv.state.pools) != 1 || srv.state.pools[0].Name != "p" {
+		t.Errorf("the node state still holds the deleted pool: %+v", srv.state.pools)
+	}
+}

@@ -23,20 +23,20 @@ const (
 )
 
 // nodeState is what the daemon knows of the datastore, owned by the state goroutine: the IPAM config,
-// the pools, the IPReservations, the node's Calico Node resource, the node's affinities and the blocks
-// they name. Followers (watch.go) and the reads of operations feed it; every change arrives with the
-// revision it was true at, and a change older than what the state knows is dropped, so that a watch
-// event, a relist and a transaction's read may arrive in any order.
-//
-// Known revisions make the operations' writes exact: a write conditional on "no key of a source was
-// written after known[src]" (or on a key's mod revision) holds only if the state was right, and when it
-// holds the state is right up to the write's revision.
+// the pools, the IPReservations, the node's Calico Node resource, the node's affinities and their
+// blocks. Followers (watch.go), the reads of operations and their committed writes feed it; every
+// change arrives with the revision it was true at, and the state keeps, per key, the revision it
+// knows the key at: a watch event, a relist, a transaction's read and a write of this daemon may
+// arrive in any order, and the newest wins for each key.
 type nodeState struct {
 	node string
 	log  *slog.Logger
-	// raw are each source's keys as last known, known the revision they are known at (0: never read).
-	raw   [numSources]map[string]kv
-	known [numSources]int64
+	// raw are each source's keys as known; revs the revision each key is known at, present or
+	// deleted (a deleted key's entry stays until a read of the whole source covers it); listed the
+	// revision of the newest read of the whole source (0: never read), which holds every change up to it.
+	raw    [numSources]map[string]kv
+	revs   [numSources]map[string]int64
+	listed [numSources]int64
 
 	// Decoded from raw.
 	cfg      calico.IPAMConfig
@@ -60,7 +60,7 @@ func newNodeState(node string, log *slog.Logger) *nodeState {
 		affinity: map[netip.Prefix]affinityEntry{}, blocks: map[netip.Prefix]*blockEntry{},
 		blockKnown: map[netip.Prefix]int64{}, bad: map[netip.Prefix]error{}}
 	for i := range s.raw {
-		s.raw[i] = map[string]kv{}
+		s.raw[i], s.revs[i] = map[string]kv{}, map[string]int64{}
 	}
 	return s
 }
@@ -81,19 +81,14 @@ func (s *nodeState) key(src source) (key string, prefix bool) {
 	}
 }
 
+// allListed reports whether every source has been read once.
+func (s *nodeState) allListed() bool {
+	return !slices.Contains(s.listed[:], 0)
+}
+
 // synced reports whether every source and the block of every affinity have been read.
 func (s *nodeState) synced() bool {
-	for _, k := range s.known {
-		if k == 0 {
-			return false
-		}
-	}
-	for cidr := range s.affinity {
-		if s.blockKnown[cidr] == 0 {
-			return false
-		}
-	}
-	return true
+	return s.allListed() && len(s.missingBlocks()) == 0
 }
 
 // missingBlocks returns the affinities whose block has not been read, sorted.
@@ -108,46 +103,60 @@ func (s *nodeState) missingBlocks() []netip.Prefix {
 	return out
 }
 
-// replace sets a source to what a read at revision rev found.
+// replace sets a source to what a read of all of it at revision rev found, except the keys known at
+// a later revision.
 func (s *nodeState) replace(src source, kvs []kv, rev int64) {
-	if rev <= s.known[src] {
+	if rev <= s.listed[src] {
 		return
 	}
-	m := make(map[string]kv, len(kvs))
+	raw, revs := s.raw[src], s.revs[src]
+	found := make(map[string]bool, len(kvs))
 	for _, kv := range kvs {
-		m[kv.Key] = kv
+		found[kv.Key] = true
+		if rev >= revs[kv.Key] {
+			raw[kv.Key], revs[kv.Key] = kv, rev
+		}
 	}
-	s.raw[src], s.known[src] = m, rev
+	for k, r := range revs {
+		if !found[k] && r <= rev {
+			// Absent at rev, and nothing newer is known: the read covers it.
+			delete(raw, k)
+			delete(revs, k)
+		}
+	}
+	s.listed[src] = rev
 	s.decode(src)
 }
 
-// event applies one change of a source at revision rev (a deletion when kv.Value is nil).
-func (s *nodeState) event(src source, e kvEvent) {
-	if e.Rev <= s.known[src] {
-		return
+// set records one key of a source at revision rev (v nil: deleted), unless the state knows the key
+// at a later revision; it reports whether it did. A change at the same revision is applied again
+// (one transaction writes several keys at one revision; applying a key twice changes nothing).
+func (s *nodeState) set(src source, key string, v *kv, rev int64) bool {
+	if rev <= s.listed[src] || rev < s.revs[src][key] {
+		return false
 	}
-	if e.Deleted {
-		delete(s.raw[src], e.KV.Key)
+	s.revs[src][key] = rev
+	if v == nil {
+		delete(s.raw[src], key)
 	} else {
-		s.raw[src][e.KV.Key] = e.KV
+		s.raw[src][key] = *v
 	}
-	s.known[src] = e.Rev
-	s.decode(src)
+	return true
 }
 
-// wrote records keys of a source this daemon wrote at rev; exact (the source is known at rev) when
-// the write was conditional on the source being as known.
-func (s *nodeState) wrote(src source, puts []kv, deletes []string, rev int64, exact bool) {
-	for _, kv := range puts {
-		s.raw[src][kv.Key] = kv
+// event applies changes of a source (a deletion when Deleted).
+func (s *nodeState) event(src source, events []kvEvent) {
+	changed := false
+	for _, e := range events {
+		v := &e.KV
+		if e.Deleted {
+			v = nil
+		}
+		changed = s.set(src, e.KV.Key, v, e.Rev) || changed
 	}
-	for _, k := range deletes {
-		delete(s.raw[src], k)
+	if changed {
+		s.decode(src)
 	}
-	if exact && rev > s.known[src] {
-		s.known[src] = rev
-	}
-	s.decode(src)
 }
 
 // setBlock records the block cidr as read or written at rev (kv nil: absent), if it is one of the
@@ -245,20 +254,6 @@ func (s *nodeState) decode(src source) {
 				delete(s.bad, cidr)
 			}
 		}
-	}
-}
-
-// freshness are the compares under which a decision taken on the state still holds: no pool, no
-// IPReservation and no affinity of the node written after the state knew them, the IPAM config and
-// the Calico Node resource at their mod revisions. Deletions of pools, reservations and affinities go
-// unnoticed: they only make a decision taken without them more cautious than needed.
-func (s *nodeState) freshness() []compare {
-	return []compare{
-		modRevisionIs(calico.IPAMConfigKey, s.cfgRev),
-		noneModifiedSince(calico.IPPoolPrefix, s.known[srcPools]),
-		noneModifiedSince(calico.IPReservationPrefix, s.known[srcReservations]),
-		modRevisionIs(calico.NodeKey(s.node), s.nodeRev),
-		noneModifiedSince(calico.HostAffinityNodePrefix(s.node), s.known[srcAffinity]),
 	}
 }
 

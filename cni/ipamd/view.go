@@ -1,8 +1,8 @@
 package ipamd
 
 import (
-	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -80,9 +80,13 @@ type view struct {
 	reserved calico.Reservations
 	// affinity are the node's affinities (the state's: read only).
 	affinity map[netip.Prefix]affinityEntry
-	// fresh makes the write conditional on the state's freshness (decisions that used the pools,
-	// reservations, config, Node resource or affinities).
-	fresh bool
+	// cfgRev, nodeRev and poolRevs are the mod revisions of the IPAM config, the Node resource and
+	// the pools by name (0: absent).
+	cfgRev, nodeRev int64
+	poolRevs        map[string]int64
+	// uses are the keys the decision depends on, with their mod revisions (0: absent): the write is
+	// conditional on them.
+	uses map[string]int64
 	// affinityWrites are changes to the node's affinity keys the write makes besides those of the
 	// blocks it creates: confirm a pending affinity of a block it uses, or delete a stale one.
 	affinityWrites map[netip.Prefix]calico.AffinityStep
@@ -97,7 +101,7 @@ type view struct {
 func (c *call) newView(handleID string) *view {
 	s := c.state
 	v := &view{call: c, handleID: handleID, cfg: s.cfg, pools: s.pools, node: s.nodeRes, reserved: s.reserved,
-		affinity: s.affinity, affinityWrites: map[netip.Prefix]calico.AffinityStep{},
+		affinity: s.affinity, cfgRev: s.cfgRev, nodeRev: s.nodeRev, poolRevs: s.poolRevs, uses: map[string]int64{}, affinityWrites: map[netip.Prefix]calico.AffinityStep{},
 		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(c.read.blocks)), bad: map[netip.Prefix]error{}}
 	for cidr, e := range s.blocks {
 		if e != nil {
@@ -132,6 +136,17 @@ func (c *call) newView(handleID string) *view {
 		}
 	}
 	return v
+}
+
+// use records that the decision depends on the block cidr's pool and, if the node has one, its
+// affinity.
+func (v *view) use(cidr netip.Prefix) {
+	if p := v.poolOf(cidr); p != nil && p.Name != "" {
+		v.uses[calico.IPPoolKey(p.Name)] = v.poolRevs[p.Name]
+	}
+	if a, ok := v.affinity[cidr]; ok {
+		v.uses[calico.HostAffinityKey(v.conf.Node, cidr)] = a.rev
+	}
 }
 
 // require returns a need for those of cidrs the view does not hold.
@@ -212,23 +227,19 @@ type plan struct {
 	claims   int
 }
 
-// errNoChange: the decision changes nothing; there is nothing to write.
-var errNoChange = errors.New("nothing to write")
-
-// writes turns the view's changes into one transaction, conditional on every key being as known: an
-// existing block at its mod revision, a new block still absent with no block of its family created
-// since the listing its choice was based on (so no overlapping block of another size appeared), its
-// affinity as known, the handle at its mod revision (or exact value), the others' handles absent, and,
-// when the view is fresh, the state's freshness. A block a release left empty and without affinity is
-// deleted instead of written (calico.Block.DeleteWhenReleased), and v.affinityWrites confirm or delete
-// affinities. newHandle nil or empty deletes the handle.
+// writes turns the view's changes into one transaction, conditional on every key the decision used
+// being as it knew it: an existing block at its mod revision, a new block and every key of a block
+// that would overlap it absent, the pools, affinities, IPAM config and Calico Node resource it
+// decided with at their mod revisions (a deleted pool or affinity fails the write), the handle at its
+// mod revision (or exact value), the others' handles absent. A block a release left empty and
+// without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
+// v.affinityWrites confirm or delete affinities. newHandle nil or empty deletes the handle.
 func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 	p := &plan{blocks: map[netip.Prefix]*blockEntry{}, affinity: map[string][]byte{}}
-	if v.fresh {
-		p.cmps = v.state.freshness()
-	}
+	used := maps.Clone(v.uses)
 	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
-	var listed [2]bool
+	var overlapping []string
+	var ranged [2]bool
 	for _, c := range v.dirtyCIDRs() {
 		e := v.blocks[c]
 		key := calico.BlockKey(c)
@@ -246,18 +257,15 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 		e.encoded = data
 		p.blocks[c] = e
 		if e.created {
-			f := familyOf(c.Addr())
 			p.cmps = append(p.cmps, absent(key))
-			if l := v.read.listings[f]; l != nil && !listed[f] {
-				listed[f] = true
-				p.cmps = append(p.cmps, noneCreatedSince(calico.BlockPrefix+f.String()+"/block/", l.rev))
+			keys, ok := v.overlapKeys(c)
+			overlapping = append(overlapping, keys...)
+			if f := familyOf(c.Addr()); !ok && !ranged[f] && v.read.listings[f] != nil {
+				ranged[f] = true
+				p.cmps = append(p.cmps, noneCreatedSince(calico.BlockPrefix+f.String()+"/block/", v.read.listings[f].rev))
 			}
 			affKey := calico.HostAffinityKey(v.conf.Node, c)
-			if a, ok := v.affinity[c]; ok {
-				p.cmps = append(p.cmps, modRevisionIs(affKey, a.rev))
-			} else {
-				p.cmps = append(p.cmps, absent(affKey))
-			}
+			used[affKey] = v.affinity[c].rev // 0 (absent) without an affinity
 			p.ops = append(p.ops, putOp(affKey, confirmed))
 			p.affinity[affKey] = confirmed
 			p.claims++
@@ -272,7 +280,7 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 			continue
 		}
 		affKey := calico.HostAffinityKey(v.conf.Node, c)
-		p.cmps = append(p.cmps, modRevisionIs(affKey, a.rev))
+		used[affKey] = a.rev
 		if step == calico.AffinityStale {
 			p.ops = append(p.ops, deleteOp(affKey))
 			p.affinity[affKey] = nil
@@ -307,32 +315,71 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 		p.cmps = append(p.cmps, absent(key))
 		p.ops = append(p.ops, putOp(key, data))
 	}
-	if len(p.ops) == 0 {
-		return nil, errNoChange
+	for _, k := range slices.Sorted(maps.Keys(used)) {
+		p.cmps = append(p.cmps, modRevisionIs(k, used[k]))
+	}
+	for _, k := range overlapping {
+		if _, ok := used[k]; !ok {
+			p.cmps = append(p.cmps, absent(k))
+		}
 	}
 	return p, nil
 }
 
-// committed applies a plan that etcd committed at rev to the state; exact says the plan was
-// conditional on the state's freshness, which is then known up to rev.
-func (s *nodeState) committed(p *plan, rev int64, exact bool) {
-	var puts []kv
-	var dels []string
-	for k, v := range p.affinity {
-		if v == nil {
-			dels = append(dels, k)
-		} else {
-			puts = append(puts, kv{Key: k, Value: v, CreateRevision: rev, ModRevision: rev})
+// maxOverlapKeys bounds the keys a claim checks for absence one by one; beyond it, the claim is
+// conditional on no block of its family having been created since the listing it chose from.
+const maxOverlapKeys = 32
+
+// overlapKeys returns the compares that no block of another size in use overlaps the new block c: the
+// key of the block of each larger size that would contain c, and of each block of a smaller size
+// inside c. The sizes in use are those of the family's pools and of the blocks listed. Beyond
+// maxOverlapKeys keys it returns false.
+func (v *view) overlapKeys(c netip.Prefix) ([]string, bool) {
+	f := familyOf(c.Addr())
+	sizes := map[int]bool{}
+	for _, p := range v.pools {
+		if familyOf(p.CIDR.Addr()) == f {
+			sizes[p.BlockSize] = true
 		}
 	}
-	if exact {
-		for src := range numSources {
-			if src != srcAffinity && rev > s.known[src] {
-				s.known[src] = rev
+	if l := v.read.listings[f]; l != nil {
+		for _, b := range l.cidrs {
+			sizes[b.Bits()] = true
+		}
+	}
+	var keys []string
+	for _, bits := range slices.Sorted(maps.Keys(sizes)) {
+		switch {
+		case bits < c.Bits():
+			keys = append(keys, calico.BlockKey(netip.PrefixFrom(c.Addr(), bits).Masked()))
+		case bits > c.Bits():
+			n := bits - c.Bits()
+			if n > 5 || len(keys)+1<<n > maxOverlapKeys {
+				return nil, false
+			}
+			for i := range 1 << n {
+				a, _ := calico.OrdinalAddr(c, i<<(c.Addr().BitLen()-bits))
+				keys = append(keys, calico.BlockKey(netip.PrefixFrom(a, bits)))
 			}
 		}
 	}
-	s.wrote(srcAffinity, puts, dels, rev, exact)
+	return keys, true
+}
+
+// committed applies a plan that etcd committed at rev to the state: the node's affinity keys and
+// blocks it wrote are known at rev.
+func (s *nodeState) committed(p *plan, rev int64) {
+	changed := false
+	for k, val := range p.affinity {
+		var v *kv
+		if val != nil {
+			v = &kv{Key: k, Value: val, ModRevision: rev}
+		}
+		changed = s.set(srcAffinity, k, v, rev) || changed
+	}
+	if changed {
+		s.decode(srcAffinity)
+	}
 	for c, e := range p.blocks {
 		if _, ok := s.affinity[c]; !ok || rev <= s.blockKnown[c] {
 			continue

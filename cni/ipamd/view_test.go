@@ -100,7 +100,15 @@ func TestAddDecision(t *testing.T) {
 			if (p.claims == 1) != tt.wantClaim {
 				t.Fatalf("claims %d", p.claims)
 			}
-			for _, want := range append(s.freshness(), modRevisionIs(calico.HandleKey("net1.c1"), 0)) {
+			blk := netip.PrefixFrom(got[0].Addr, 30).Masked()
+			wants := []compare{modRevisionIs(calico.HandleKey("net1.c1"), 0), modRevisionIs(calico.IPAMConfigKey, 0),
+				modRevisionIs(calico.NodeKey("node1"), 0), modRevisionIs(calico.IPPoolKey("p"), 3)}
+			if tt.wantClaim {
+				wants = append(wants, absent(calico.BlockKey(blk)), modRevisionIs(calico.HostAffinityKey("node1", blk), 0))
+			} else {
+				wants = append(wants, modRevisionIs(calico.BlockKey(blk), 5), modRevisionIs(calico.HostAffinityKey("node1", blk), 4))
+			}
+			for _, want := range wants {
 				if !slices.ContainsFunc(p.cmps, func(c compare) bool { return c.key == want.key && c.value == want.value && c.target == want.target }) {
 					t.Errorf("write not conditional on %+v", want)
 				}
@@ -111,14 +119,15 @@ func TestAddDecision(t *testing.T) {
 					t.Errorf("deciding changed the state's block %s", cidr)
 				}
 			}
-			// Committed, the state holds the write at its revision and is known up to it.
-			s.committed(p, 20, true)
-			blk := netip.PrefixFrom(got[0].Addr, 30).Masked()
+			// Committed, the state holds the write at its revision; a change of another key older
+			// than the write (the pool's deletion, queued behind it) still applies.
+			s.committed(p, 20)
 			if e := s.blocks[blk]; e == nil || e.rev != 20 || e.b.AttributeOf(mustOrd(t, blk, got[0].Addr)) == nil {
 				t.Errorf("state after commit: block %s %+v", blk, e)
 			}
-			if s.known[srcPools] != 20 || s.known[srcAffinity] != 20 {
-				t.Errorf("known revisions %v after an exact write at 20", s.known)
+			s.event(srcPools, []kvEvent{{KV: kv{Key: calico.IPPoolKey("p")}, Rev: 15, Deleted: true}})
+			if len(s.pools) != 0 {
+				t.Errorf("the pool's deletion at 15 was dropped after a write at 20: %+v", s.pools)
 			}
 		})
 	}
@@ -140,19 +149,19 @@ func TestStateOrdersUpdates(t *testing.T) {
 		v, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26, Disabled: disabled})
 		return kv{Key: calico.IPPoolKey("p"), Value: v, ModRevision: rev}
 	}
-	s.event(srcPools, kvEvent{KV: pool(12, true), Rev: 12})
+	s.event(srcPools, []kvEvent{{KV: pool(12, true), Rev: 12}})
 	s.replace(srcPools, []kv{pool(3, false)}, 11) // a relist older than the event
-	if len(s.pools) != 1 || !s.pools[0].Disabled || s.known[srcPools] != 12 {
-		t.Fatalf("stale relist applied: %+v known %d", s.pools, s.known[srcPools])
+	if len(s.pools) != 1 || !s.pools[0].Disabled {
+		t.Fatalf("stale relist applied: %+v", s.pools)
 	}
-	s.event(srcPools, kvEvent{KV: kv{Key: calico.IPPoolKey("p")}, Rev: 13, Deleted: true})
+	s.event(srcPools, []kvEvent{{KV: kv{Key: calico.IPPoolKey("p")}, Rev: 13, Deleted: true}})
 	if len(s.pools) != 0 {
 		t.Fatalf("deleted pool kept: %+v", s.pools)
 	}
 	// A block is kept only while the node has its affinity.
 	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
 	cidr := netip.MustParsePrefix("10.244.0.0/26")
-	s.event(srcAffinity, kvEvent{KV: kv{Key: calico.HostAffinityKey("node1", cidr), Value: aff, ModRevision: 14}, Rev: 14})
+	s.event(srcAffinity, []kvEvent{{KV: kv{Key: calico.HostAffinityKey("node1", cidr), Value: aff, ModRevision: 14}, Rev: 14}})
 	if s.synced() {
 		t.Fatal("synced without the affinity's block")
 	}
@@ -160,8 +169,79 @@ func TestStateOrdersUpdates(t *testing.T) {
 	if !s.synced() {
 		t.Fatal("not synced with every block read")
 	}
-	s.event(srcAffinity, kvEvent{KV: kv{Key: calico.HostAffinityKey("node1", cidr)}, Rev: 15, Deleted: true})
+	s.event(srcAffinity, []kvEvent{{KV: kv{Key: calico.HostAffinityKey("node1", cidr)}, Rev: 15, Deleted: true}})
 	if _, ok := s.blockKnown[cidr]; ok {
 		t.Fatal("block kept after its affinity went")
+	}
+}
+
+// TestStateSameRevisionEvents: one transaction that writes two keys of a source gives two events at
+// one revision; both apply.
+func TestStateSameRevisionEvents(t *testing.T) {
+	s := testState(t, nil)
+	a, _ := calico.EncodeIPPool(calico.IPPool{Name: "a", CIDR: netip.MustParsePrefix("10.1.0.0/16"), BlockSize: 26})
+	b, _ := calico.EncodeIPPool(calico.IPPool{Name: "b", CIDR: netip.MustParsePrefix("10.2.0.0/16"), BlockSize: 26})
+	s.apply(update{src: srcPools, events: []kvEvent{
+		{KV: kv{Key: calico.IPPoolKey("a"), Value: a, ModRevision: 11}, Rev: 11},
+		{KV: kv{Key: calico.IPPoolKey("b"), Value: b, ModRevision: 11}, Rev: 11},
+	}})
+	if len(s.pools) != 3 {
+		t.Errorf("pools after one transaction added two to one: %+v", s.pools)
+	}
+}
+
+// TestStateWriteNotUndoneByOlderRead: a key this daemon deleted or wrote at revision 20 is not
+// restored by a read of its source at 15 (a relist that was under way), whether or not the write
+// was conditional on the whole source.
+func TestStateWriteNotUndoneByOlderRead(t *testing.T) {
+	cidr, other := netip.MustParsePrefix("10.244.0.0/30"), netip.MustParsePrefix("10.244.0.4/30")
+	s := testState(t, map[string]int{cidr.String(): 0})
+	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	pending, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityPending})
+	key, otherKey := calico.HostAffinityKey("node1", cidr), calico.HostAffinityKey("node1", other)
+	s.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: nil}, affinity: map[string][]byte{key: nil, otherKey: aff}}, 20)
+	s.replace(srcAffinity, []kv{{Key: key, Value: aff, ModRevision: 4}, {Key: otherKey, Value: pending, ModRevision: 12}}, 15)
+	if _, ok := s.affinity[cidr]; ok {
+		t.Errorf("an affinity deleted at 20 came back from a read at 15")
+	}
+	if a := s.affinity[other]; a.state != calico.AffinityConfirmed || a.rev != 20 {
+		t.Errorf("an affinity written at 20 is %+v after a read at 15", a)
+	}
+	// A read after the write covers both keys.
+	s.replace(srcAffinity, []kv{{Key: otherKey, Value: aff, ModRevision: 20}}, 21)
+	if len(s.affinity) != 1 || len(s.revs[srcAffinity]) != 1 {
+		t.Errorf("after a read at 21: affinities %+v, revisions %v", s.affinity, s.revs[srcAffinity])
+	}
+}
+
+// TestOverlapKeys: a claim is conditional on the absence of every key of a block of another size in
+// use that would overlap it, or, past maxOverlapKeys, on the family's listing.
+func TestOverlapKeys(t *testing.T) {
+	c := netip.MustParsePrefix("10.244.1.0/26")
+	tests := []struct {
+		sizes []int
+		want  []string
+		ok    bool
+	}{
+		{sizes: []int{26}, ok: true},
+		{sizes: []int{24, 26}, want: []string{"10.244.1.0/24"}, ok: true},
+		{sizes: []int{26, 28}, want: []string{"10.244.1.0/28", "10.244.1.16/28", "10.244.1.32/28", "10.244.1.48/28"}, ok: true},
+		{sizes: []int{26, 32}, ok: false},
+	}
+	for _, tt := range tests {
+		s := testState(t, nil)
+		v := testCall(s).newView("")
+		v.pools = nil
+		for _, bits := range tt.sizes {
+			v.pools = append(v.pools, calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: bits})
+		}
+		keys, ok := v.overlapKeys(c)
+		var want []string
+		for _, w := range tt.want {
+			want = append(want, calico.BlockKey(netip.MustParsePrefix(w)))
+		}
+		if ok != tt.ok || !slices.Equal(keys, want) {
+			t.Errorf("sizes %v: got %v %v, want %v %v", tt.sizes, keys, ok, want, tt.ok)
+		}
 	}
 }

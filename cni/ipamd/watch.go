@@ -74,7 +74,7 @@ func (f *follower) follow(ctx context.Context, key string, opts []clientv3.OpOpt
 	snap := tag
 	snap.snapshot, snap.rev = true, resp.Header.Revision
 	for _, k := range resp.Kvs {
-		snap.kvs = append(snap.kvs, kv{Key: string(k.Key), Value: k.Value, CreateRevision: k.CreateRevision, ModRevision: k.ModRevision})
+		snap.kvs = append(snap.kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
 	}
 	if !f.send(ctx, snap) {
 		return false
@@ -94,7 +94,7 @@ func (f *follower) follow(ctx context.Context, key string, opts []clientv3.OpOpt
 		u := tag
 		for _, ev := range wr.Events {
 			k := ev.Kv
-			u.events = append(u.events, kvEvent{KV: kv{Key: string(k.Key), Value: k.Value, CreateRevision: k.CreateRevision, ModRevision: k.ModRevision},
+			u.events = append(u.events, kvEvent{KV: kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision},
 				Rev: k.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete})
 		}
 		if !f.send(ctx, u) {
@@ -193,7 +193,5 @@ func (s *nodeState) apply(u update) {
 		s.replace(u.src, u.kvs, u.rev)
 		return
 	}
-	for _, e := range u.events {
-		s.event(u.src, e)
-	}
+	s.event(u.src, u.events)
 }
