@@ -227,17 +227,21 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 		var waiting []*batchRequest
 		var idx []int
 		if key, ok := batchKey(j.req); ok {
+			// An ADD is taken along only if no job before it in the batch, taken or not, is of its
+			// container: those run first.
 			handles := []string{handleID(j.req.Network, j.req.ContainerID)}
 			for k := i + 1; k < len(batch); k++ {
 				o := batch[k]
+				if answered[k] {
+					continue
+				}
 				h := handleID(o.req.Network, o.req.ContainerID)
-				if answered[k] || slices.Contains(handles, h) || o.ctx.Err() != nil {
-					continue
-				}
-				if okey, ok := batchKey(o.req); !ok || okey != key {
-					continue
-				}
+				okey, ok := batchKey(o.req)
+				seen := slices.Contains(handles, h)
 				handles = append(handles, h)
+				if !ok || okey != key || seen || o.ctx.Err() != nil {
+					continue
+				}
 				waiting = append(waiting, &batchRequest{job: o, Handle: h, Attr: attribute(s.request(o.req), h, o.req.IfName)})
 				idx = append(idx, k)
 			}

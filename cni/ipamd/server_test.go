@@ -246,3 +246,49 @@ func TestDeletedPoolLeavesState(t *testing.T) {
 		t.Errorf("the node state still holds the deleted pool: %+v", srv.state.pools)
 	}
 }
+
+// TestBatchKeepsOrderPerContainer: an ADD queued behind a DEL of the same container is not served by
+// an earlier ADD's write, ahead of the DEL: the DEL runs first, and the ADD's address stays held.
+func TestBatchKeepsOrderPerContainer(t *testing.T) {
+	stuck, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv, sock, cli := startServer(t, Config{Pause: func(context.Context) {
+		once.Do(func() {
+			close(stuck)
+			<-release
+		})
+	}})
+	go cni.Call(context.Background(), sock, addRequest("z", 5*time.Second))
+	<-stuck
+	type result struct {
+		r   *cni.Reply
+		err error
+	}
+	var results [3]chan result
+	for i, req := range []*cni.Request{addRequest("y", 5*time.Second),
+		{Verb: "DEL", ContainerID: "x", IfName: "eth0", Network: "net1", Timeout: 5 * time.Second}, addRequest("x", 5*time.Second)} {
+		results[i] = make(chan result, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), sock, req)
+			results[i] <- result{r, err}
+		}()
+		for end := time.Now().Add(5 * time.Second); srv.Queued() != i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("request %d not queued", i)
+			}
+		}
+	}
+	close(release)
+	var addX result
+	for i := range results {
+		r := <-results[i]
+		if r.err != nil || r.r.Code != 0 {
+			t.Fatalf("request %d: %+v %v", i, r.r, r.err)
+		}
+		addX = r
+	}
+	resp, err := cli.Get(t.Context(), calico.HandleKey("net1.x"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("ADD x answered %v, but its handle is gone (%v): the DEL queued before it ran after it", addX.r.Allocations, err)
+	}
+}
