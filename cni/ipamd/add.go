@@ -65,7 +65,7 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 // the container's addresses (a repeated ADD, or a second interface), when an address is requested,
 // and before the decision fails for good.
 func (v *view) add(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
-	if !v.read.handle {
+	if !v.read.handleRead {
 		if len(v.conf.RequestedIPs) > 0 || v.holdsAny(handle) {
 			return nil, false, &needs{handle: true}
 		}
@@ -123,7 +123,11 @@ func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute)
 			}
 			got = append(got, a)
 		}
-		v.releaseUnselected(unselected)
+		for _, cidr := range unselected {
+			if e := v.blocks[cidr]; e != nil && !e.dirty {
+				v.releaseUnselected(cidr, v.poolOf(cidr))
+			}
+		}
 	}
 	sortAllocations(got)
 	return got, false, nil
@@ -202,11 +206,10 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 		refs := v.conf.Pools[f]
 		if refs == nil {
 			if automatic {
-				pools, err := calico.WorkloadPools(v.pools, fam == V6, v.node)
-				if err != nil {
-					return out, withCode(ErrDatastore, "%w", err)
+				if v.workloadErr != nil {
+					return out, withCode(ErrDatastore, "%w", v.workloadErr)
 				}
-				out[f] = pools
+				out[f] = v.workload[f]
 				continue
 			}
 			for _, p := range v.pools {
@@ -286,28 +289,25 @@ func (v *view) unselected(using [2][]calico.IPPool) []netip.Prefix {
 		if !v.conf.Assign[f] || inPools(cidr, using[f]) {
 			continue
 		}
-		if p := v.poolOf(cidr); p != nil && !p.Disabled {
-			if ok, err := p.SelectsNode(v.node); err == nil && !ok {
-				out = append(out, cidr)
-			}
+		if p := v.poolOf(cidr); p != nil && !p.Disabled && !v.selects[p.Name] {
+			out = append(out, cidr)
 		}
 	}
 	return out
 }
 
-// releaseUnselected marks for deletion, with their affinities, the empty blocks of the node among
-// cidrs (from unselected), as Calico's allocator does on every assignment.
-func (v *view) releaseUnselected(cidrs []netip.Prefix) {
-	for _, cidr := range cidrs {
-		e, p := v.blocks[cidr], v.poolOf(cidr)
-		if e == nil || e.dirty || p == nil || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
-			continue
-		}
-		v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
-		e.release, e.dirty = true, true
-		v.affinityWrites[cidr] = calico.AffinityStale
-		v.use(cidr)
+// releaseUnselected marks for deletion, with its affinity, the block cidr of pool p if it is an empty
+// block of the node and p no longer selects the node, as Calico's allocator does on every assignment
+// and after a release.
+func (v *view) releaseUnselected(cidr netip.Prefix, p *calico.IPPool) {
+	e := v.blocks[cidr]
+	if e == nil || e.release || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
+		return
 	}
+	v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
+	e.release, e.dirty = true, true
+	v.affinityWrites[cidr] = calico.AffinityStale
+	v.use(cidr)
 }
 
 // poolOf returns the IPPool holding the prefix, nil when none does.

@@ -59,12 +59,16 @@ type call struct {
 // opRead is what an operation read besides the node state: its handle, blocks that are not the
 // node's (nil: absent), block listings and whole families of blocks.
 type opRead struct {
-	handle      bool
-	handleKV    *kv
-	handleValue *calico.Handle
-	blocks      map[netip.Prefix]*kv
-	listings    [2]*listing
-	family      [2]bool
+	// handleRead: the handle was read, as handleKV (nil: absent), decoded as handle (nil: absent or
+	// soft-deleted).
+	handleRead bool
+	handleKV   *kv
+	handle     *calico.Handle
+	blocks     map[netip.Prefix]*kv
+	listings   [2]*listing
+	family     [2]bool
+	// keys are other keys read (nil: absent).
+	keys map[string]*kv
 }
 
 // maxNeeds bounds the reads one decision may ask for before it is taken.
@@ -110,6 +114,11 @@ func (c *call) sync(ctx context.Context, handleID string) error {
 	return nil
 }
 
+// newView returns a view of the state and of what the operation read.
+func (c *call) newView(handleID string) *view {
+	return newView(c.state, c.conf, c.log, &c.read, handleID)
+}
+
 // refreshed applies the answer to the state's refreshOps (a read, or a failed write's failure branch).
 func (c *call) refreshed(handleID string, blocks []netip.Prefix, res *txnResult) error {
 	hkv, others, err := c.state.refreshed(handleID, blocks, res.Ranges, res.Revision)
@@ -132,7 +141,7 @@ func (c *call) refreshed(handleID string, blocks []netip.Prefix, res *txnResult)
 
 // setHandle records the handle as read (nil: absent).
 func (c *call) setHandle(handleID string, hkv *kv) error {
-	c.read.handle, c.read.handleKV, c.read.handleValue = true, hkv, nil
+	c.read.handleRead, c.read.handleKV, c.read.handle = true, hkv, nil
 	if hkv == nil {
 		return nil
 	}
@@ -141,7 +150,7 @@ func (c *call) setHandle(handleID string, hkv *kv) error {
 		return withCode(ErrDatastore, "handle %s: %w", handleID, err)
 	}
 	if !h.Deleted {
-		c.read.handleValue = h
+		c.read.handle = h
 	}
 	return nil
 }
@@ -156,6 +165,9 @@ func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
 		if n.listing[f] || n.family[f] {
 			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
 		}
+	}
+	for _, k := range n.keys {
+		ops = append(ops, getOp(k))
 	}
 	blocks := n.blocks
 	for {
@@ -207,6 +219,16 @@ func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
 			ranges = ranges[1:]
 			n.listing[f], n.family[f] = false, false
 		}
+		if c.read.keys == nil {
+			c.read.keys = map[string]*kv{}
+		}
+		for i, k := range n.keys {
+			c.read.keys[k] = nil
+			if len(ranges[i]) == 1 {
+				c.read.keys[k] = &ranges[i][0]
+			}
+		}
+		ranges, n.keys = ranges[len(n.keys):], nil
 		for i, cidr := range chunk {
 			var v *kv
 			if len(ranges[i]) == 1 {
@@ -261,12 +283,26 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 	c.state.committed(p, res.Revision)
 	c.claims += p.claims
 	for cidr, e := range p.blocks {
+		if _, ok := c.read.blocks[cidr]; ok {
+			c.read.blocks[cidr] = nil
+		}
 		if e == nil {
 			v.blocks[cidr] = nil
-			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects this node)", "block", cidr)
+			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
 			continue
 		}
 		e.rev, e.dirty, e.created = res.Revision, false, false
+		if _, ok := c.read.blocks[cidr]; ok {
+			c.read.blocks[cidr] = &kv{Key: calico.BlockKey(cidr), Value: e.encoded, ModRevision: res.Revision}
+		}
+	}
+	for k, val := range p.keys {
+		if _, ok := c.read.keys[k]; ok {
+			c.read.keys[k] = nil
+			if val != nil {
+				c.read.keys[k] = &kv{Key: k, Value: val, ModRevision: res.Revision}
+			}
+		}
 	}
 	return p, nil
 }

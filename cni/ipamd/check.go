@@ -17,7 +17,7 @@ func (c *call) check(ctx context.Context, containerID, ifname string) error {
 }
 
 func (v *view) check(containerID, ifname string) error {
-	if !v.read.handle {
+	if !v.read.handleRead {
 		return &needs{handle: true}
 	}
 	if v.handle == nil {

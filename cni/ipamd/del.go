@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
@@ -12,7 +11,8 @@ import (
 // del releases the addresses of (container, ifname) by handle, never by prevResult (libcni sends none
 // when its cache is gone) and without the netns. Released ordinals go to the tail of their block's
 // FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
-// transaction. Nothing to release is success, and an emptied block keeps its affinity.
+// transaction. Nothing to release is success. An emptied block keeps its affinity, unless its pool no
+// longer selects its node (releaseEmptied).
 func (c *call) del(ctx context.Context, containerID, ifname string) error {
 	handle := handleID(c.conf.Network, containerID)
 	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
@@ -27,17 +27,16 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 	v, err := c.decide(ctx, handle, func(v *view) error {
 		var err error
 		h, changed, err = v.del(handle, match)
+		if err == nil && changed {
+			err = v.releaseEmptied()
+		}
 		return err
 	})
 	if err != nil || !changed {
 		return err
 	}
-	emptied := v.emptied()
-	if _, err := c.write(ctx, v, h); err != nil {
-		return err
-	}
-	c.releaseUnselectedEmptied(ctx, v, emptied)
-	return nil
+	_, err = c.write(ctx, v, h)
+	return err
 }
 
 // del decides a DEL on the view: the handle as it is left (nil: deleted) and whether anything changes.
@@ -45,7 +44,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 // on exactly that value (steady state: one round trip, no read); if the handle holds anything else,
 // the write's failure branch reads it.
 func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
-	if !v.read.handle {
+	if !v.read.handleRead {
 		guess := calico.NewHandle()
 		for cidr, e := range v.blocks {
 			if e == nil {
@@ -62,7 +61,7 @@ func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) 
 		if err != nil {
 			return nil, false, err
 		}
-		v.handle, v.handleValue = guess, data
+		v.handle, v.handleGuess = guess, data
 	}
 	if v.handle == nil {
 		v.log.Debug("no handle: nothing to release", "handle", handle)
@@ -72,102 +71,47 @@ func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) 
 		return nil, false, err
 	}
 	h, changed, err := v.releaseHandle(handle, match)
-	if err == nil && !changed && !v.read.handle {
+	if err == nil && !changed && !v.read.handleRead {
 		// Nothing of this interface in the node's blocks: only the handle can say where it is.
 		return nil, false, &needs{handle: true}
 	}
 	return h, changed, err
 }
 
-// emptied returns the blocks this attempt changed that are now empty and owned by a node.
-func (v *view) emptied() []netip.Prefix {
-	var out []netip.Prefix
+// releaseEmptied does in the release's write what Calico's ensureConsistentAffinity does after a
+// release (ipam.go): a block the release left empty, whose pool no longer selects the block's owner
+// node, is deleted with that node's affinity (calico.ReleaseWhenUnselected). This node's blocks are
+// decided on the state; another node's need its Node resource and affinity read.
+func (v *view) releaseEmptied() error {
 	for _, cidr := range v.dirtyCIDRs() {
-		if b := v.blocks[cidr].b; b.Empty() && calico.OwnerOf(b, false).Kind == calico.OwnerHost {
-			out = append(out, cidr)
-		}
-	}
-	return out
-}
-
-// releaseUnselectedEmptied does after a release what Calico's ensureConsistentAffinity does (ipam.go):
-// a block the release left empty, whose pool no longer selects the block's owner node, is deleted with
-// that node's affinity (calico.ReleaseWhenUnselected), in one transaction conditional on both being as
-// read. It costs a read only when a release emptied a block of another node, or one of this node's
-// whose pool no longer selects it. Best effort: a failure is logged, and the
-// owner's next ADD does the same.
-func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []netip.Prefix) {
-	cidrs = slices.DeleteFunc(slices.Clone(cidrs), func(cidr netip.Prefix) bool {
-		e := v.blocks[cidr]
-		if e == nil {
-			return true
-		}
-		// This node's blocks are decided on the state, with no read: a release happens only when
-		// the state says the pool no longer selects the node (and is confirmed by the read below).
-		if o := calico.OwnerOf(e.b, false).Node; o == c.conf.Node {
-			p := v.poolOf(cidr)
-			return p == nil || p.Disabled || !calico.ReleaseWhenUnselected(*p, v.node, e.b, o)
-		}
-		return false
-	})
-	var owners []string
-	for _, cidr := range cidrs {
-		if o := calico.OwnerOf(v.blocks[cidr].b, false).Node; !slices.Contains(owners, o) {
-			owners = append(owners, o)
-		}
-	}
-	if len(owners) == 0 {
-		return
-	}
-	ops := []op{prefixOp(calico.IPPoolPrefix, false)}
-	for _, o := range owners {
-		ops = append(ops, getOp(calico.NodeKey(o)))
-	}
-	for _, cidr := range cidrs {
-		ops = append(ops, getOp(calico.HostAffinityKey(calico.OwnerOf(v.blocks[cidr].b, false).Node, cidr)))
-	}
-	res, err := c.txn(ctx, nil, ops, nil)
-	if err != nil || len(res.Ranges) != len(ops) {
-		c.log.Warn("cannot check whether emptied blocks' pools still select their nodes", "err", err)
-		return
-	}
-	var pools []calico.IPPool
-	for _, kv := range res.Ranges[0] {
-		if p, err := calico.DecodeIPPool(kv.Value); err == nil && !p.Disabled {
-			pools = append(pools, p)
-		}
-	}
-	nodes := map[string]*calico.Node{}
-	for i, o := range owners {
-		if kvs := res.Ranges[1+i]; len(kvs) == 1 {
-			if n, err := calico.DecodeNode(kvs[0].Value); err == nil {
-				nodes[o] = &n
-			}
-		}
-	}
-	for i, cidr := range cidrs {
-		e, affKVs := v.blocks[cidr], res.Ranges[1+len(owners)+i]
-		owner := calico.OwnerOf(e.b, false).Node
-		var pool *calico.IPPool
-		for j := range pools {
-			if inPools(cidr, pools[j:j+1]) {
-				pool = &pools[j]
-				break
-			}
-		}
-		if pool == nil || len(affKVs) != 1 || !calico.ReleaseWhenUnselected(*pool, nodes[owner], e.b, owner) {
+		e, p := v.blocks[cidr], v.poolOf(cidr)
+		o := calico.OwnerOf(e.b, false)
+		if e.release || e.created || !e.b.Empty() || o.Kind != calico.OwnerHost || p == nil || p.Disabled {
 			continue
 		}
-		bkey, akey := calico.BlockKey(cidr), calico.HostAffinityKey(owner, cidr)
-		tr, err := c.txn(ctx, []compare{modRevisionIs(bkey, e.rev), modRevisionIs(akey, affKVs[0].ModRevision)},
-			[]op{deleteOp(bkey), deleteOp(akey)}, nil)
-		if err != nil || !tr.Succeeded {
-			c.log.Warn("could not release an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "err", err)
+		if o.Node == v.conf.Node {
+			v.releaseUnselected(cidr, p)
 			continue
 		}
-		c.log.Info("released an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "pool", pool.Name)
-		c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: nil}, affinity: map[string][]byte{akey: nil}}, tr.Revision)
+		nodeKey, affKey := calico.NodeKey(o.Node), calico.HostAffinityKey(o.Node, cidr)
+		kvs, err := v.keys(nodeKey, affKey)
+		if err != nil {
+			return err
+		}
+		nkv, akv := kvs[0], kvs[1]
+		if nkv == nil || akv == nil {
+			continue
+		}
+		n, err := calico.DecodeNode(nkv.Value)
+		if err != nil || !calico.ReleaseWhenUnselected(*p, &n, e.b, o.Node) {
+			continue
+		}
+		v.log.Info("releasing an emptied block whose pool no longer selects its node", "block", cidr, "node", o.Node, "pool", p.Name)
+		e.release = true
+		v.use(cidr)
+		v.uses[nodeKey], v.uses[affKey], v.keyWrites[affKey] = nkv.ModRevision, akv.ModRevision, nil
 	}
+	return nil
 }
 
 // releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that

@@ -63,17 +63,6 @@ func noneCreatedSince(prefix string, rev int64) compare {
 	return compare{result: resultLess, target: targetCreate, key: prefix, rangeEnd: prefixEnd(prefix), value: rev + 1}
 }
 
-// noneModifiedSince requires that no key under prefix was written after revision rev (a deletion
-// goes unnoticed).
-func noneModifiedSince(prefix string, rev int64) compare {
-	return compare{result: resultLess, target: targetMod, key: prefix, rangeEnd: prefixEnd(prefix), value: rev + 1}
-}
-
-// unmodifiedSince requires that key was not written after revision rev (or does not exist).
-func unmodifiedSince(key string, rev int64) compare {
-	return compare{result: resultLess, target: targetMod, key: key, value: rev + 1}
-}
-
 // opKind is the kind of request in a transaction.
 type opKind int
 

@@ -87,11 +87,12 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 	return snap, nil
 }
 
-// gc releases, on the state goroutine, what snapshotGC found stale, block by block: each block is
-// re-read with the handles involved, each candidate re-validated (same handle, node, network and
-// allocation sequence number), and written conditionally on what was read. Allocations of other
-// nodes, of other networks, and those block-ipam did not write (no network attribute) are never
-// touched. Errors do not stop it: they are returned joined at the end.
+// gc releases, on the state goroutine, what snapshotGC found stale, a few blocks per transaction: a
+// decision on the blocks (from the state, or read) and the handles involved re-validates each
+// candidate (same handle, node, network and allocation sequence number), and the write is
+// conditional on what it used. Allocations of other nodes, of other networks, and those block-ipam
+// did not write (no network attribute) are never touched. Errors do not stop it: they are returned
+// joined at the end.
 func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 	if !c.conf.HaveAttachments {
 		c.log.Info("GC without cni.dev/valid-attachments: nothing released")
@@ -99,27 +100,43 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 	}
 	c.roundTrips += snap.roundTrips
 	errs := snap.errs
-	stale := snap.stale
-	if c.pause != nil && len(stale) > 0 {
+	if c.pause != nil && len(snap.stale) > 0 {
 		c.pause(ctx)
 	}
-	cidrs := slices.SortedFunc(maps.Keys(stale), comparePrefix)
+	cidrs := slices.SortedFunc(maps.Keys(snap.stale), comparePrefix)
 	released := 0
-	for _, cidr := range cidrs {
-		n := 0
-		err := c.retry(ctx, "GC "+cidr.String(), func(ctx context.Context) error {
-			var err error
-			n, err = c.gcBlock(ctx, cidr, stale[cidr])
+	for len(cidrs) > 0 {
+		// A block and the handles of its candidates are at most 1+len(candidates) keys.
+		n, keys := 0, 0
+		for n < len(cidrs) && (n == 0 || keys+1+len(snap.stale[cidrs[n]]) <= maxTxnOps/2) {
+			keys += 1 + len(snap.stale[cidrs[n]])
+			n++
+		}
+		chunk := cidrs[:n]
+		cidrs = cidrs[n:]
+		var got int
+		var bad []error
+		err := c.retry(ctx, "GC", func(ctx context.Context) error {
+			v, err := c.decide(ctx, "", func(v *view) error {
+				var err error
+				got, bad, err = v.gc(chunk, snap.stale)
+				return err
+			})
+			if err != nil || got == 0 {
+				return err
+			}
+			_, err = c.write(ctx, v, nil)
 			return err
 		})
+		errs = append(errs, bad...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("GC block %s: %w", cidr, err))
+			errs = append(errs, fmt.Errorf("GC blocks %s..%s: %w", chunk[0], chunk[len(chunk)-1], err))
 			if ctx.Err() != nil {
 				break
 			}
 			continue
 		}
-		released += n
+		released += got
 	}
 	if len(errs) > 0 {
 		return released, gcError(errs)
@@ -127,106 +144,94 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 	return released, nil
 }
 
+// gc decides the release of the candidates of the blocks cidrs that are still the allocations
+// snapshotGC found: their blocks lose them, their handles are corrected (or deleted when emptied).
+// It returns how many it releases, and the errors of blocks it cannot use.
+func (v *view) gc(cidrs []netip.Prefix, stale map[netip.Prefix][]gcCandidate) (int, []error, error) {
+	if err := v.require(cidrs...); err != nil {
+		return 0, nil, err
+	}
+	var handleKeys []string
+	for _, cidr := range cidrs {
+		for _, cd := range stale[cidr] {
+			if k := calico.HandleKey(cd.handle); !slices.Contains(handleKeys, k) {
+				handleKeys = append(handleKeys, k)
+			}
+		}
+	}
+	handles, err := v.keys(handleKeys...)
+	if err != nil {
+		return 0, nil, err
+	}
+	var errs []error
+	released := 0
+	perHandle := map[string]map[netip.Prefix]int{}
+	for _, cidr := range cidrs {
+		if err := v.bad[cidr]; err != nil {
+			errs = append(errs, fmt.Errorf("GC block %s: %w", cidr, err))
+			continue
+		}
+		e := v.blocks[cidr]
+		if e == nil {
+			continue // the block is gone: nothing left to release
+		}
+		var ords []int
+		for _, cd := range stale[cidr] {
+			a := e.b.AttributeOf(cd.ord)
+			if !ours(v.conf, a) || a.Handle() != cd.handle {
+				continue
+			}
+			if seq, ok := e.b.SequenceOf(cd.ord); ok != cd.hasSeq || seq != cd.seq {
+				continue // released and reallocated since the snapshot
+			}
+			ords = append(ords, cd.ord)
+			if perHandle[cd.handle] == nil {
+				perHandle[cd.handle] = map[netip.Prefix]int{}
+			}
+			perHandle[cd.handle][cidr]++
+		}
+		if len(ords) == 0 {
+			continue
+		}
+		if err := e.edit().Release(ords...); err != nil {
+			errs = append(errs, withCode(ErrDatastore, "GC block %s: %w", cidr, err))
+			continue
+		}
+		e.dirty = true
+		released += len(ords)
+		v.log.Info("GC releases stale allocations", "block", cidr, "count", len(ords))
+	}
+	for i, key := range handleKeys {
+		counts, kv := perHandle[strings.TrimPrefix(key, calico.HandlePrefix)], handles[i]
+		if len(counts) == 0 {
+			continue
+		}
+		if kv == nil {
+			// An allocation without its handle: released all the same; there is no count to fix.
+			v.uses[key] = 0
+			continue
+		}
+		hv, err := calico.DecodeHandle(kv.Value)
+		if err != nil {
+			return 0, nil, withCode(ErrDatastore, "%s: %w", key, err)
+		}
+		for cidr, n := range counts {
+			hv.Remove(cidr, n)
+		}
+		v.uses[key], v.keyWrites[key] = kv.ModRevision, nil
+		if len(hv.Block) > 0 {
+			if v.keyWrites[key], err = calico.EncodeHandle(hv); err != nil {
+				return 0, nil, err
+			}
+		}
+	}
+	return released, errs, nil
+}
+
 // ours reports whether an allocation is the request's node's on its network, written by block-ipam.
 func ours(conf *cni.Request, a *calico.AllocationAttribute) bool {
 	return a != nil && a.Secondary[AttrNetwork] == conf.Network && a.Secondary[calico.AttrNode] == conf.Node &&
 		strings.HasPrefix(a.Handle(), conf.Network+".")
-}
-
-// gcBlock re-reads one block and the handles of its candidates in one transaction, releases the
-// candidates that are still the same allocations, and writes block and handles in one conditional
-// transaction. It returns how many addresses it released.
-func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandidate) (int, error) {
-	var handles []string
-	for _, cd := range cands {
-		if !slices.Contains(handles, cd.handle) {
-			handles = append(handles, cd.handle)
-		}
-	}
-	ops := []op{getOp(calico.BlockKey(cidr))}
-	for _, h := range handles {
-		ops = append(ops, getOp(calico.HandleKey(h)))
-	}
-	res, err := c.txn(ctx, nil, ops, nil)
-	if err != nil {
-		return 0, err
-	}
-	if len(res.Ranges) != len(ops) || len(res.Ranges[0]) != 1 {
-		return 0, nil // the block is gone: nothing left to release
-	}
-	e, err := decodeBlockKV(cidr, res.Ranges[0][0])
-	if err != nil || e == nil {
-		return 0, err
-	}
-	var ords []int
-	perHandle := map[string]int{}
-	for _, cd := range cands {
-		a := e.b.AttributeOf(cd.ord)
-		if !ours(c.conf, a) || a.Handle() != cd.handle {
-			continue
-		}
-		if seq, ok := e.b.SequenceOf(cd.ord); ok != cd.hasSeq || seq != cd.seq {
-			continue // released and reallocated since the snapshot
-		}
-		ords = append(ords, cd.ord)
-		perHandle[cd.handle]++
-	}
-	if len(ords) == 0 {
-		return 0, nil
-	}
-	if err := e.edit().Release(ords...); err != nil {
-		return 0, withCode(ErrDatastore, "%w", err)
-	}
-	cmps := []compare{modRevisionIs(calico.BlockKey(cidr), e.rev)}
-	var writes []op
-	written := e
-	if e.b.DeleteWhenReleased() {
-		writes = append(writes, deleteOp(calico.BlockKey(cidr)))
-		written = nil
-	} else {
-		e.b.BumpSequence()
-		if e.encoded, err = calico.EncodeBlock(e.b); err != nil {
-			return 0, err
-		}
-		writes = append(writes, putOp(calico.BlockKey(cidr), e.encoded))
-	}
-	for i, h := range handles {
-		if perHandle[h] == 0 {
-			continue
-		}
-		key := calico.HandleKey(h)
-		kvs := res.Ranges[i+1]
-		if len(kvs) != 1 {
-			// An allocation without its handle: release it all the same; there is no count to fix.
-			cmps = append(cmps, absent(key))
-			continue
-		}
-		hv, err := calico.DecodeHandle(kvs[0].Value)
-		if err != nil {
-			return 0, withCode(ErrDatastore, "handle %s: %w", h, err)
-		}
-		hv.Remove(cidr, perHandle[h])
-		cmps = append(cmps, modRevisionIs(key, kvs[0].ModRevision))
-		if len(hv.Block) == 0 {
-			writes = append(writes, deleteOp(key))
-		} else {
-			data, err := calico.EncodeHandle(hv)
-			if err != nil {
-				return 0, err
-			}
-			writes = append(writes, putOp(key, data))
-		}
-	}
-	tr, err := c.txn(context.WithoutCancel(ctx), cmps, writes, nil)
-	if err != nil {
-		return 0, err
-	}
-	if !tr.Succeeded {
-		return 0, errConflict
-	}
-	c.state.committed(&plan{blocks: map[netip.Prefix]*blockEntry{cidr: written}}, tr.Revision)
-	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
-	return len(ords), nil
 }
 
 // gcError joins GC's errors into one CNI error, with the code of the first typed one (11 when they

@@ -45,7 +45,7 @@ import (
 
 // Limits of the daemon.
 const (
-	// maxBatch bounds the ADDs one write serves besides its own.
+	// maxBatch bounds the jobs the state loop takes in one turn (one write serves the ADDs among them).
 	maxBatch = 64
 	// MaxTimeout bounds one operation, whatever the shim asks for.
 	MaxTimeout = 5 * time.Minute
@@ -182,7 +182,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		batch := []*job{first}
 	drain:
-		for len(batch) <= maxBatch {
+		for len(batch) < maxBatch {
 			select {
 			case j := <-s.jobs:
 				batch = append(batch, j)
@@ -303,7 +303,7 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 		case "GC":
 			reply.Released, err = c.gc(ctx, j.gc)
 		case "STATUS":
-			err = c.status(ctx)
+			err = c.status(ctx, s.etcdLost())
 		}
 	}
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
@@ -312,9 +312,6 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	s.metrics.batched.Add(float64(c.batched))
 	if err != nil {
 		te := toCNIError(err)
-		if req.Verb == "STATUS" && te.Code == types.ErrTryAgainLater {
-			te = &types.Error{Code: ErrPluginNotAvailable, Msg: fmt.Sprintf("etcd unreachable at %s: %s", s.cfg.Endpoints, te.Msg)}
-		}
 		reply.Code, reply.Msg = te.Code, te.Msg
 		c.log.Warn(req.Verb+" failed", "err", te.Msg, "code", te.Code, "attempts", c.attempts, "etcd_round_trips", c.roundTrips)
 	} else {
@@ -426,9 +423,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go watchHangup(jctx, conn, cancel)
-		if reply = s.handle(jctx, start, data); reply == nil {
-			return
-		}
+		reply = s.handle(jctx, start, data)
 	}
 	out, _ := json.Marshal(reply)
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
@@ -482,7 +477,7 @@ func deadline(r *cni.Request, start time.Time) time.Time {
 	return start.Add(timeout * 9 / 10)
 }
 
-// handle answers one request, nil when the plugin hung up (ctx ended, the daemon still runs).
+// handle answers one request; ctx ends when the plugin hangs up or the daemon stops.
 func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
 	var req cni.Request
 	if err := json.Unmarshal(body, &req); err != nil {

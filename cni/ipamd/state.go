@@ -1,6 +1,7 @@
 package ipamd
 
 import (
+	"cmp"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -47,6 +48,11 @@ type nodeState struct {
 	nodeRes  *calico.Node
 	nodeRev  int64
 	affinity map[netip.Prefix]affinityEntry
+	// workload (or workloadErr) and selects are what the pools' selectors say of the node: the pools
+	// of automatic assignment per family, and whether each pool selects the node (by name).
+	workload    [2][]calico.IPPool
+	workloadErr error
+	selects     map[string]bool
 
 	// blocks are the blocks of the node's affinities: nil when absent, soft-deleted or unusable (then
 	// in bad); blockKnown the revision each is known at. Only blocks of affinities are kept.
@@ -182,6 +188,23 @@ func (s *nodeState) setBlock(cidr netip.Prefix, kv *kv, rev int64) {
 
 // decode rebuilds the decoded form of a source from its keys.
 func (s *nodeState) decode(src source) {
+	s.decodeSource(src)
+	if src == srcPools || src == srcNode {
+		s.workloadErr = nil
+		for f := range s.workload {
+			pools, err := calico.WorkloadPools(s.pools, Family(f) == V6, s.nodeRes)
+			s.workload[f] = pools
+			s.workloadErr = cmp.Or(s.workloadErr, err)
+		}
+		s.selects = make(map[string]bool, len(s.pools))
+		for _, p := range s.pools {
+			ok, err := p.SelectsNode(s.nodeRes)
+			s.selects[p.Name] = ok && err == nil
+		}
+	}
+}
+
+func (s *nodeState) decodeSource(src source) {
 	switch src {
 	case srcConfig:
 		s.cfg, s.cfgRev = calico.DefaultIPAMConfig(), 0
@@ -285,8 +308,8 @@ func (s *nodeState) refreshOps(handle string, blocks []netip.Prefix) []op {
 // of affinities go to the state; it returns the handle's pair (nil when absent) and the blocks that
 // are not the node's affinities (read, nil when absent), for the operation that asked.
 func (s *nodeState) refreshed(handle string, blocks []netip.Prefix, ranges [][]kv, rev int64) (handleKV *kv, others map[netip.Prefix]*kv, err error) {
-	if len(ranges) != len(s.refreshOps(handle, blocks)) {
-		return nil, nil, withCode(ErrDatastore, "etcd answered %d reads of %d", len(ranges), len(s.refreshOps(handle, blocks)))
+	if n := len(s.refreshOps(handle, blocks)); len(ranges) != n {
+		return nil, nil, withCode(ErrDatastore, "etcd answered %d reads of %d", len(ranges), n)
 	}
 	if handle != "" {
 		if kvs := ranges[0]; len(kvs) == 1 {

@@ -7,29 +7,22 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
-// status answers whether ADD can be served: etcd must answer (a read of the state's sources, which
-// also brings the state up to date; else 50 naming the endpoints), and every family ADD assigns must
-// have a free address in the node's blocks, a block it may claim, or (strict affinity off) an address
-// it may borrow (else 50). It writes nothing.
-func (c *call) status(ctx context.Context) error {
+// status answers whether ADD can be served: etcd must answer (else 50 naming the endpoints), and every
+// family ADD assigns must have a free address in the node's blocks, a block it may claim, or (strict
+// affinity off) an address it may borrow (else 50). It decides on the node state the followers keep:
+// no round trip while the node's blocks have room and the connection to etcd is up; a read only of
+// what the decision needs (the family's listing to claim, its blocks to borrow), or, when the
+// connection is reported down (etcdLost), one read to see whether etcd answers again. It writes nothing.
+func (c *call) status(ctx context.Context, etcdLost bool) error {
 	unreachable := func(err error) error {
-		if errors.Is(err, errUnavailable) || ctx.Err() != nil {
-			return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
+		return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
+	}
+	if etcdLost {
+		if _, err := c.txn(ctx, nil, []op{getOp(calico.IPAMConfigKey)}, nil); err != nil {
+			return unreachable(err)
 		}
-		return err
 	}
-	blocks := c.state.missingBlocks()
-	for cidr := range c.state.blocks {
-		blocks = append(blocks, cidr)
-	}
-	res, err := c.txn(ctx, nil, c.state.refreshOps("", blocks), nil)
-	if err != nil {
-		return unreachable(err)
-	}
-	if err := c.refreshed("", blocks, res); err != nil {
-		return err
-	}
-	_, err = c.decide(ctx, "", func(v *view) error {
+	_, err := c.decide(ctx, "", func(v *view) error {
 		pools, err := v.selectPools(true)
 		if err != nil {
 			return err
@@ -42,11 +35,12 @@ func (c *call) status(ctx context.Context) error {
 		}
 		return nil
 	})
-	if err != nil {
-		if errors.Is(err, errUnavailable) || ctx.Err() != nil {
-			return unreachable(err)
-		}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errUnavailable) || ctx.Err() != nil:
+		return unreachable(err)
+	default:
 		return cniError(ErrPluginNotAvailable, "cannot serve ADD: %v", err)
 	}
-	return nil
 }

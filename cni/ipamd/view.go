@@ -2,11 +2,13 @@ package ipamd
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 )
 
 // maxTxnOps stays under etcd's default --max-txn-ops (128).
@@ -56,6 +58,7 @@ type needs struct {
 	blocks  []netip.Prefix
 	listing [2]bool
 	family  [2]bool
+	keys    []string
 }
 
 func (n *needs) Error() string { return "the decision needs more of the datastore" }
@@ -64,16 +67,25 @@ func (n *needs) Error() string { return "the decision needs more of the datastor
 // besides it (the handle, blocks of other nodes, block listings). Deciding changes only the view's
 // copies; writes() turns the changes into one conditional transaction. It does no I/O.
 type view struct {
-	*call
+	// conf is the operation's request, log its logger, read what it read besides the state.
+	conf *cni.Request
+	log  *slog.Logger
+	read *opRead
 
+	// handleID is the operation's handle ("": none, as for GC).
 	handleID  string
 	handle    *calico.Handle // nil: absent
 	handleRev int64
-	// handleValue, when set, is the exact value the handle is believed to hold (derived from the
+	// handleGuess, when set, is the exact value the handle is believed to hold (derived from the
 	// node's blocks, not read): the write is then conditional on it instead of on handleRev.
-	handleValue []byte
+	handleGuess []byte
 	cfg         calico.IPAMConfig
 	pools       []calico.IPPool
+	// workload are the pools automatic assignment uses in each family (calico.WorkloadPools), or
+	// workloadErr; selects says which pools select the node (by name).
+	workload    [2][]calico.IPPool
+	workloadErr error
+	selects     map[string]bool
 	// node is this node's Calico Node resource (for IP pool node selectors); nil when absent.
 	node *calico.Node
 	// reserved are Calico's IPReservations, never handed out by automatic assignment.
@@ -93,16 +105,20 @@ type view struct {
 	blocks         map[netip.Prefix]*blockEntry
 	// bad holds blocks that exist but cannot be decoded or break Calico's invariants; never written.
 	bad map[netip.Prefix]error
+	// keyWrites are other keys the write puts (nil: deletes): the handles GC corrects, the affinity
+	// of another node's block a release deletes. Their compares are in uses.
+	keyWrites map[string][]byte
 	// others are waiting ADDs (see serveBatch) whose handles and addresses the write creates too.
 	others []*batchRequest
 }
 
 // newView returns a view of the node state and of what the operation has read.
-func (c *call) newView(handleID string) *view {
-	s := c.state
-	v := &view{call: c, handleID: handleID, cfg: s.cfg, pools: s.pools, node: s.nodeRes, reserved: s.reserved,
-		affinity: s.affinity, cfgRev: s.cfgRev, nodeRev: s.nodeRev, poolRevs: s.poolRevs, uses: map[string]int64{}, affinityWrites: map[netip.Prefix]calico.AffinityStep{},
-		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(c.read.blocks)), bad: map[netip.Prefix]error{}}
+func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, handleID string) *view {
+	v := &view{conf: conf, log: log, read: read, handleID: handleID, cfg: s.cfg, pools: s.pools, workload: s.workload,
+		workloadErr: s.workloadErr, selects: s.selects, node: s.nodeRes, reserved: s.reserved,
+		affinity: s.affinity, cfgRev: s.cfgRev, nodeRev: s.nodeRev, poolRevs: s.poolRevs, uses: map[string]int64{},
+		affinityWrites: map[netip.Prefix]calico.AffinityStep{}, keyWrites: map[string][]byte{},
+		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(read.blocks)), bad: maps.Clone(s.bad)}
 	for cidr, e := range s.blocks {
 		if e != nil {
 			cp := *e
@@ -111,10 +127,7 @@ func (c *call) newView(handleID string) *view {
 		}
 		v.blocks[cidr] = e
 	}
-	for cidr, err := range s.bad {
-		v.bad[cidr] = err
-	}
-	for cidr, kv := range c.read.blocks {
+	for cidr, kv := range read.blocks {
 		if _, ok := v.blocks[cidr]; ok {
 			continue
 		}
@@ -129,11 +142,9 @@ func (c *call) newView(handleID string) *view {
 		}
 		v.blocks[cidr] = e
 	}
-	if c.read.handle {
-		if kv := c.read.handleKV; kv != nil {
-			// Decoded by the read; a soft-deleted handle is absent but has a revision.
-			v.handle, v.handleRev = c.read.handleValue, kv.ModRevision
-		}
+	if read.handleRead && read.handleKV != nil {
+		// A soft-deleted handle is absent but has a revision.
+		v.handle, v.handleRev = read.handle, read.handleKV.ModRevision
 	}
 	return v
 }
@@ -162,6 +173,23 @@ func (v *view) require(cidrs ...netip.Prefix) error {
 		return &needs{blocks: todo}
 	}
 	return nil
+}
+
+// keys returns the pairs of keys as read (nil: absent), or a need for those not read.
+func (v *view) keys(keys ...string) ([]*kv, error) {
+	out := make([]*kv, len(keys))
+	n := &needs{}
+	for i, k := range keys {
+		kv, ok := v.read.keys[k]
+		if !ok && !slices.Contains(n.keys, k) {
+			n.keys = append(n.keys, k)
+		}
+		out[i] = kv
+	}
+	if len(n.keys) > 0 {
+		return nil, n
+	}
+	return out, nil
 }
 
 // listing returns the block CIDRs of family f, or a need for them.
@@ -224,7 +252,9 @@ type plan struct {
 	// value: deleted), for the state once the write committed.
 	blocks   map[netip.Prefix]*blockEntry
 	affinity map[string][]byte
-	claims   int
+	// keys are the other keys written (nil: deleted).
+	keys   map[string][]byte
+	claims int
 }
 
 // writes turns the view's changes into one transaction, conditional on every key the decision used
@@ -289,31 +319,41 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 			p.affinity[affKey] = confirmed
 		}
 	}
-	hkey := calico.HandleKey(v.handleID)
-	if v.handleValue != nil {
-		p.cmps = append(p.cmps, valueIs(hkey, v.handleValue))
-	} else {
-		p.cmps = append(p.cmps, modRevisionIs(hkey, v.handleRev))
-	}
-	if newHandle == nil || len(newHandle.Block) == 0 {
-		if v.handleRev != 0 || v.handleValue != nil {
-			p.ops = append(p.ops, deleteOp(hkey))
+	if v.handleID != "" {
+		hkey := calico.HandleKey(v.handleID)
+		if v.handleGuess != nil {
+			p.cmps = append(p.cmps, valueIs(hkey, v.handleGuess))
+		} else {
+			used[hkey] = v.handleRev
 		}
-	} else {
-		data, err := calico.EncodeHandle(newHandle)
-		if err != nil {
-			return nil, fmt.Errorf("encode handle %s: %w", v.handleID, err)
+		if newHandle == nil || len(newHandle.Block) == 0 {
+			if v.handleRev != 0 || v.handleGuess != nil {
+				p.ops = append(p.ops, deleteOp(hkey))
+			}
+		} else {
+			data, err := calico.EncodeHandle(newHandle)
+			if err != nil {
+				return nil, fmt.Errorf("encode handle %s: %w", v.handleID, err)
+			}
+			p.ops = append(p.ops, putOp(hkey, data))
 		}
-		p.ops = append(p.ops, putOp(hkey, data))
 	}
+	keyWrites := maps.Clone(v.keyWrites)
 	for _, r := range v.others {
 		data, err := calico.EncodeHandle(handleWith(nil, r.assigned))
 		if err != nil {
 			return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
 		}
 		key := calico.HandleKey(r.Handle)
-		p.cmps = append(p.cmps, absent(key))
-		p.ops = append(p.ops, putOp(key, data))
+		used[key], keyWrites[key] = 0, data
+	}
+	p.keys = keyWrites
+	for _, k := range slices.Sorted(maps.Keys(keyWrites)) {
+		if val := keyWrites[k]; val == nil {
+			p.ops = append(p.ops, deleteOp(k))
+		} else {
+			p.ops = append(p.ops, putOp(k, val))
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(used)) {
 		p.cmps = append(p.cmps, modRevisionIs(k, used[k]))

@@ -245,3 +245,62 @@ func TestOverlapKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestDelReleasesOtherNodesEmptiedBlock: a DEL that empties another node's block (a borrowed address)
+// whose pool no longer selects that node reads the node's labels and affinity, then deletes the block
+// and that affinity in the release's own write, conditional on both as read.
+func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
+	s := testState(t, nil)
+	sel, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 30, NodeSelector: "rack == 'a'"})
+	s.replace(srcPools, []kv{{Key: calico.IPPoolKey("p"), Value: sel, ModRevision: 11}}, 11)
+	cidr := netip.MustParsePrefix("10.244.0.8/30")
+	b := calico.NewBlock(cidr, "host:node2", 1)
+	h := "net1.c1"
+	b.AutoAssign(1, calico.AllocationAttribute{HandleID: &h, Secondary: map[string]string{calico.AttrNode: "node1"}}, nil)
+	data, _ := calico.EncodeBlock(b)
+	c := testCall(s)
+	c.conf.Verb = "DEL"
+	c.read.blocks = map[netip.Prefix]*kv{cidr: {Key: calico.BlockKey(cidr), Value: data, ModRevision: 7}}
+	hv := calico.NewHandle()
+	hv.Add(cidr, 1)
+	hdata, _ := calico.EncodeHandle(hv)
+	c.read.handleRead, c.read.handleKV, c.read.handle = true, &kv{Key: calico.HandleKey(h), Value: hdata, ModRevision: 8}, hv
+	decide := func() (*view, error) {
+		v := c.newView(h)
+		_, changed, err := v.del(h, func(*calico.AllocationAttribute) bool { return true })
+		if err == nil && changed {
+			err = v.releaseEmptied()
+		}
+		return v, err
+	}
+	nodeKey, affKey := calico.NodeKey("node2"), calico.HostAffinityKey("node2", cidr)
+	_, err := decide()
+	var n *needs
+	if !errors.As(err, &n) || !slices.Equal(n.keys, []string{nodeKey, affKey}) {
+		t.Fatalf("got %v, want a need for node2's Node resource and affinity", err)
+	}
+	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	c.read.keys = map[string]*kv{
+		nodeKey: {Key: nodeKey, Value: []byte(`{"metadata":{"name":"node2","labels":{"rack":"b"}}}`), ModRevision: 5},
+		affKey:  {Key: affKey, Value: aff, ModRevision: 6},
+	}
+	v, err := decide()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := v.writes(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []compare{modRevisionIs(calico.BlockKey(cidr), 7), modRevisionIs(affKey, 6), modRevisionIs(nodeKey, 5),
+		modRevisionIs(calico.IPPoolKey("p"), 11), modRevisionIs(calico.HandleKey(h), 8)} {
+		if !slices.ContainsFunc(p.cmps, func(c compare) bool { return c.key == want.key && c.value == want.value && c.target == want.target }) {
+			t.Errorf("write not conditional on %+v", want)
+		}
+	}
+	for _, key := range []string{calico.BlockKey(cidr), affKey, calico.HandleKey(h)} {
+		if !slices.ContainsFunc(p.ops, func(o op) bool { return o.kind == opDelete && o.key == key }) {
+			t.Errorf("write does not delete %s: %+v", key, p.ops)
+		}
+	}
+}
