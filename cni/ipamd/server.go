@@ -28,7 +28,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -380,6 +379,21 @@ func (s *Server) check(r *cni.Request) *types.Error {
 // package cni). A connection has connTimeout to deliver its request; the reply waits for the
 // operation, whose deadline is the request's.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hup, err := newHangups()
+	if err != nil {
+		return fmt.Errorf("watching for plugins that hang up: %w", err)
+	}
+	hctx, hstop := context.WithCancel(context.Background())
+	hdone := make(chan struct{})
+	go func() {
+		defer close(hdone)
+		hup.run(hctx)
+	}()
+	defer func() {
+		hstop()
+		<-hdone
+		unix.Close(hup.epfd)
+	}()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -399,7 +413,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, conn)
+			s.serveConn(ctx, conn, hup)
 		}()
 	}
 }
@@ -407,7 +421,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 // connTimeout bounds reading a request and writing a reply.
 const connTimeout = 5 * time.Second
 
-func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 	defer conn.Close()
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(connTimeout))
@@ -422,50 +436,17 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go watchHangup(jctx, conn, cancel)
+		stop := hup.watch(conn, cancel)
 		reply = s.handle(jctx, start, data)
+		stop()
 	}
 	out, _ := json.Marshal(reply)
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
 }
 
-// hangupPoll is how often a waiting connection is checked for a plugin that gave up.
-const hangupPoll = 20 * time.Millisecond
-
-// watchHangup calls cancel when the plugin closes its end of conn, until ctx is done. The plugin
-// half-closes its side after the request, which reads as EOF; a plugin that gives up closes both,
-// which a unix socket reports as POLLHUP.
-func watchHangup(ctx context.Context, conn net.Conn, cancel func()) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	t := time.NewTicker(hangupPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		hup := false
-		rc.Control(func(fd uintptr) {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
-				hup = fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
-			}
-		})
-		if hup {
-			cancel()
-			return
-		}
-	}
-}
+// hangupPoll bounds how long the hang-up watcher takes to notice that Serve returns.
+const hangupPoll = 250 * time.Millisecond
 
 // deadline is when the daemon gives up on a request: a little before the shim does, so that it
 // gets the reason rather than a deadline.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
@@ -131,7 +132,7 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 	}
 	cancel()
 	<-second
-	time.Sleep(5 * hangupPoll)
+	time.Sleep(100 * time.Millisecond)
 	close(release)
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -150,28 +151,34 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 	}
 }
 
-// TestSocketHangupDetected: watchHangup tells a plugin that closed its connection from one that only
-// half-closed it after its request.
+// TestSocketHangupDetected: the hang-up watcher tells a plugin that closed its connection from one
+// that only half-closed it after its request.
 func TestSocketHangupDetected(t *testing.T) {
+	hup, err := newHangups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); hup.run(ctx) }()
+	defer func() { cancel(); <-done; unix.Close(hup.epfd) }()
 	for _, full := range []bool{false, true} {
 		a, b, err := socketPair(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
+		a.(*net.UnixConn).CloseWrite()
+		hung := make(chan struct{})
+		stop := hup.watch(b, func() { close(hung) })
 		if full {
 			a.Close()
-		} else {
-			a.(*net.UnixConn).CloseWrite()
 		}
-		ctx, stop := context.WithTimeout(context.Background(), 10*hangupPoll)
-		hung := make(chan struct{})
-		watchHangup(ctx, b, func() { close(hung) })
 		select {
 		case <-hung:
 			if !full {
 				t.Error("half-closed connection taken for a hang-up")
 			}
-		default:
+		case <-time.After(300 * time.Millisecond):
 			if full {
 				t.Error("closed connection not noticed")
 			}
