@@ -20,7 +20,7 @@ import (
 )
 
 // startServer runs a daemon for node1 on a real etcd with the given pause hook, and a pool.
-func startServer(t *testing.T, cfg Config) (*Server, string, *clientv3.Client) {
+func startServer(t testing.TB, cfg Config) (*Server, string, *clientv3.Client) {
 	t.Helper()
 	_, cli := etcdtest.Start(t)
 	pool, _ := calico.EncodeIPPool(calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26})
