@@ -65,14 +65,14 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 // the container's addresses (a repeated ADD, or a second interface), when an address is requested,
 // and before the decision fails for good.
 func (v *view) add(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
-	if !v.read.handleRead {
+	if !v.handleRead {
 		if len(v.conf.RequestedIPs) > 0 || v.holdsAny(handle) {
-			return nil, false, &needs{handle: true}
+			return nil, false, v.needHandle()
 		}
 		got, held, err = v.decideAdd(handle, ifname, attr)
 		var n *needs
 		if err != nil && !errors.As(err, &n) {
-			return nil, false, &needs{handle: true}
+			return nil, false, v.needHandle()
 		}
 		return got, held, err
 	}

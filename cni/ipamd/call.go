@@ -56,19 +56,15 @@ type call struct {
 	claims int
 }
 
-// opRead is what an operation read besides the node state: its handle, blocks that are not the
-// node's (nil: absent), block listings and whole families of blocks.
+// opRead is what an operation read besides the node state: keys (its handle, and those GC and a
+// release ask for; nil: absent), blocks that are not the node's (decoded; nil: absent, or in bad),
+// block listings and whole families of blocks.
 type opRead struct {
-	// handleRead: the handle was read, as handleKV (nil: absent), decoded as handle (nil: absent or
-	// soft-deleted).
-	handleRead bool
-	handleKV   *kv
-	handle     *calico.Handle
-	blocks     map[netip.Prefix]*kv
-	listings   [2]*listing
-	family     [2]bool
-	// keys are other keys read (nil: absent).
-	keys map[string]*kv
+	keys     map[string]*kv
+	blocks   map[netip.Prefix]*blockEntry
+	bad      map[netip.Prefix]error
+	listings [2]*listing
+	family   [2]bool
 }
 
 // maxNeeds bounds the reads one decision may ask for before it is taken.
@@ -81,13 +77,16 @@ func (c *call) decide(ctx context.Context, handleID string, decision func(*view)
 		if err := c.sync(ctx, handleID); err != nil {
 			return nil, err
 		}
-		v := c.newView(handleID)
-		err := decision(v)
+		v, err := newView(c.state, c.conf, c.log, &c.read, handleID)
+		if err != nil {
+			return nil, err
+		}
+		err = decision(v)
 		var n *needs
 		if !errors.As(err, &n) {
 			return v, err
 		}
-		if err := c.fetch(ctx, handleID, n); err != nil {
+		if err := c.fetch(ctx, n); err != nil {
 			return nil, err
 		}
 	}
@@ -97,77 +96,93 @@ func (c *call) decide(ctx context.Context, handleID string, decision func(*view)
 // sync reads what the state has not received from its followers yet: every source (with the handle,
 // in the same round trip), then the blocks of new affinities. None in steady state.
 func (c *call) sync(ctx context.Context, handleID string) error {
-	s := c.state
-	if !s.allListed() {
-		blocks := slices.Collect(maps.Keys(s.blocks))
-		res, err := c.txn(ctx, nil, s.refreshOps(handleID, blocks), nil)
+	if !c.state.allListed() {
+		var keys []string
+		if handleID != "" {
+			keys = append(keys, calico.HandleKey(handleID))
+		}
+		blocks := slices.Collect(maps.Keys(c.state.blocks))
+		res, err := c.txn(ctx, nil, c.refreshOps(keys, blocks), nil)
 		if err != nil {
 			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
 		}
-		if err := c.refreshed(handleID, blocks, res); err != nil {
+		if err := c.refreshed(keys, blocks, res); err != nil {
 			return err
 		}
 	}
-	if m := s.missingBlocks(); len(m) > 0 {
-		return c.fetch(ctx, handleID, &needs{blocks: m})
+	if m := c.state.missingBlocks(); len(m) > 0 {
+		return c.fetch(ctx, &needs{blocks: m})
 	}
 	return nil
 }
 
-// newView returns a view of the state and of what the operation read.
-func (c *call) newView(handleID string) *view {
-	return newView(c.state, c.conf, c.log, &c.read, handleID)
-}
-
-// refreshed applies the answer to the state's refreshOps (a read, or a failed write's failure branch).
-func (c *call) refreshed(handleID string, blocks []netip.Prefix, res *txnResult) error {
-	hkv, others, err := c.state.refreshed(handleID, blocks, res.Ranges, res.Revision)
-	if err != nil {
-		return err
+// refreshOps are the reads that bring keys, every source of the state and the given blocks (as many
+// as fit) up to date in one round trip.
+func (c *call) refreshOps(keys []string, blocks []netip.Prefix) []op {
+	var ops []op
+	for _, k := range keys {
+		ops = append(ops, getOp(k))
 	}
-	if handleID != "" {
-		if err := c.setHandle(handleID, hkv); err != nil {
-			return err
+	for src := range numSources {
+		if k, prefix := c.state.key(src); prefix {
+			ops = append(ops, prefixOp(k, false))
+		} else {
+			ops = append(ops, getOp(k))
 		}
 	}
-	if c.read.blocks == nil {
-		c.read.blocks = map[netip.Prefix]*kv{}
+	for _, cidr := range blocks[:min(len(blocks), max(0, maxTxnOps-len(ops)))] {
+		ops = append(ops, getOp(calico.BlockKey(cidr)))
 	}
-	maps.Copy(c.read.blocks, others)
+	return ops
+}
+
+// refreshed applies the answer to refreshOps(keys, blocks) (a read, or a failed write's failure
+// branch).
+func (c *call) refreshed(keys []string, blocks []netip.Prefix, res *txnResult) error {
+	if n := len(c.refreshOps(keys, blocks)); len(res.Ranges) != n {
+		return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), n)
+	}
+	ranges := c.gotKeys(keys, res.Ranges)
+	for src := range numSources {
+		c.state.replace(src, ranges[src], res.Revision)
+	}
+	for i, kvs := range ranges[numSources:] {
+		c.gotBlock(blocks[i], first(kvs), res.Revision)
+	}
 	// Listings are as old as the decision that lost: read them again if needed.
 	c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
 	return nil
 }
 
-// setHandle records the handle as read (nil: absent).
-func (c *call) setHandle(handleID string, hkv *kv) error {
-	c.read.handleRead, c.read.handleKV, c.read.handle = true, hkv, nil
-	if hkv == nil {
+// first returns the pair a read of one key found, nil when none.
+func first(kvs []kv) *kv {
+	if len(kvs) == 0 {
 		return nil
 	}
-	h, err := calico.DecodeHandle(hkv.Value)
-	if err != nil {
-		return withCode(ErrDatastore, "handle %s: %w", handleID, err)
+	return &kvs[0]
+}
+
+// gotKeys records keys as read by the first len(keys) ranges, and returns the others.
+func (c *call) gotKeys(keys []string, ranges [][]kv) [][]kv {
+	if c.read.keys == nil {
+		c.read.keys = map[string]*kv{}
 	}
-	if !h.Deleted {
-		c.read.handle = h
+	for i, k := range keys {
+		c.read.keys[k] = first(ranges[i])
 	}
-	return nil
+	return ranges[len(keys):]
 }
 
 // fetch reads what a decision needs, in one round trip (one per maxTxnOps blocks).
-func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
+func (c *call) fetch(ctx context.Context, n *needs) error {
 	var ops []op
-	if n.handle {
-		ops = append(ops, getOp(calico.HandleKey(handleID)))
+	for _, k := range n.keys {
+		ops = append(ops, getOp(k))
 	}
 	for _, f := range []Family{V4, V6} {
 		if n.listing[f] || n.family[f] {
 			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
 		}
-	}
-	for _, k := range n.keys {
-		ops = append(ops, getOp(k))
 	}
 	blocks := n.blocks
 	for {
@@ -183,20 +198,8 @@ func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
 		if len(res.Ranges) != len(ops) {
 			return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
 		}
-		if c.read.blocks == nil {
-			c.read.blocks = map[netip.Prefix]*kv{}
-		}
-		ranges := res.Ranges
-		if n.handle {
-			var hkv *kv
-			if len(ranges[0]) == 1 {
-				hkv = &ranges[0][0]
-			}
-			if err := c.setHandle(handleID, hkv); err != nil {
-				return err
-			}
-			ranges, n.handle = ranges[1:], false
-		}
+		ranges := c.gotKeys(n.keys, res.Ranges)
+		n.keys = nil
 		for _, f := range []Family{V4, V6} {
 			if !n.listing[f] && !n.family[f] {
 				continue
@@ -219,22 +222,8 @@ func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
 			ranges = ranges[1:]
 			n.listing[f], n.family[f] = false, false
 		}
-		if c.read.keys == nil {
-			c.read.keys = map[string]*kv{}
-		}
-		for i, k := range n.keys {
-			c.read.keys[k] = nil
-			if len(ranges[i]) == 1 {
-				c.read.keys[k] = &ranges[i][0]
-			}
-		}
-		ranges, n.keys = ranges[len(n.keys):], nil
 		for i, cidr := range chunk {
-			var v *kv
-			if len(ranges[i]) == 1 {
-				v = &ranges[i][0]
-			}
-			c.gotBlock(cidr, v, res.Revision)
+			c.gotBlock(cidr, first(ranges[i]), res.Revision)
 		}
 		if len(blocks) == 0 {
 			return nil
@@ -243,14 +232,27 @@ func (c *call) fetch(ctx context.Context, handleID string, n *needs) error {
 	}
 }
 
-// gotBlock records a block read at rev: the state's when it is one of the node's affinities, else the
-// operation's.
+// gotBlock records a block read at rev (v nil: absent): the state's when it is one of the node's
+// affinities, else the operation's, decoded.
 func (c *call) gotBlock(cidr netip.Prefix, v *kv, rev int64) {
 	if _, ok := c.state.affinity[cidr]; ok {
 		c.state.setBlock(cidr, v, rev)
 		return
 	}
-	c.read.blocks[cidr] = v
+	if c.read.blocks == nil {
+		c.read.blocks, c.read.bad = map[netip.Prefix]*blockEntry{}, map[netip.Prefix]error{}
+	}
+	delete(c.read.bad, cidr)
+	c.read.blocks[cidr] = nil
+	if v == nil {
+		return
+	}
+	e, err := decodeBlockKV(cidr, *v)
+	if err != nil {
+		c.read.bad[cidr] = err
+		return
+	}
+	c.read.blocks[cidr] = e
 }
 
 // write sends the plan of a view, conditional as writes() says. A transaction that was sent is
@@ -268,32 +270,35 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("write %s: %w", v.handleID, err)
 	}
-	blocks := slices.Collect(maps.Keys(v.blocks))
-	slices.SortFunc(blocks, comparePrefix)
-	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, c.state.refreshOps(v.handleID, blocks))
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
+	keys := slices.Sorted(maps.Keys(c.read.keys))
+	if h := calico.HandleKey(v.handleID); v.handleID != "" && !slices.Contains(keys, h) {
+		keys = append(keys, h)
+	}
+	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, c.refreshOps(keys, blocks))
 	if err != nil {
 		return nil, fmt.Errorf("write %d blocks and handle %s: %w", len(p.blocks), v.handleID, err)
 	}
 	if !res.Succeeded {
-		if err := c.refreshed(v.handleID, blocks, res); err != nil {
+		if err := c.refreshed(keys, blocks, res); err != nil {
 			return nil, err
 		}
 		return nil, errConflict
 	}
 	c.state.committed(p, res.Revision)
 	c.claims += p.claims
+	// What the operation read is now as written.
 	for cidr, e := range p.blocks {
-		if _, ok := c.read.blocks[cidr]; ok {
-			c.read.blocks[cidr] = nil
-		}
+		var w *blockEntry
 		if e == nil {
 			v.blocks[cidr] = nil
 			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
-			continue
+		} else {
+			e.rev, e.dirty, e.created = res.Revision, false, false
+			w = &blockEntry{b: e.b, rev: e.rev}
 		}
-		e.rev, e.dirty, e.created = res.Revision, false, false
 		if _, ok := c.read.blocks[cidr]; ok {
-			c.read.blocks[cidr] = &kv{Key: calico.BlockKey(cidr), Value: e.encoded, ModRevision: res.Revision}
+			c.read.blocks[cidr] = w
 		}
 	}
 	for k, val := range p.keys {

@@ -17,8 +17,8 @@ func (c *call) check(ctx context.Context, containerID, ifname string) error {
 }
 
 func (v *view) check(containerID, ifname string) error {
-	if !v.read.handleRead {
-		return &needs{handle: true}
+	if !v.handleRead {
+		return v.needHandle()
 	}
 	if v.handle == nil {
 		return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", containerID, v.conf.Network, v.handleID)

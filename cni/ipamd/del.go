@@ -44,7 +44,7 @@ func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
 // on exactly that value (steady state: one round trip, no read); if the handle holds anything else,
 // the write's failure branch reads it.
 func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
-	if !v.read.handleRead {
+	if !v.handleRead {
 		guess := calico.NewHandle()
 		for cidr, e := range v.blocks {
 			if e == nil {
@@ -55,7 +55,7 @@ func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) 
 			}
 		}
 		if len(guess.Block) == 0 {
-			return nil, false, &needs{handle: true}
+			return nil, false, v.needHandle()
 		}
 		data, err := calico.EncodeHandle(guess)
 		if err != nil {
@@ -71,9 +71,9 @@ func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) 
 		return nil, false, err
 	}
 	h, changed, err := v.releaseHandle(handle, match)
-	if err == nil && !changed && !v.read.handleRead {
+	if err == nil && !changed && !v.handleRead {
 		// Nothing of this interface in the node's blocks: only the handle can say where it is.
-		return nil, false, &needs{handle: true}
+		return nil, false, v.needHandle()
 	}
 	return h, changed, err
 }

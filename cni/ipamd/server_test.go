@@ -19,21 +19,37 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
 
-// startServer runs a daemon for node1 on a real etcd with the given pause hook, and a pool.
-func startServer(t testing.TB, cfg Config) (*Server, string, *clientv3.Client) {
+// testServer is a daemon for node1 on a real etcd, serving sock; stop stops it (also done at cleanup).
+type testServer struct {
+	*Server
+	sock string
+	cli  *clientv3.Client
+	stop func()
+}
+
+// startServer runs a daemon for node1 on a real etcd, with the pools (pool p, 10.244.0.0/16, when
+// none is given); cfg.Pause may call cli, which is set before the daemon starts.
+func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calico.IPPool) *testServer {
 	t.Helper()
-	_, cli := etcdtest.Start(t)
-	pool, _ := calico.EncodeIPPool(calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26})
-	if _, err := cli.Put(t.Context(), calico.IPPoolKey("p"), string(pool)); err != nil {
-		t.Fatal(err)
+	_, c := etcdtest.Start(t)
+	if cli != nil {
+		*cli = c
 	}
-	cfg.Node, cfg.Client = "node1", cli
+	if len(pools) == 0 {
+		pools = []calico.IPPool{{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}}
+	}
+	for _, p := range pools {
+		v, _ := calico.EncodeIPPool(p)
+		if _, err := c.Put(t.Context(), calico.IPPoolKey(p.Name), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Node, cfg.Client = "node1", c
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "s.sock")
+	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := Listen(sock, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -43,11 +59,26 @@ func startServer(t testing.TB, cfg Config) (*Server, string, *clientv3.Client) {
 	wg.Add(2)
 	go func() { defer wg.Done(); srv.Run(ctx) }()
 	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop := func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
 	for end := time.Now().Add(10 * time.Second); !srv.Synced() && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	return srv, sock, cli
+	return &testServer{Server: srv, sock: sock, cli: c, stop: stop}
+}
+
+// pauseOnce returns cfg with a Pause that, the first time, closes stuck and waits for release to be
+// closed.
+func pauseOnce(cfg Config) (_ Config, stuck, release chan struct{}) {
+	stuck, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Pause = func(context.Context) {
+		once.Do(func() {
+			close(stuck)
+			<-release
+		})
+	}
+	return cfg, stuck, release
 }
 
 func addRequest(cid string, timeout time.Duration) *cni.Request {
@@ -64,53 +95,43 @@ func healthz(srv *Server) int {
 // while the state loop is idle or runs an operation within its deadline, and fails when the loop is
 // stuck past it; it recovers when the loop turns again.
 func TestHealthzFollowsTheStateLoop(t *testing.T) {
-	stuck, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	srv, sock, _ := startServer(t, Config{HealthWindow: 300 * time.Millisecond, Pause: func(context.Context) {
-		// Ignores its context: a loop stuck in a call that does not honour its deadline.
-		once.Do(func() {
-			close(stuck)
-			<-release
-		})
-	}})
-	if code := healthz(srv); code != http.StatusOK {
+	// The pause ignores its context: a loop stuck in a call that does not honour its deadline.
+	cfg, stuck, release := pauseOnce(Config{HealthWindow: 300 * time.Millisecond})
+	srv := startServer(t, cfg, nil)
+	sock := srv.sock
+	if code := healthz(srv.Server); code != http.StatusOK {
 		t.Fatalf("idle: /healthz %d", code)
 	}
 	go cni.Call(context.Background(), sock, addRequest("c1", time.Second))
 	<-stuck
-	if code := healthz(srv); code != http.StatusOK {
+	if code := healthz(srv.Server); code != http.StatusOK {
 		t.Fatalf("within the operation's deadline: /healthz %d", code)
 	}
 	// The operation's deadline is 0.9 s after its start; the window 0.3 s beyond it.
 	deadline := time.Now().Add(10 * time.Second)
-	for healthz(srv) == http.StatusOK && time.Now().Before(deadline) {
+	for healthz(srv.Server) == http.StatusOK && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if code := healthz(srv); code != http.StatusServiceUnavailable {
+	if code := healthz(srv.Server); code != http.StatusServiceUnavailable {
 		t.Fatalf("stuck past the deadline: /healthz %d, want 503", code)
 	}
 	if srv.HealthyWithin(300 * time.Millisecond) {
 		t.Fatal("stuck past the deadline: HealthyWithin true")
 	}
 	close(release)
-	for healthz(srv) != http.StatusOK && time.Now().Before(deadline) {
+	for healthz(srv.Server) != http.StatusOK && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if code := healthz(srv); code != http.StatusOK {
+	if code := healthz(srv.Server); code != http.StatusOK {
 		t.Fatalf("loop turning again: /healthz %d", code)
 	}
 }
 
 // TestHungUpRequestIsDropped: a request whose plugin hangs up while it waits in the queue is not run.
 func TestHungUpRequestIsDropped(t *testing.T) {
-	stuck, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	srv, sock, cli := startServer(t, Config{Pause: func(context.Context) {
-		once.Do(func() {
-			close(stuck)
-			<-release
-		})
-	}})
+	cfg, stuck, release := pauseOnce(Config{})
+	srv := startServer(t, cfg, nil)
+	sock, cli := srv.sock, srv.cli
 	first := make(chan error, 1)
 	go func() {
 		r, err := cni.Call(context.Background(), sock, addRequest("c1", 20*time.Second))
@@ -207,38 +228,17 @@ func socketPair(dir string) (net.Conn, net.Conn, error) {
 // fails the write (conditional on the pool's mod revision), the retry claims from the pool left, and
 // the deletion, whose watch event queued behind the write, still reaches the node state.
 func TestDeletedPoolLeavesState(t *testing.T) {
-	_, cli := etcdtest.Start(t)
-	// Pool a sorts before p: ADD claims from it first.
-	for name, cidr := range map[string]string{"p": "10.244.0.0/16", "a": "10.245.0.0/16"} {
-		v, _ := calico.EncodeIPPool(calico.IPPool{Name: name, CIDR: netip.MustParsePrefix(cidr), BlockSize: 26})
-		if _, err := cli.Put(t.Context(), calico.IPPoolKey(name), string(v)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var once sync.Once
-	srv, err := New(Config{Node: "node1", Client: cli, Pause: func(context.Context) {
+	var cli *clientv3.Client
+	// Pool a sorts before p: ADD claims from it first.
+	srv := startServer(t, Config{Pause: func(context.Context) {
 		once.Do(func() {
 			cli.Delete(context.Background(), calico.IPPoolKey("a"))
 			time.Sleep(200 * time.Millisecond) // the watch event queues behind this operation
 		})
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err := Listen(sock, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); srv.Run(ctx) }()
-	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
-	defer func() { cancel(); wg.Wait() }()
-	for end := time.Now().Add(10 * time.Second); !srv.Synced() && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
+	}}, &cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26},
+		calico.IPPool{Name: "a", CIDR: netip.MustParsePrefix("10.245.0.0/16"), BlockSize: 26})
+	sock := srv.sock
 	r, err := cni.Call(context.Background(), sock, addRequest("c1", 5*time.Second))
 	if err != nil || r.Code != 0 || len(r.Allocations) != 1 {
 		t.Fatalf("ADD: %+v %v", r, err)
@@ -247,8 +247,7 @@ func TestDeletedPoolLeavesState(t *testing.T) {
 		t.Errorf("ADD got %s from the pool deleted before its write", a)
 	}
 	time.Sleep(300 * time.Millisecond) // the deletion's event reaches the loop
-	cancel()
-	wg.Wait()
+	srv.stop()
 	if len(srv.state.pools) != 1 || srv.state.pools[0].Name != "p" {
 		t.Errorf("the node state still holds the deleted pool: %+v", srv.state.pools)
 	}
@@ -257,14 +256,9 @@ func TestDeletedPoolLeavesState(t *testing.T) {
 // TestBatchKeepsOrderPerContainer: an ADD queued behind a DEL of the same container is not served by
 // an earlier ADD's write, ahead of the DEL: the DEL runs first, and the ADD's address stays held.
 func TestBatchKeepsOrderPerContainer(t *testing.T) {
-	stuck, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	srv, sock, cli := startServer(t, Config{Pause: func(context.Context) {
-		once.Do(func() {
-			close(stuck)
-			<-release
-		})
-	}})
+	cfg, stuck, release := pauseOnce(Config{})
+	srv := startServer(t, cfg, nil)
+	sock, cli := srv.sock, srv.cli
 	go cni.Call(context.Background(), sock, addRequest("z", 5*time.Second))
 	<-stuck
 	type result struct {

@@ -30,7 +30,7 @@ const (
 // knows the key at: a watch event, a relist, a transaction's read and a write of this daemon may
 // arrive in any order, and the newest wins for each key.
 type nodeState struct {
-	node string
+	name string
 	log  *slog.Logger
 	// raw are each source's keys as known; revs the revision each key is known at, present or
 	// deleted (a deleted key's entry stays until a read of the whole source covers it); listed the
@@ -39,20 +39,7 @@ type nodeState struct {
 	revs   [numSources]map[string]int64
 	listed [numSources]int64
 
-	// Decoded from raw.
-	cfg      calico.IPAMConfig
-	cfgRev   int64 // mod revision of the config key, 0 when absent
-	pools    []calico.IPPool
-	poolRevs map[string]int64
-	reserved calico.Reservations
-	nodeRes  *calico.Node
-	nodeRev  int64
-	affinity map[netip.Prefix]affinityEntry
-	// workload (or workloadErr) and selects are what the pools' selectors say of the node: the pools
-	// of automatic assignment per family, and whether each pool selects the node (by name).
-	workload    [2][]calico.IPPool
-	workloadErr error
-	selects     map[string]bool
+	decoded
 
 	// blocks are the blocks of the node's affinities: nil when absent, soft-deleted or unusable (then
 	// in bad); blockKnown the revision each is known at. Only blocks of affinities are kept.
@@ -62,13 +49,35 @@ type nodeState struct {
 }
 
 func newNodeState(node string, log *slog.Logger) *nodeState {
-	s := &nodeState{node: node, log: log, cfg: calico.DefaultIPAMConfig(), poolRevs: map[string]int64{},
-		affinity: map[netip.Prefix]affinityEntry{}, blocks: map[netip.Prefix]*blockEntry{},
+	s := &nodeState{name: node, log: log, decoded: decoded{cfg: calico.DefaultIPAMConfig(), poolRevs: map[string]int64{},
+		affinity: map[netip.Prefix]affinityEntry{}}, blocks: map[netip.Prefix]*blockEntry{},
 		blockKnown: map[netip.Prefix]int64{}, bad: map[netip.Prefix]error{}}
 	for i := range s.raw {
 		s.raw[i], s.revs[i] = map[string]kv{}, map[string]int64{}
 	}
 	return s
+}
+
+// decoded is what the sources say, decoded from their keys; decisions read it (view embeds a copy).
+type decoded struct {
+	cfg    calico.IPAMConfig
+	cfgRev int64 // mod revision of the config key, 0 when absent
+	pools  []calico.IPPool
+	// poolRevs are the pools' mod revisions by name.
+	poolRevs map[string]int64
+	// reserved are Calico's IPReservations, never handed out by automatic assignment.
+	reserved calico.Reservations
+	// node is this node's Calico Node resource (for IP pool node selectors; nil when absent), at
+	// nodeRev.
+	node    *calico.Node
+	nodeRev int64
+	// affinity are the node's affinities.
+	affinity map[netip.Prefix]affinityEntry
+	// workload (or workloadErr) and selects are what the pools' selectors say of the node: the pools
+	// of automatic assignment per family, and whether each pool selects the node (by name).
+	workload    [2][]calico.IPPool
+	workloadErr error
+	selects     map[string]bool
 }
 
 // key returns the key or prefix of a source.
@@ -81,9 +90,9 @@ func (s *nodeState) key(src source) (key string, prefix bool) {
 	case srcReservations:
 		return calico.IPReservationPrefix, true
 	case srcNode:
-		return calico.NodeKey(s.node), false
+		return calico.NodeKey(s.name), false
 	default:
-		return calico.HostAffinityNodePrefix(s.node), true
+		return calico.HostAffinityNodePrefix(s.name), true
 	}
 }
 
@@ -192,13 +201,13 @@ func (s *nodeState) decode(src source) {
 	if src == srcPools || src == srcNode {
 		s.workloadErr = nil
 		for f := range s.workload {
-			pools, err := calico.WorkloadPools(s.pools, Family(f) == V6, s.nodeRes)
+			pools, err := calico.WorkloadPools(s.pools, Family(f) == V6, s.node)
 			s.workload[f] = pools
 			s.workloadErr = cmp.Or(s.workloadErr, err)
 		}
 		s.selects = make(map[string]bool, len(s.pools))
 		for _, p := range s.pools {
-			ok, err := p.SelectsNode(s.nodeRes)
+			ok, err := p.SelectsNode(s.node)
 			s.selects[p.Name] = ok && err == nil
 		}
 	}
@@ -241,7 +250,7 @@ func (s *nodeState) decodeSource(src source) {
 			s.reserved = append(s.reserved, rs...)
 		}
 	case srcNode:
-		s.nodeRes, s.nodeRev = nil, 0
+		s.node, s.nodeRev = nil, 0
 		for _, kv := range s.raw[src] {
 			s.nodeRev = kv.ModRevision
 			n, err := calico.DecodeNode(kv.Value)
@@ -250,13 +259,13 @@ func (s *nodeState) decodeSource(src source) {
 				s.log.Warn("ignoring undecodable Calico Node resource", "key", kv.Key, "err", err)
 				continue
 			}
-			s.nodeRes = &n
+			s.node = &n
 		}
 	case srcAffinity:
 		s.affinity = map[netip.Prefix]affinityEntry{}
 		for _, kv := range s.raw[src] {
 			k, err := calico.ParseKey(kv.Key)
-			if err != nil || k.Kind != calico.KindHostAffinity || k.Name != s.node {
+			if err != nil || k.Kind != calico.KindHostAffinity || k.Name != s.name {
 				continue
 			}
 			a, err := calico.DecodeAffinity(kv.Value)
@@ -278,62 +287,6 @@ func (s *nodeState) decodeSource(src source) {
 			}
 		}
 	}
-}
-
-// refreshOps are the reads that bring every source and the given blocks up to date in one round
-// trip (the handle's first, when handle is not empty).
-func (s *nodeState) refreshOps(handle string, blocks []netip.Prefix) []op {
-	var ops []op
-	if handle != "" {
-		ops = append(ops, getOp(calico.HandleKey(handle)))
-	}
-	for src := range numSources {
-		k, prefix := s.key(src)
-		if prefix {
-			ops = append(ops, prefixOp(k, false))
-		} else {
-			ops = append(ops, getOp(k))
-		}
-	}
-	for _, c := range blocks {
-		if len(ops) >= maxTxnOps {
-			break
-		}
-		ops = append(ops, getOp(calico.BlockKey(c)))
-	}
-	return ops
-}
-
-// refreshed applies the answer to refreshOps(handle, blocks) read at rev: the sources and the blocks
-// of affinities go to the state; it returns the handle's pair (nil when absent) and the blocks that
-// are not the node's affinities (read, nil when absent), for the operation that asked.
-func (s *nodeState) refreshed(handle string, blocks []netip.Prefix, ranges [][]kv, rev int64) (handleKV *kv, others map[netip.Prefix]*kv, err error) {
-	if n := len(s.refreshOps(handle, blocks)); len(ranges) != n {
-		return nil, nil, withCode(ErrDatastore, "etcd answered %d reads of %d", len(ranges), n)
-	}
-	if handle != "" {
-		if kvs := ranges[0]; len(kvs) == 1 {
-			handleKV = &kvs[0]
-		}
-		ranges = ranges[1:]
-	}
-	for src := range numSources {
-		s.replace(src, ranges[src], rev)
-	}
-	ranges = ranges[numSources:]
-	others = map[netip.Prefix]*kv{}
-	for i, c := range blocks[:len(ranges)] {
-		var v *kv
-		if len(ranges[i]) == 1 {
-			v = &ranges[i][0]
-		}
-		if _, ok := s.affinity[c]; ok {
-			s.setBlock(c, v, rev)
-		} else {
-			others[c] = v
-		}
-	}
-	return handleKV, others, nil
 }
 
 func comparePrefix(a, b netip.Prefix) int {

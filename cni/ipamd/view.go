@@ -27,8 +27,6 @@ type blockEntry struct {
 	// release marks an empty block of the node whose pool no longer selects it: deleted with its
 	// affinity (calico.ReleaseWhenUnselected).
 	release bool
-	// encoded is the block's value as read or last written (nil once changed in memory).
-	encoded []byte
 }
 
 // edit returns the block for changing, copying it first if it is still the state's.
@@ -54,7 +52,6 @@ type listing struct {
 // needs is what a decision could not take without reading more: it is returned as an error, the
 // operation reads it, and the decision runs again from the start on the new view.
 type needs struct {
-	handle  bool
 	blocks  []netip.Prefix
 	listing [2]bool
 	family  [2]bool
@@ -72,30 +69,17 @@ type view struct {
 	log  *slog.Logger
 	read *opRead
 
-	// handleID is the operation's handle ("": none, as for GC).
-	handleID  string
-	handle    *calico.Handle // nil: absent
-	handleRev int64
+	// handleID is the operation's handle ("": none, as for GC); handleRead says whether it was read,
+	// as handle (nil: absent) at handleRev.
+	handleID   string
+	handleRead bool
+	handle     *calico.Handle
+	handleRev  int64
 	// handleGuess, when set, is the exact value the handle is believed to hold (derived from the
 	// node's blocks, not read): the write is then conditional on it instead of on handleRev.
 	handleGuess []byte
-	cfg         calico.IPAMConfig
-	pools       []calico.IPPool
-	// workload are the pools automatic assignment uses in each family (calico.WorkloadPools), or
-	// workloadErr; selects says which pools select the node (by name).
-	workload    [2][]calico.IPPool
-	workloadErr error
-	selects     map[string]bool
-	// node is this node's Calico Node resource (for IP pool node selectors); nil when absent.
-	node *calico.Node
-	// reserved are Calico's IPReservations, never handed out by automatic assignment.
-	reserved calico.Reservations
-	// affinity are the node's affinities (the state's: read only).
-	affinity map[netip.Prefix]affinityEntry
-	// cfgRev, nodeRev and poolRevs are the mod revisions of the IPAM config, the Node resource and
-	// the pools by name (0: absent).
-	cfgRev, nodeRev int64
-	poolRevs        map[string]int64
+	// decoded is the state's (maps read only).
+	decoded
 	// uses are the keys the decision depends on, with their mod revisions (0: absent): the write is
 	// conditional on them.
 	uses map[string]int64
@@ -112,42 +96,46 @@ type view struct {
 	others []*batchRequest
 }
 
-// newView returns a view of the node state and of what the operation has read.
-func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, handleID string) *view {
-	v := &view{conf: conf, log: log, read: read, handleID: handleID, cfg: s.cfg, pools: s.pools, workload: s.workload,
-		workloadErr: s.workloadErr, selects: s.selects, node: s.nodeRes, reserved: s.reserved,
-		affinity: s.affinity, cfgRev: s.cfgRev, nodeRev: s.nodeRev, poolRevs: s.poolRevs, uses: map[string]int64{},
+// newView returns a view of the node state and of what the operation has read; an error when the
+// handle read cannot be decoded.
+func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, handleID string) (*view, error) {
+	v := &view{conf: conf, log: log, read: read, handleID: handleID, decoded: s.decoded, uses: map[string]int64{},
 		affinityWrites: map[netip.Prefix]calico.AffinityStep{}, keyWrites: map[string][]byte{},
 		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(read.blocks)), bad: maps.Clone(s.bad)}
-	for cidr, e := range s.blocks {
-		if e != nil {
-			cp := *e
-			cp.own = false
-			e = &cp
+	// The blocks are shared until changed (blockEntry.edit).
+	for _, blocks := range []map[netip.Prefix]*blockEntry{read.blocks, s.blocks} {
+		for cidr, e := range blocks {
+			if e != nil {
+				cp := *e
+				cp.own = false
+				e = &cp
+			}
+			v.blocks[cidr] = e
 		}
-		v.blocks[cidr] = e
 	}
-	for cidr, kv := range read.blocks {
-		if _, ok := v.blocks[cidr]; ok {
-			continue
-		}
-		v.blocks[cidr] = nil
-		if kv == nil {
-			continue
-		}
-		e, err := decodeBlockKV(cidr, *kv)
-		if err != nil {
-			v.bad[cidr] = err
-			continue
-		}
-		v.blocks[cidr] = e
+	maps.Copy(v.bad, read.bad)
+	if handleID == "" {
+		return v, nil
 	}
-	if read.handleRead && read.handleKV != nil {
-		// A soft-deleted handle is absent but has a revision.
-		v.handle, v.handleRev = read.handle, read.handleKV.ModRevision
+	kv, ok := read.keys[calico.HandleKey(handleID)]
+	v.handleRead = ok
+	if kv == nil {
+		return v, nil
 	}
-	return v
+	h, err := calico.DecodeHandle(kv.Value)
+	if err != nil {
+		return nil, withCode(ErrDatastore, "handle %s: %w", handleID, err)
+	}
+	// A soft-deleted handle is absent but has a revision.
+	v.handleRev = kv.ModRevision
+	if !h.Deleted {
+		v.handle = h
+	}
+	return v, nil
 }
+
+// needHandle is the need for the view's handle.
+func (v *view) needHandle() error { return &needs{keys: []string{calico.HandleKey(v.handleID)}} }
 
 // use records that the decision depends on the block cidr's pool and, if the node has one, its
 // affinity.
@@ -229,7 +217,7 @@ func decodeBlockKV(cidr netip.Prefix, kv kv) (*blockEntry, error) {
 	if err := b.Validate(); err != nil {
 		return nil, withCode(ErrDatastore, "%w", err)
 	}
-	return &blockEntry{b: b, rev: kv.ModRevision, encoded: kv.Value, own: true}, nil
+	return &blockEntry{b: b, rev: kv.ModRevision, own: true}, nil
 }
 
 // dirtyCIDRs returns the CIDRs of the blocks this attempt changed, sorted.
@@ -284,7 +272,6 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 		if err != nil {
 			return nil, fmt.Errorf("encode block %s: %w", c, err)
 		}
-		e.encoded = data
 		p.blocks[c] = e
 		if e.created {
 			p.cmps = append(p.cmps, absent(key))
@@ -430,6 +417,6 @@ func (s *nodeState) committed(p *plan, rev int64) {
 			s.blocks[c] = nil
 			continue
 		}
-		s.blocks[c] = &blockEntry{b: e.b, rev: rev, encoded: e.encoded}
+		s.blocks[c] = &blockEntry{b: e.b, rev: rev}
 	}
 }

@@ -3,6 +3,7 @@ package ipamd
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -13,10 +14,15 @@ import (
 
 // testState is a node state for node1 read at revision 10: pool p (10.244.0.0/16, /30 blocks) and,
 // when blocks is set, affinities to those blocks, each block holding the given number of addresses.
-func testState(t *testing.T, blocks map[string]int) *nodeState {
-	t.Helper()
+func testState(tb testing.TB, blocks map[string]int) *nodeState {
+	return stateWith(tb, 30, blocks, nil)
+}
+
+// stateWith is testState with blocks of the given size, whose addresses have the secondary attributes.
+func stateWith(tb testing.TB, bits int, blocks map[string]int, secondary map[string]string) *nodeState {
+	tb.Helper()
 	s := newNodeState("node1", slog.New(slog.DiscardHandler))
-	pool, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 30})
+	pool, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: bits})
 	s.replace(srcPools, []kv{{Key: calico.IPPoolKey("p"), Value: pool, ModRevision: 3}}, 10)
 	var affs []kv
 	for c := range blocks {
@@ -34,13 +40,21 @@ func testState(t *testing.T, blocks map[string]int) *nodeState {
 		cidr := netip.MustParsePrefix(c)
 		b := calico.NewBlock(cidr, "host:node1", 1)
 		for i := range n {
-			h := "net1.other" + string(rune('a'+i))
-			b.AutoAssign(1, calico.AllocationAttribute{HandleID: &h}, nil)
+			h := "net1.other" + c + string(rune('a'+i))
+			b.AutoAssign(1, calico.AllocationAttribute{HandleID: &h, Secondary: maps.Clone(secondary)}, nil)
 		}
 		data, _ := calico.EncodeBlock(b)
 		s.setBlock(cidr, &kv{Key: calico.BlockKey(cidr), Value: data, ModRevision: 5}, 10)
 	}
 	return s
+}
+
+func mustView(tb testing.TB, c *call, handleID string) *view {
+	v, err := newView(c.state, c.conf, c.log, &c.read, handleID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
 }
 
 func testCall(s *nodeState) *call {
@@ -80,7 +94,7 @@ func TestAddDecision(t *testing.T) {
 				}
 				c.read.listings[V4] = l
 			}
-			v := c.newView("net1.c1")
+			v := mustView(t, c, "net1.c1")
 			got, held, err := v.add("net1.c1", "eth0", attr(c))
 			var n *needs
 			if tt.needs {
@@ -230,7 +244,7 @@ func TestOverlapKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		s := testState(t, nil)
-		v := testCall(s).newView("")
+		v := mustView(t, testCall(s), "")
 		v.pools = nil
 		for _, bits := range tt.sizes {
 			v.pools = append(v.pools, calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: bits})
@@ -260,13 +274,13 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 	data, _ := calico.EncodeBlock(b)
 	c := testCall(s)
 	c.conf.Verb = "DEL"
-	c.read.blocks = map[netip.Prefix]*kv{cidr: {Key: calico.BlockKey(cidr), Value: data, ModRevision: 7}}
+	c.gotBlock(cidr, &kv{Key: calico.BlockKey(cidr), Value: data, ModRevision: 7}, 12)
 	hv := calico.NewHandle()
 	hv.Add(cidr, 1)
 	hdata, _ := calico.EncodeHandle(hv)
-	c.read.handleRead, c.read.handleKV, c.read.handle = true, &kv{Key: calico.HandleKey(h), Value: hdata, ModRevision: 8}, hv
+	c.read.keys = map[string]*kv{calico.HandleKey(h): {Key: calico.HandleKey(h), Value: hdata, ModRevision: 8}}
 	decide := func() (*view, error) {
-		v := c.newView(h)
+		v := mustView(t, c, h)
 		_, changed, err := v.del(h, func(*calico.AllocationAttribute) bool { return true })
 		if err == nil && changed {
 			err = v.releaseEmptied()
@@ -280,10 +294,10 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 		t.Fatalf("got %v, want a need for node2's Node resource and affinity", err)
 	}
 	aff, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
-	c.read.keys = map[string]*kv{
+	maps.Copy(c.read.keys, map[string]*kv{
 		nodeKey: {Key: nodeKey, Value: []byte(`{"metadata":{"name":"node2","labels":{"rack":"b"}}}`), ModRevision: 5},
 		affKey:  {Key: affKey, Value: aff, ModRevision: 6},
-	}
+	})
 	v, err := decide()
 	if err != nil {
 		t.Fatal(err)
