@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -123,7 +124,7 @@ func TestAddDecision(t *testing.T) {
 				wants = append(wants, modRevisionIs(calico.BlockKey(blk), 5), modRevisionIs(calico.HostAffinityKey("node1", blk), 4))
 			}
 			for _, want := range wants {
-				if !slices.ContainsFunc(p.cmps, func(c compare) bool { return c.key == want.key && c.value == want.value && c.target == want.target }) {
+				if !slices.ContainsFunc(p.cmps, func(c compare) bool { return reflect.DeepEqual(c, want) }) {
 					t.Errorf("write not conditional on %+v", want)
 				}
 			}
@@ -308,12 +309,12 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 	}
 	for _, want := range []compare{modRevisionIs(calico.BlockKey(cidr), 7), modRevisionIs(affKey, 6), modRevisionIs(nodeKey, 5),
 		modRevisionIs(calico.IPPoolKey("p"), 11), modRevisionIs(calico.HandleKey(h), 8)} {
-		if !slices.ContainsFunc(p.cmps, func(c compare) bool { return c.key == want.key && c.value == want.value && c.target == want.target }) {
+		if !slices.ContainsFunc(p.cmps, func(c compare) bool { return reflect.DeepEqual(c, want) }) {
 			t.Errorf("write not conditional on %+v", want)
 		}
 	}
 	for _, key := range []string{calico.BlockKey(cidr), affKey, calico.HandleKey(h)} {
-		if !slices.ContainsFunc(p.ops, func(o op) bool { return o.kind == opDelete && o.key == key }) {
+		if !slices.ContainsFunc(p.ops, func(o op) bool { return o.IsDelete() && string(o.KeyBytes()) == key }) {
 			t.Errorf("write does not delete %s: %+v", key, p.ops)
 		}
 	}
