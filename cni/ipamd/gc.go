@@ -100,9 +100,6 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 	}
 	c.roundTrips += snap.roundTrips
 	errs := snap.errs
-	if c.pause != nil && len(snap.stale) > 0 {
-		c.pause(ctx)
-	}
 	cidrs := slices.SortedFunc(maps.Keys(snap.stale), comparePrefix)
 	released := 0
 	for len(cidrs) > 0 {

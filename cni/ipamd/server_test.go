@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,5 +292,35 @@ func TestBatchKeepsOrderPerContainer(t *testing.T) {
 	resp, err := cli.Get(t.Context(), calico.HandleKey("net1.x"))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("ADD x answered %v, but its handle is gone (%v): the DEL queued before it ran after it", addX.r.Allocations, err)
+	}
+}
+
+// TestGCRetriesOnFreshHandle: GC's write is conditional on the handles it corrects; when one changes
+// under it, the failure branch reads it again and the next attempt succeeds (it does not decide on
+// the stale handle again until its deadline).
+func TestGCRetriesOnFreshHandle(t *testing.T) {
+	var armed atomic.Bool
+	var cli *clientv3.Client
+	srv := startServer(t, Config{Pause: func(ctx context.Context) {
+		if armed.CompareAndSwap(true, false) {
+			// Rewrite the handle as it is: a new mod revision.
+			resp, err := cli.Get(ctx, calico.HandleKey("net1.c1"))
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Errorf("handle: %v", err)
+				return
+			}
+			cli.Put(ctx, calico.HandleKey("net1.c1"), string(resp.Kvs[0].Value))
+		}
+	}}, &cli)
+	if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	armed.Store(true)
+	r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 3 * time.Second})
+	if err != nil || r.Err() != nil || r.Released != 1 || r.Attempts < 2 {
+		t.Fatalf("GC: %+v %v", r, err)
+	}
+	if resp, err := cli.Get(t.Context(), calico.HandleKey("net1.c1")); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("handle after GC: %v %v", resp.Kvs, err)
 	}
 }
