@@ -302,7 +302,13 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 		case "GC":
 			reply.Released, err = c.gc(ctx, j.gc)
 		case "STATUS":
-			err = c.status(ctx, s.etcdLost())
+			lost := s.etcdLost()
+			if lost {
+				// Try now rather than at the end of gRPC's reconnection backoff, which grows
+				// while etcd is down: STATUS has 2 s to tell whether it is back.
+				s.cfg.Client.ActiveConnection().ResetConnectBackoff()
+			}
+			err = c.status(ctx, lost)
 		}
 	}
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
