@@ -38,6 +38,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -199,10 +200,9 @@ type Agent struct {
 	grace         *time.Timer
 	graceAt       time.Time // when grace fires; zero when not armed
 
-	heartbeat atomic.Int64 // UnixNano of the loop's last turn
-	// busyUntil is the deadline (UnixNano) of the VPP work the loop is doing now, 0 when idle: the loop
+	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.
-	busyUntil   atomic.Int64
+	live        liveness.Loop
 	debugWanted atomic.Bool // DebugRoutes asked for a fresh state
 	debugPub    atomic.Pointer[debugState]
 	debugAt     time.Time // when the loop last published debugPub; owned by Run
@@ -235,7 +235,7 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		missingSince: map[peerFamily]time.Time{},
 		m:            m.orNop(),
 	}
-	a.heartbeat.Store(time.Now().UnixNano())
+	a.live.Turn()
 	return a, nil
 }
 
@@ -469,9 +469,9 @@ func (a *Agent) setWaitingUplink(waiting bool) {
 func (a *Agent) busy(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
 	deadline, _ := ctx.Deadline()
-	a.busyUntil.Store(deadline.UnixNano())
+	done := a.live.Busy(deadline)
 	return ctx, func() {
-		a.busyUntil.Store(0)
+		done()
 		cancel()
 	}
 }

@@ -141,7 +141,7 @@ func (a *Agent) debugView(st *debugState) Debug {
 
 // publish updates the readiness view and the gauges after each turn of the loop.
 func (a *Agent) publish() {
-	a.heartbeat.Store(time.Now().UnixNano())
+	a.live.Turn()
 	a.publishDebug()
 	synced := a.src.Status().Synced
 	a.setView(func(v *readiness) {
@@ -220,10 +220,5 @@ func (a *Agent) Resynced() bool {
 // when idle), or is doing VPP work whose deadline has not passed (a long resync). It does not depend on
 // etcd or VPP being reachable.
 func (a *Agent) HealthyWithin(d time.Duration) bool {
-	now := time.Now()
-	if now.Sub(time.Unix(0, a.heartbeat.Load())) < d {
-		return true
-	}
-	until := a.busyUntil.Load()
-	return until != 0 && now.UnixNano() < until+int64(d)
+	return a.live.HealthyWithin(d)
 }

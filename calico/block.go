@@ -86,11 +86,96 @@ func decodeBlockValue(data []byte, v any, cidr *netip.Prefix) error {
 	return nil
 }
 
-// EncodeBlock encodes a block in the form Calico v3.23-v3.31 writes.
+// EncodeBlock encodes a block in the form Calico v3.23-v3.31 writes: exactly what encoding/json
+// writes for it (encodeBlockJSON), appended field by field. Blocks with fields of other versions
+// (affinity_claim_time, releasedAt, alternateOwnerAttrs), and strings that need escaping, go through
+// encoding/json itself.
 func EncodeBlock(b *Block) ([]byte, error) {
 	if b.Allocations == nil {
 		return nil, fmt.Errorf("encode block %s: no allocations", b.CIDR)
 	}
+	if b.AffinityClaimTime != nil || slices.ContainsFunc(b.Attributes, func(a AllocationAttribute) bool {
+		return len(a.ReleasedAt) > 0 || len(a.AlternateOwnerAttrs) > 0
+	}) {
+		return encodeBlockJSON(b)
+	}
+	buf := make([]byte, 0, 160+8*len(b.Allocations)+4*len(b.Unallocated)+300*len(b.Attributes))
+	var keys []string
+	buf = append(buf, `{"cidr":"`...)
+	if b.CIDR.IsValid() {
+		buf = b.CIDR.AppendTo(buf)
+	}
+	buf = append(buf, `","affinity":`...)
+	buf = appendStringPtr(buf, b.Affinity)
+	buf = append(buf, `,"allocations":[`...)
+	for i, a := range b.Allocations {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		if a == nil {
+			buf = append(buf, "null"...)
+		} else {
+			buf = strconv.AppendInt(buf, int64(*a), 10)
+		}
+	}
+	buf = append(buf, `],"unallocated":[`...)
+	for i, o := range b.Unallocated {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = strconv.AppendInt(buf, int64(o), 10)
+	}
+	buf = append(buf, `],"attributes":[`...)
+	for i, a := range b.Attributes {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, `{"handle_id":`...)
+		buf = appendStringPtr(buf, a.HandleID)
+		buf = append(buf, `,"secondary":`...)
+		if a.Secondary == nil {
+			buf = append(buf, "null"...)
+		} else {
+			buf = append(buf, '{')
+			keys = keys[:0]
+			for k := range a.Secondary {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for j, k := range keys {
+				if j > 0 {
+					buf = append(buf, ',')
+				}
+				buf = appendString(buf, k)
+				buf = append(buf, ':')
+				buf = appendString(buf, a.Secondary[k])
+			}
+			buf = append(buf, '}')
+		}
+		buf = append(buf, '}')
+	}
+	buf = append(buf, `],"sequenceNumber":`...)
+	buf = strconv.AppendUint(buf, b.SequenceNumber, 10)
+	buf = append(buf, `,"sequenceNumberForAllocation":{`...)
+	for j, k := range slices.Sorted(maps.Keys(b.SequenceNumberForAllocation)) {
+		if j > 0 {
+			buf = append(buf, ',')
+		}
+		buf = appendString(buf, k)
+		buf = append(buf, ':')
+		buf = strconv.AppendUint(buf, b.SequenceNumberForAllocation[k], 10)
+	}
+	buf = append(buf, `},"deleted":`...)
+	buf = strconv.AppendBool(buf, b.Deleted)
+	if b.HostAffinity != nil {
+		buf = append(buf, `,"hostAffinity":`...)
+		buf = appendString(buf, *b.HostAffinity)
+	}
+	return append(buf, '}'), nil
+}
+
+// encodeBlockJSON is EncodeBlock by encoding/json: Calico's form, the reference of EncodeBlock.
+func encodeBlockJSON(b *Block) ([]byte, error) {
 	out := *b
 	if out.Unallocated == nil {
 		out.Unallocated = []int{}
@@ -102,6 +187,27 @@ func EncodeBlock(b *Block) ([]byte, error) {
 		out.SequenceNumberForAllocation = map[string]uint64{}
 	}
 	return json.Marshal(&out)
+}
+
+func appendStringPtr(buf []byte, s *string) []byte {
+	if s == nil {
+		return append(buf, "null"...)
+	}
+	return appendString(buf, *s)
+}
+
+// appendString appends s as encoding/json writes it: printable ASCII other than '"', '\\', '<', '>'
+// and '&' as is, anything else through encoding/json.
+func appendString(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(buf, q...)
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"')
 }
 
 // NewBlock returns an empty block for cidr with the given affinity ("host:<node>" or "" for none), in the

@@ -213,11 +213,11 @@ func roundTrips(t *testing.T, logFile string) []string {
 	return got
 }
 
-// TestRoundTrips: with the node cache warm, ADD takes one etcd round trip (a write conditional on
-// the remembered block), a repeated ADD one (the same transaction's failure branch reads the handle),
-// DEL one (a write conditional on the handle's value derived from the remembered block); claiming the
-// node's first block takes three (read state, list blocks, write). Counted by the plugin's client,
-// one HTTP request each.
+// TestRoundTrips: with the daemon's watch-fed node state, ADD takes one etcd round trip (a write
+// conditional on the block and the state it decided on), a repeated ADD one (the same transaction's
+// failure branch reads the handle), DEL one (a write conditional on the handle's value derived from
+// the node's blocks); claiming the node's first block takes two (list blocks, write). Counted by the
+// daemon, reported in the plugin's log.
 func TestRoundTrips(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
@@ -228,16 +228,18 @@ func TestRoundTrips(t *testing.T) {
 	e.mustAdd(list, rt("c2", "eth0")) // idempotent
 	e.mustDel(list, rt("c2", "eth0"))
 	got := roundTrips(t, logFile)
-	want := []string{"ADD=3", "ADD=1", "ADD=1", "DEL=1"}
+	want := []string{"ADD=2", "ADD=1", "ADD=1", "DEL=1"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("round trips %v, want %v (claim, common ADD, repeated ADD, DEL)", got, want)
 	}
 	t.Logf("etcd round trips: claim ADD %s, common ADD %s, repeated ADD %s, DEL %s", got[0], got[1], got[2], got[3])
 }
 
-// TestNodeCacheIsOnlyAHint: the node cache never decides anything etcd does not confirm. When another
-// node writes the remembered block, when the remembered block's pool is disabled, or when the daemon
-// restarted with nothing cached, ADD still gives a correct address, at the cost of more round trips.
+// TestNodeCacheIsOnlyAHint: the daemon's node state never decides anything etcd does not confirm.
+// When another node writes the node's block, when the block's pool is disabled, or when the daemon
+// restarted, ADD still gives a correct address. The state's watches usually deliver the change before
+// the next ADD (one round trip); when they are behind, the write loses and reads in its failure
+// branch (one more).
 func TestNodeCacheIsOnlyAHint(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("a", "10.244.0.0/16", 26)
@@ -270,9 +272,16 @@ func TestNodeCacheIsOnlyAHint(t *testing.T) {
 	e.mustAdd(list, rt("c5", "eth0"))
 
 	got := roundTrips(t, logFile)
-	want := []string{"ADD=3", "ADD=1", "ADD=2", "ADD=3", "ADD=3"}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("round trips %v, want %v (claim, warm, stale block, claim in pool b, restarted daemon)", got, want)
+	// At most: claim, warm, stale block (watch behind: +1), claim in pool b (watch behind: +1),
+	// restarted daemon (its followers read the state before it answers).
+	most := []int{2, 1, 2, 3, 1}
+	ok := len(got) == len(most)
+	for i := 0; ok && i < len(got); i++ {
+		n, _ := strconv.Atoi(strings.TrimPrefix(got[i], "ADD="))
+		ok = strings.HasPrefix(got[i], "ADD=") && n >= 1 && n <= most[i]
+	}
+	if !ok {
+		t.Errorf("round trips %v, want at most ADD=%v (claim, warm, stale block, claim in pool b, restarted daemon)", got, most)
 	}
 }
 

@@ -299,6 +299,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 		log.Warn("systemd notify", "err", err)
 	}
 	if d := sdnotify.WatchdogInterval(); d > 0 {
+		// Pet only while the state loop is alive (idle, or within the deadline of the operation it
+		// runs): a stalled loop lets systemd restart the daemon.
 		g.Go(func() error {
 			t := time.NewTicker(d)
 			defer t.Stop()
@@ -307,6 +309,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 				case <-gctx.Done():
 					return nil
 				case <-t.C:
+				}
+				if srv.HealthyWithin(d) {
 					sdnotify.Notify("WATCHDOG=1")
 				}
 			}

@@ -14,12 +14,12 @@ import (
 
 // add allocates the addresses of (container, ifname), or returns those it already holds.
 //
-// Common path, one etcd round trip: a transaction assigning from the node cache's block, conditional
-// on it (see nodeCache), which also serves the ADDs waiting behind this one (c.others) when they fit.
-// Otherwise: (1) one read transaction of the handle, IPAM config, pools, the node's affinities and
-// blocks (the failure branch of the first, when there was one); (2) a read of blocks not yet read, if
-// any; (3) one transaction writing the block(s) and the handle, conditional on both. Claiming a block
-// adds a keys-only listing of the family's blocks; borrowing reads the family's blocks.
+// Steady state, one etcd round trip: the decision is taken on the node state the followers keep, with
+// the handle assumed absent, and written in one transaction conditional on everything it used, which
+// also serves the ADDs waiting behind this one (c.waiting) when they fit. When the transaction loses
+// (the handle exists, or the state was behind), its failure branch reads the state's sources, the
+// handle and the blocks, and the next attempt decides on that. Claiming a block adds a keys-only
+// listing of the family's blocks; borrowing reads the family's blocks.
 func (c *call) add(ctx context.Context, containerID, ifname string) ([]allocation, error) {
 	handle := handleID(c.conf.Network, containerID)
 	var got []allocation
@@ -32,105 +32,153 @@ func (c *call) add(ctx context.Context, containerID, ifname string) ([]allocatio
 }
 
 func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
-	spec := readSpec{handle: true, config: true, pools: true, affinity: true, resources: true, hint: c.cache.hint()}
 	attr := attribute(c.conf, handle, ifname)
-	var v *view
-	if fast := c.cachedView(handle, true); fast != nil && len(c.conf.RequestedIPs) == 0 {
-		// One round trip: assign from the remembered blocks, or read the current state instead.
-		if got, used, ok := fast.assignCurrent(attr); ok {
-			if c.attempts == 1 {
-				fast.others = fast.serveBatch(c.waiting)
-			}
-			r := c.reads(handle, spec)
-			res, err := fast.commit(ctx, handleWith(nil, got), r.ops)
-			if err == nil {
-				for _, r := range fast.others {
-					r.allocs = r.assigned
-				}
-				c.batched = len(fast.others)
-				c.remember(fast, used)
-				return got, nil
-			}
-			if !errors.Is(err, errConflict) {
-				return nil, err
-			}
-			if v, err = c.viewFrom(handle, r, res); err != nil {
-				return nil, err
-			}
-			c.log.Debug("node cache is stale; continuing from the state read instead")
-		}
-	}
-	if v == nil {
+	var got []allocation
+	held := false
+	v, err := c.decide(ctx, handle, func(v *view) error {
 		var err error
-		if v, err = c.newView(ctx, handle, spec); err != nil {
-			return nil, err
-		}
-	}
-	auto, err := v.selectPools(true)
+		got, held, err = v.add(handle, ifname, attr)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	unselected := v.unselected(auto)
-	if err := v.loadBlocks(ctx, slices.Concat(handleBlocks(v.handle), v.affineCIDRs(auto), unselected)); err != nil {
+	if held {
+		c.log.Debug("returning existing allocation", "handle", handle, "ifname", ifname)
+		return got, nil
+	}
+	if c.attempts == 1 && len(c.conf.RequestedIPs) == 0 {
+		v.others = v.serveBatch(c.waiting)
+	}
+	if _, err := c.write(ctx, v, handleWith(v.handle, got)); err != nil {
 		return nil, err
 	}
-	if held := v.held(handle, ifname); len(held) > 0 {
-		c.log.Debug("returning existing allocation", "handle", handle, "ifname", ifname)
-		return held, nil
+	for _, r := range v.others {
+		r.allocs = r.assigned
 	}
+	c.batched = len(v.others)
+	return got, nil
+}
 
-	var got []allocation
-	used := map[Family]netip.Prefix{}
-	if len(c.conf.RequestedIPs) > 0 {
+// add decides an ADD on the view: the addresses (container, ifname) already holds (held), or new ones.
+// The handle is taken to be absent until it is read; it is read first when the node's blocks show
+// the container's addresses (a repeated ADD, or a second interface), when an address is requested,
+// and before the decision fails for good.
+func (v *view) add(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
+	if !v.handleRead {
+		if len(v.conf.RequestedIPs) > 0 || v.holdsAny(handle) {
+			return nil, false, v.needHandle()
+		}
+		got, held, err = v.decideAdd(handle, ifname, attr)
+		var n *needs
+		if err != nil && !errors.As(err, &n) {
+			return nil, false, v.needHandle()
+		}
+		return got, held, err
+	}
+	return v.decideAdd(handle, ifname, attr)
+}
+
+// holdsAny reports whether any block of the view holds an address of the handle.
+func (v *view) holdsAny(handle string) bool {
+	for _, e := range v.blocks {
+		if e != nil && len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
+	// The pools ADD selects depend on the IPAM config and the Node resource's labels.
+	v.uses[calico.IPAMConfigKey], v.uses[calico.NodeKey(v.conf.Node)] = v.cfgRev, v.nodeRev
+	auto, err := v.selectPools(true)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := v.require(handleBlocks(v.handle)...); err != nil {
+		return nil, false, err
+	}
+	if h := v.held(handle, ifname); len(h) > 0 {
+		return h, true, nil
+	}
+	if len(v.conf.RequestedIPs) > 0 {
 		all, err := v.selectPools(false)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		for _, ip := range c.conf.RequestedIPs {
-			a, err := v.assignSpecific(ctx, all[familyOf(ip)], ip, attr, ifname)
+		for _, ip := range v.conf.RequestedIPs {
+			a, err := v.assignSpecific(all[familyOf(ip)], ip, attr)
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
 			got = append(got, a)
 		}
 	} else {
-		for _, f := range []Family{V4, V6} {
-			if !c.conf.Assign[f] {
-				continue
-			}
-			a, err := v.assignAuto(ctx, f, auto[f], attr)
+		unselected := v.unselected(auto)
+		for _, f := range v.conf.Families() {
+			a, err := v.assignAuto(f, auto[f], attr)
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
 			got = append(got, a)
-			if v.ownedByNode(v.blocks[a.Block].b) {
-				used[f] = a.Block
+		}
+		for _, cidr := range unselected {
+			if e := v.blocks[cidr]; e != nil && !e.dirty {
+				v.releaseUnselected(cidr, v.poolOf(cidr))
 			}
 		}
-		v.releaseUnselected(unselected)
 	}
-	if _, err := v.commit(ctx, handleWith(v.handle, got), nil); err != nil {
-		return nil, err
-	}
-	c.remember(v, used)
 	sortAllocations(got)
-	return got, nil
+	return got, false, nil
 }
 
 // serveBatch assigns, after the leader's own assignment, one address per family to as many waiting
-// ADDs as the view's blocks have room for, and returns those it served (their addresses in assigned,
-// until the write commits).
+// ADDs as the node's blocks have room for, and returns those it served (their addresses in assigned,
+// until the write commits). It never claims or borrows for them.
 func (v *view) serveBatch(reqs []*batchRequest) []*batchRequest {
+	if len(reqs) == 0 {
+		return nil
+	}
+	auto, err := v.selectPools(true)
+	if err != nil {
+		return nil
+	}
 	var served []*batchRequest
 	for _, r := range reqs {
-		allocs, _, ok := v.assignCurrent(r.Attr)
-		if !ok {
-			break
+		// All or nothing: a block with room in every family before assigning in any.
+		var use []*blockEntry
+		for _, f := range v.conf.Families() {
+			e := v.roomyAffine(f, auto)
+			if e == nil {
+				return served
+			}
+			use = append(use, e)
 		}
+		var allocs []allocation
+		for _, e := range use {
+			a, _ := v.assignFrom(e, r.Attr)
+			allocs = append(allocs, a)
+		}
+		sortAllocations(allocs)
 		r.assigned = allocs
 		served = append(served, r)
 	}
 	return served
+}
+
+// roomyAffine returns the first block of the node's affinities in family f of the pools, in ADD's
+// order, that the node owns and has a free address; nil when there is none.
+func (v *view) roomyAffine(f Family, pools [2][]calico.IPPool) *blockEntry {
+	var only [2][]calico.IPPool
+	only[f] = pools[f]
+	for _, cidr := range v.affineCIDRs(only) {
+		if e := v.blocks[cidr]; e != nil && v.ownedByNode(e.b) && v.affinity[cidr].state == calico.AffinityConfirmed &&
+			!v.reserved.CoversWhole(cidr) && e.b.Free(v.excluded) > 0 {
+			return e
+		}
+	}
+	return nil
 }
 
 // handleWith returns a copy of h (nil: a new handle) that also counts the allocations.
@@ -147,26 +195,6 @@ func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
 	return out
 }
 
-// assignCurrent assigns one address in each family ADD assigns from the block loaded for it (the
-// node cache's current block); ok is false when any of them is not the node's or has no room.
-func (v *view) assignCurrent(attr calico.AllocationAttribute) ([]allocation, map[Family]netip.Prefix, bool) {
-	// All or nothing: check every block before assigning in any.
-	for _, e := range v.blocks {
-		if e == nil || !v.ownedByNode(e.b) || e.b.Free(v.excluded) == 0 {
-			return nil, nil, false
-		}
-	}
-	var got []allocation
-	used := map[Family]netip.Prefix{}
-	for cidr, e := range v.blocks {
-		a, _ := v.assignFrom(e, attr)
-		got = append(got, a)
-		used[familyOf(cidr.Addr())] = cidr
-	}
-	sortAllocations(got)
-	return got, used, len(got) > 0
-}
-
 // selectPools returns the pools of each family: the configured ones (by name or CIDR; a CIDR no
 // IPPool has is used as a pool of the default block size), else, for automatic assignment, the pools
 // Calico would give a pod on this node (calico.WorkloadPools: enabled, automatic, allowing Workload,
@@ -178,11 +206,10 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 		refs := v.conf.Pools[f]
 		if refs == nil {
 			if automatic {
-				pools, err := calico.WorkloadPools(v.pools, fam == V6, v.node)
-				if err != nil {
-					return out, withCode(ErrDatastore, "%w", err)
+				if v.workloadErr != nil {
+					return out, withCode(ErrDatastore, "%w", v.workloadErr)
 				}
-				out[f] = pools
+				out[f] = v.workload[f]
 				continue
 			}
 			for _, p := range v.pools {
@@ -262,27 +289,25 @@ func (v *view) unselected(using [2][]calico.IPPool) []netip.Prefix {
 		if !v.conf.Assign[f] || inPools(cidr, using[f]) {
 			continue
 		}
-		if p := v.poolOf(cidr); p != nil && !p.Disabled {
-			if ok, err := p.SelectsNode(v.node); err == nil && !ok {
-				out = append(out, cidr)
-			}
+		if p := v.poolOf(cidr); p != nil && !p.Disabled && !v.selects[p.Name] {
+			out = append(out, cidr)
 		}
 	}
 	return out
 }
 
-// releaseUnselected marks for deletion, with their affinities, the empty blocks of the node among
-// cidrs (from unselected), as Calico's allocator does on every assignment.
-func (v *view) releaseUnselected(cidrs []netip.Prefix) {
-	for _, cidr := range cidrs {
-		e, p := v.blocks[cidr], v.poolOf(cidr)
-		if e == nil || e.dirty || p == nil || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
-			continue
-		}
-		v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
-		e.release, e.dirty = true, true
-		v.affinityWrites[cidr] = calico.AffinityStale
+// releaseUnselected marks for deletion, with its affinity, the block cidr of pool p if it is an empty
+// block of the node and p no longer selects the node, as Calico's allocator does on every assignment
+// and after a release.
+func (v *view) releaseUnselected(cidr netip.Prefix, p *calico.IPPool) {
+	e := v.blocks[cidr]
+	if e == nil || e.release || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
+		return
 	}
+	v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
+	e.release, e.dirty = true, true
+	v.affinityWrites[cidr] = calico.AffinityStale
+	v.use(cidr)
 }
 
 // poolOf returns the IPPool holding the prefix, nil when none does.
@@ -312,7 +337,7 @@ func (v *view) ownedByNode(b *calico.Block) bool {
 // pending affinity confirmed, a stale one deleted); else from a newly claimed block, unless the node
 // holds its block limit (then it fails, without borrowing) or automatic block allocation is off;
 // else, unless strict affinity is on, borrowed from another block of the pools.
-func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
+func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
 	if len(pools) == 0 {
 		why := ""
 		if v.node == nil && calico.NeedsNode(v.pools) {
@@ -324,7 +349,7 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 	only[f] = pools
 	affine := v.affineCIDRs(only)
 	for _, cidr := range affine {
-		if a, ok, err := v.assignAffine(ctx, cidr, attr); err != nil || ok {
+		if a, ok, err := v.assignAffine(cidr, attr); err != nil || ok {
 			return a, err
 		}
 	}
@@ -338,7 +363,7 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 	case !v.cfg.AutoAllocateBlocks:
 		return allocation{}, withCode(ErrPoolExhausted, "%s: the node's blocks are full and auto_allocate_blocks is off in the Calico IPAM config", f)
 	}
-	a, ok, err := v.claim(ctx, f, pools, attr)
+	a, ok, err := v.claim(f, pools, attr)
 	if err != nil || ok {
 		return a, err
 	}
@@ -349,7 +374,7 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted for node %s: its blocks are full, %s, and strict affinity forbids borrowing from other nodes' blocks",
 			f, v.conf.Node, why)
 	}
-	if err := v.loadFamily(ctx, f); err != nil {
+	if err := v.requireFamily(f); err != nil {
 		return allocation{}, err
 	}
 	// Calico's order: pool by pool, each walked from the node's start index (calico.BorrowOrder).
@@ -381,7 +406,7 @@ func (v *view) assignAuto(ctx context.Context, f Family, pools []calico.IPPool, 
 
 // assignAffine assigns from the block of one of the node's affinities, doing first what the
 // affinity's state asks for (calico.StepFor); ok is false when the block cannot serve.
-func (v *view) assignAffine(ctx context.Context, cidr netip.Prefix, attr calico.AllocationAttribute) (allocation, bool, error) {
+func (v *view) assignAffine(cidr netip.Prefix, attr calico.AllocationAttribute) (allocation, bool, error) {
 	if v.bad[cidr] != nil || v.reserved.CoversWhole(cidr) {
 		return allocation{}, false, nil
 	}
@@ -397,11 +422,11 @@ func (v *view) assignAffine(ctx context.Context, cidr netip.Prefix, attr calico.
 		return allocation{}, false, nil
 	case calico.AffinityCreate:
 		// The new block must not overlap a block of another size.
-		l, err := v.listBlocks(ctx, familyOf(cidr.Addr()))
+		l, err := v.listing(familyOf(cidr.Addr()))
 		if err != nil || slices.ContainsFunc(l.cidrs, cidr.Overlaps) {
 			return allocation{}, false, err
 		}
-		e = &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+		e = newBlockEntry(cidr, v.conf.Node)
 		a, ok := v.assignFrom(e, attr)
 		if ok {
 			v.blocks[cidr] = e
@@ -419,13 +444,22 @@ func (v *view) assignAffine(ctx context.Context, cidr netip.Prefix, attr calico.
 	return a, ok, nil
 }
 
+// newBlockEntry is a block node claims.
+func newBlockEntry(cidr netip.Prefix, node string) *blockEntry {
+	return &blockEntry{b: calico.NewBlock(cidr, "host:"+node, uint64(time.Now().UnixNano())), created: true, own: true}
+}
+
 // assignFrom takes the first usable free address of a loaded block.
 func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (allocation, bool) {
-	ords := e.b.AutoAssign(1, attr, v.excluded)
+	if e.b.Free(v.excluded) == 0 {
+		return allocation{}, false
+	}
+	ords := e.edit().AutoAssign(1, attr, v.excluded)
 	if len(ords) == 0 {
 		return allocation{}, false
 	}
 	e.dirty = true
+	v.use(e.b.CIDR)
 	addr, _ := calico.OrdinalAddr(e.b.CIDR, ords[0])
 	return allocation{Block: e.b.CIDR, Addr: addr}, true
 }
@@ -434,8 +468,8 @@ func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (alloc
 // index and avoiding every existing block and excluded range, and assigns from it. The block is
 // written by commit together with its confirmed affinity, conditional on no block of the family
 // having been created meanwhile.
-func (v *view) claim(ctx context.Context, f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, bool, error) {
-	l, err := v.listBlocks(ctx, f)
+func (v *view) claim(f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, bool, error) {
+	l, err := v.listing(f)
 	if err != nil {
 		return allocation{}, false, err
 	}
@@ -448,7 +482,7 @@ func (v *view) claim(ctx context.Context, f Family, pools []calico.IPPool, attr 
 			if !ok {
 				break
 			}
-			e := &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+			e := newBlockEntry(cidr, v.conf.Node)
 			if a, ok := v.assignFrom(e, attr); ok {
 				v.blocks[cidr] = e
 				v.log.Info("claiming block", "block", cidr, "pool", pool.CIDR)
@@ -462,7 +496,7 @@ func (v *view) claim(ctx context.Context, f Family, pools []calico.IPPool, attr 
 
 // assignSpecific assigns the requested address ip: in the block that holds it, claiming that block
 // (the pool's block-sized subnet around ip) when there is none.
-func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip netip.Addr, attr calico.AllocationAttribute, ifname string) (allocation, error) {
+func (v *view) assignSpecific(pools []calico.IPPool, ip netip.Addr, attr calico.AllocationAttribute) (allocation, error) {
 	f := familyOf(ip)
 	var pool *calico.IPPool
 	for i := range pools {
@@ -478,13 +512,13 @@ func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip net
 	if calico.Reservations(v.conf.Exclude).Contains(ip) {
 		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is excluded (ipam.exclude)", ip)
 	}
-	e, err := v.blockHolding(ctx, ip)
+	e, err := v.blockHolding(ip)
 	if err != nil {
 		return allocation{}, err
 	}
 	if e == nil {
 		cidr := netip.PrefixFrom(ip, pool.BlockSize).Masked()
-		l, err := v.listBlocks(ctx, f)
+		l, err := v.listing(f)
 		if err != nil {
 			return allocation{}, err
 		}
@@ -496,7 +530,7 @@ func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip net
 		if !v.cfg.AutoAllocateBlocks {
 			return allocation{}, withCode(ErrAddressUnavailable, "requested address %s: block %s does not exist and auto_allocate_blocks is off", ip, cidr)
 		}
-		e = &blockEntry{b: calico.NewBlock(cidr, "host:"+v.conf.Node, uint64(time.Now().UnixNano())), created: true}
+		e = newBlockEntry(cidr, v.conf.Node)
 		v.blocks[cidr] = e
 		v.log.Info("claiming block for a requested address", "block", cidr, "addr", ip)
 	}
@@ -511,21 +545,22 @@ func (v *view) assignSpecific(ctx context.Context, pools []calico.IPPool, ip net
 		}
 		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is held by handle %q", ip, a.Handle())
 	}
-	if err := e.b.Assign(ord, attr); err != nil {
+	if err := e.edit().Assign(ord, attr); err != nil {
 		return allocation{}, withCode(ErrDatastore, "requested address %s: %w", ip, err)
 	}
 	e.dirty = true
+	v.use(e.b.CIDR)
 	return allocation{Block: e.b.CIDR, Addr: ip}, nil
 }
 
 // blockHolding returns the block that contains ip (loading it), or nil when there is none.
-func (v *view) blockHolding(ctx context.Context, ip netip.Addr) (*blockEntry, error) {
+func (v *view) blockHolding(ip netip.Addr) (*blockEntry, error) {
 	for cidr, e := range v.blocks {
 		if e != nil && cidr.Contains(ip) {
 			return e, nil
 		}
 	}
-	l, err := v.listBlocks(ctx, familyOf(ip))
+	l, err := v.listing(familyOf(ip))
 	if err != nil {
 		return nil, err
 	}
@@ -535,7 +570,7 @@ func (v *view) blockHolding(ctx context.Context, ip netip.Addr) (*blockEntry, er
 			hits = append(hits, cidr)
 		}
 	}
-	if err := v.loadBlocks(ctx, hits); err != nil {
+	if err := v.require(hits...); err != nil {
 		return nil, err
 	}
 	// Overlapping blocks (after a pool's block size changed): the most specific one holds ip.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -32,16 +33,17 @@ const (
 const maxAttempts = 100
 
 // call is one operation of the daemon: its request (Node is the daemon's), the etcd store, the
-// node cache of its pool settings and a logger. It runs on the state goroutine only.
+// node state and what the operation read besides it. It runs on the state goroutine only.
 type call struct {
 	conf  *cni.Request
 	etcd  *etcdClient
+	state *nodeState
 	log   *slog.Logger
 	pause func(context.Context)
-	// cache is the node cache of the request's pool settings, owned by the state goroutine.
-	cache *nodeCache
 	// endpoints names etcd in messages (redacted).
 	endpoints string
+	// read is what the operation read besides the state.
+	read opRead
 	// attempts counts the optimistic attempts of the operation (1 when no race was lost; 0 when
 	// another ADD's write served this one); roundTrips its etcd round trips.
 	attempts   int
@@ -52,6 +54,262 @@ type call struct {
 	waiting []*batchRequest
 	// claims counts the blocks this operation claimed.
 	claims int
+}
+
+// opRead is what an operation read besides the node state: keys (its handle, and those GC and a
+// release ask for; nil: absent), blocks that are not the node's (decoded; nil: absent, or in bad),
+// block listings and whole families of blocks.
+type opRead struct {
+	keys     map[string]*kv
+	blocks   map[netip.Prefix]*blockEntry
+	bad      map[netip.Prefix]error
+	listings [2]*listing
+	family   [2]bool
+}
+
+// maxNeeds bounds the reads one decision may ask for before it is taken.
+const maxNeeds = 6
+
+// decide takes decision on a view of the state, reading first what the state lacks and then what
+// the decision says it needs, until it needs nothing more. The decision only changes the view.
+func (c *call) decide(ctx context.Context, handleID string, decision func(*view) error) (*view, error) {
+	for range maxNeeds {
+		if err := c.sync(ctx, handleID); err != nil {
+			return nil, err
+		}
+		v, err := newView(c.state, c.conf, c.log, &c.read, handleID)
+		if err != nil {
+			return nil, err
+		}
+		err = decision(v)
+		var n *needs
+		if !errors.As(err, &n) {
+			return v, err
+		}
+		if err := c.fetch(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	return nil, withCode(ErrDatastore, "the datastore kept changing under %d reads", maxNeeds)
+}
+
+// sync reads what the state has not received from its followers yet: every source (with the handle,
+// in the same round trip), then the blocks of new affinities. None in steady state.
+func (c *call) sync(ctx context.Context, handleID string) error {
+	if !c.state.allListed() {
+		var keys []string
+		if handleID != "" {
+			keys = append(keys, calico.HandleKey(handleID))
+		}
+		blocks := slices.Collect(maps.Keys(c.state.blocks))
+		res, err := c.txn(ctx, nil, c.refreshOps(keys, blocks), nil)
+		if err != nil {
+			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+		}
+		if err := c.refreshed(keys, blocks, res); err != nil {
+			return err
+		}
+	}
+	if m := c.state.missingBlocks(); len(m) > 0 {
+		return c.fetch(ctx, &needs{blocks: m})
+	}
+	return nil
+}
+
+// refreshOps are the reads that bring keys, every source of the state and the given blocks (as many
+// as fit) up to date in one round trip.
+func (c *call) refreshOps(keys []string, blocks []netip.Prefix) []op {
+	var ops []op
+	for _, k := range keys {
+		ops = append(ops, getOp(k))
+	}
+	for src := range numSources {
+		if k, prefix := c.state.key(src); prefix {
+			ops = append(ops, prefixOp(k, false))
+		} else {
+			ops = append(ops, getOp(k))
+		}
+	}
+	for _, cidr := range blocks[:min(len(blocks), max(0, maxTxnOps-len(ops)))] {
+		ops = append(ops, getOp(calico.BlockKey(cidr)))
+	}
+	return ops
+}
+
+// refreshed applies the answer to refreshOps(keys, blocks) (a read, or a failed write's failure
+// branch).
+func (c *call) refreshed(keys []string, blocks []netip.Prefix, res *txnResult) error {
+	if n := len(c.refreshOps(keys, blocks)); len(res.Ranges) != n {
+		return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), n)
+	}
+	ranges := c.gotKeys(keys, res.Ranges)
+	for src := range numSources {
+		c.state.replace(src, ranges[src], res.Revision)
+	}
+	for i, kvs := range ranges[numSources:] {
+		c.gotBlock(blocks[i], first(kvs), res.Revision)
+	}
+	// Listings are as old as the decision that lost: read them again if needed.
+	c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
+	return nil
+}
+
+// first returns the pair a read of one key found, nil when none.
+func first(kvs []kv) *kv {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return &kvs[0]
+}
+
+// gotKeys records keys as read by the first len(keys) ranges, and returns the others.
+func (c *call) gotKeys(keys []string, ranges [][]kv) [][]kv {
+	if c.read.keys == nil {
+		c.read.keys = map[string]*kv{}
+	}
+	for i, k := range keys {
+		c.read.keys[k] = first(ranges[i])
+	}
+	return ranges[len(keys):]
+}
+
+// fetch reads what a decision needs, in one round trip (one per maxTxnOps blocks).
+func (c *call) fetch(ctx context.Context, n *needs) error {
+	var ops []op
+	for _, k := range n.keys {
+		ops = append(ops, getOp(k))
+	}
+	for _, f := range []Family{V4, V6} {
+		if n.listing[f] || n.family[f] {
+			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
+		}
+	}
+	blocks := n.blocks
+	for {
+		chunk := blocks[:min(len(blocks), maxTxnOps-len(ops))]
+		blocks = blocks[len(chunk):]
+		for _, cidr := range chunk {
+			ops = append(ops, getOp(calico.BlockKey(cidr)))
+		}
+		res, err := c.txn(ctx, nil, ops, nil)
+		if err != nil {
+			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+		}
+		if len(res.Ranges) != len(ops) {
+			return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
+		}
+		ranges := c.gotKeys(n.keys, res.Ranges)
+		n.keys = nil
+		for _, f := range []Family{V4, V6} {
+			if !n.listing[f] && !n.family[f] {
+				continue
+			}
+			l := &listing{rev: res.Revision}
+			for i := range ranges[0] {
+				kv := &ranges[0][i]
+				k, err := calico.ParseKey(kv.Key)
+				if err != nil || k.Kind != calico.KindBlock {
+					c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
+					continue
+				}
+				l.cidrs = append(l.cidrs, k.CIDR)
+				if n.family[f] {
+					c.gotBlock(k.CIDR, kv, res.Revision)
+				}
+			}
+			c.read.listings[f] = l
+			c.read.family[f] = c.read.family[f] || n.family[f]
+			ranges = ranges[1:]
+			n.listing[f], n.family[f] = false, false
+		}
+		for i, cidr := range chunk {
+			c.gotBlock(cidr, first(ranges[i]), res.Revision)
+		}
+		if len(blocks) == 0 {
+			return nil
+		}
+		ops = ops[:0]
+	}
+}
+
+// gotBlock records a block read at rev (v nil: absent): the state's when it is one of the node's
+// affinities, else the operation's, decoded.
+func (c *call) gotBlock(cidr netip.Prefix, v *kv, rev int64) {
+	if _, ok := c.state.affinity[cidr]; ok {
+		c.state.setBlock(cidr, v, rev)
+		return
+	}
+	if c.read.blocks == nil {
+		c.read.blocks, c.read.bad = map[netip.Prefix]*blockEntry{}, map[netip.Prefix]error{}
+	}
+	delete(c.read.bad, cidr)
+	c.read.blocks[cidr] = nil
+	if v == nil {
+		return
+	}
+	e, err := decodeBlockKV(cidr, *v)
+	if err != nil {
+		c.read.bad[cidr] = err
+		return
+	}
+	c.read.blocks[cidr] = e
+}
+
+// write sends the plan of a view, conditional as writes() says. A transaction that was sent is
+// waited for even when the operation is cancelled, so that what it did is applied to the state. When
+// the conditions fail, the same transaction reads the state's sources, the handle and the view's
+// blocks instead; write applies that and returns errConflict.
+func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*plan, error) {
+	p, err := v.writes(newHandle)
+	if err != nil {
+		return nil, err
+	}
+	if c.pause != nil {
+		c.pause(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", v.handleID, err)
+	}
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
+	keys := slices.Sorted(maps.Keys(c.read.keys))
+	if h := calico.HandleKey(v.handleID); v.handleID != "" && !slices.Contains(keys, h) {
+		keys = append(keys, h)
+	}
+	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, c.refreshOps(keys, blocks))
+	if err != nil {
+		return nil, fmt.Errorf("write %d blocks and handle %s: %w", len(p.blocks), v.handleID, err)
+	}
+	if !res.Succeeded {
+		if err := c.refreshed(keys, blocks, res); err != nil {
+			return nil, err
+		}
+		return nil, errConflict
+	}
+	c.state.committed(p, res.Revision)
+	c.claims += p.claims
+	// What the operation read is now as written.
+	for cidr, e := range p.blocks {
+		var w *blockEntry
+		if e == nil {
+			v.blocks[cidr] = nil
+			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
+		} else {
+			e.rev, e.dirty, e.created = res.Revision, false, false
+			w = &blockEntry{b: e.b, rev: e.rev}
+		}
+		if _, ok := c.read.blocks[cidr]; ok {
+			c.read.blocks[cidr] = w
+		}
+	}
+	for k, val := range p.keys {
+		if _, ok := c.read.keys[k]; ok {
+			c.read.keys[k] = nil
+			if val != nil {
+				c.read.keys[k] = &kv{Key: k, Value: val, ModRevision: res.Revision}
+			}
+		}
+	}
+	return p, nil
 }
 
 // retry runs attempt until it succeeds, fails for good, or the deadline or maxAttempts ends it. Lost

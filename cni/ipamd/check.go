@@ -6,40 +6,45 @@ import (
 )
 
 // check verifies that the handle exists and holds, for this interface, every prevResult address that
-// lies in the pools.
+// lies in the pools. It reads the handle; the blocks it names come from the node state when they are
+// the node's.
 func (c *call) check(ctx context.Context, containerID, ifname string) error {
 	handle := handleID(c.conf.Network, containerID)
 	return c.retry(ctx, "CHECK "+handle, func(ctx context.Context) error {
-		v, err := c.newView(ctx, handle, readSpec{handle: true, pools: true})
-		if err != nil {
-			return err
-		}
-		if v.handle == nil {
-			return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", containerID, c.conf.Network, handle)
-		}
-		if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
-			return err
-		}
-		held := v.held(handle, ifname)
-		if len(held) == 0 {
-			return withCode(ErrCheckFailed, "handle %s holds no address for interface %s", handle, ifname)
-		}
-		pools, err := v.selectPools(false)
-		if err != nil {
-			return err
-		}
-		for _, addr := range c.conf.PrevIPs {
-			if !inPools(netip.PrefixFrom(addr, addr.BitLen()), pools[familyOf(addr)]) {
-				continue
-			}
-			found := false
-			for _, a := range held {
-				found = found || a.Addr == addr
-			}
-			if !found {
-				return withCode(ErrCheckFailed, "prevResult address %s is not held by handle %s for interface %s", addr, handle, ifname)
-			}
-		}
-		return nil
+		_, err := c.decide(ctx, handle, func(v *view) error { return v.check(containerID, ifname) })
+		return err
 	})
+}
+
+func (v *view) check(containerID, ifname string) error {
+	if !v.handleRead {
+		return v.needHandle()
+	}
+	if v.handle == nil {
+		return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", containerID, v.conf.Network, v.handleID)
+	}
+	if err := v.require(handleBlocks(v.handle)...); err != nil {
+		return err
+	}
+	held := v.held(v.handleID, ifname)
+	if len(held) == 0 {
+		return withCode(ErrCheckFailed, "handle %s holds no address for interface %s", v.handleID, ifname)
+	}
+	pools, err := v.selectPools(false)
+	if err != nil {
+		return err
+	}
+	for _, addr := range v.conf.PrevIPs {
+		if !inPools(netip.PrefixFrom(addr, addr.BitLen()), pools[familyOf(addr)]) {
+			continue
+		}
+		found := false
+		for _, a := range held {
+			found = found || a.Addr == addr
+		}
+		if !found {
+			return withCode(ErrCheckFailed, "prevResult address %s is not held by handle %s for interface %s", addr, v.handleID, ifname)
+		}
+	}
+	return nil
 }

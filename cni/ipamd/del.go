@@ -2,10 +2,8 @@ package ipamd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
@@ -13,7 +11,8 @@ import (
 // del releases the addresses of (container, ifname) by handle, never by prevResult (libcni sends none
 // when its cache is gone) and without the netns. Released ordinals go to the tail of their block's
 // FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
-// transaction. Nothing to release is success, and an emptied block keeps its affinity.
+// transaction. Nothing to release is success. An emptied block keeps its affinity, unless its pool no
+// longer selects its node (releaseEmptied).
 func (c *call) del(ctx context.Context, containerID, ifname string) error {
 	handle := handleID(c.conf.Network, containerID)
 	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
@@ -22,149 +21,97 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 }
 
 func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
-	spec := readSpec{handle: true, hint: c.cache.hint()}
 	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
-	var v *view
-	var err error
-	if fast := c.cachedView(handle, false); fast != nil {
-		// One round trip: the handle's value is derived from the remembered blocks and the write is
-		// conditional on exactly that value; if the handle holds anything else (or the blocks
-		// changed) the same transaction reads the current state instead.
+	var h *calico.Handle
+	changed := false
+	v, err := c.decide(ctx, handle, func(v *view) error {
+		var err error
+		h, changed, err = v.del(handle, match)
+		if err == nil && changed {
+			err = v.releaseEmptied()
+		}
+		return err
+	})
+	if err != nil || !changed {
+		return err
+	}
+	_, err = c.write(ctx, v, h)
+	return err
+}
+
+// del decides a DEL on the view: the handle as it is left (nil: deleted) and whether anything changes.
+// Until the handle is read, its value is derived from the node's blocks and the write is conditional
+// on exactly that value (steady state: one round trip, no read); if the handle holds anything else,
+// the write's failure branch reads it.
+func (v *view) del(handle string, match func(*calico.AllocationAttribute) bool) (*calico.Handle, bool, error) {
+	if !v.handleRead {
 		guess := calico.NewHandle()
-		for cidr, e := range fast.blocks {
+		for cidr, e := range v.blocks {
+			if e == nil {
+				continue
+			}
 			if n := len(e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) })); n > 0 {
 				guess.Add(cidr, n)
 			}
 		}
-		if len(guess.Block) > 0 {
-			fast.handle = guess
-			if fast.handleValue, err = calico.EncodeHandle(guess); err != nil {
-				return err
-			}
-			h, changed, err := fast.releaseHandle(handle, match)
-			if err != nil {
-				return err
-			}
-			if changed {
-				r := c.reads(handle, spec)
-				emptied := fast.emptied()
-				res, err := fast.commit(ctx, h, r.ops)
-				if err == nil {
-					c.releaseUnselectedEmptied(ctx, fast, emptied)
-					c.remember(fast, nil)
-					return nil
-				}
-				if !errors.Is(err, errConflict) {
-					return err
-				}
-				if v, err = c.viewFrom(handle, r, res); err != nil {
-					return err
-				}
-			}
+		if len(guess.Block) == 0 {
+			return nil, false, v.needHandle()
 		}
-	}
-	if v == nil {
-		if v, err = c.newView(ctx, handle, spec); err != nil {
-			return err
+		data, err := calico.EncodeHandle(guess)
+		if err != nil {
+			return nil, false, err
 		}
+		v.handle, v.handleGuess = guess, data
 	}
 	if v.handle == nil {
-		c.log.Debug("no handle: nothing to release", "handle", handle)
-		return nil
+		v.log.Debug("no handle: nothing to release", "handle", handle)
+		return nil, false, nil
 	}
-	if err := v.loadBlocks(ctx, handleBlocks(v.handle)); err != nil {
-		return err
+	if err := v.require(handleBlocks(v.handle)...); err != nil {
+		return nil, false, err
 	}
 	h, changed, err := v.releaseHandle(handle, match)
-	if err != nil || !changed {
-		return err
+	if err == nil && !changed && !v.handleRead {
+		// Nothing of this interface in the node's blocks: only the handle can say where it is.
+		return nil, false, v.needHandle()
 	}
-	emptied := v.emptied()
-	if _, err := v.commit(ctx, h, nil); err != nil {
-		return err
-	}
-	c.releaseUnselectedEmptied(ctx, v, emptied)
-	c.remember(v, nil)
-	return nil
+	return h, changed, err
 }
 
-// emptied returns the blocks this attempt changed that are now empty and owned by a node.
-func (v *view) emptied() []netip.Prefix {
-	var out []netip.Prefix
+// releaseEmptied does in the release's write what Calico's ensureConsistentAffinity does after a
+// release (ipam.go): a block the release left empty, whose pool no longer selects the block's owner
+// node, is deleted with that node's affinity (calico.ReleaseWhenUnselected). This node's blocks are
+// decided on the state; another node's need its Node resource and affinity read.
+func (v *view) releaseEmptied() error {
 	for _, cidr := range v.dirtyCIDRs() {
-		if b := v.blocks[cidr].b; b.Empty() && calico.OwnerOf(b, false).Kind == calico.OwnerHost {
-			out = append(out, cidr)
-		}
-	}
-	return out
-}
-
-// releaseUnselectedEmptied does after a release what Calico's ensureConsistentAffinity does (ipam.go):
-// a block the release left empty, whose pool no longer selects the block's owner node, is deleted with
-// that node's affinity (calico.ReleaseWhenUnselected), in one transaction conditional on both being as
-// read. It costs a read only when a release emptied a block. Best effort: a failure is logged, and the
-// owner's next ADD does the same.
-func (c *call) releaseUnselectedEmptied(ctx context.Context, v *view, cidrs []netip.Prefix) {
-	cidrs = slices.DeleteFunc(slices.Clone(cidrs), func(c netip.Prefix) bool { return v.blocks[c] == nil })
-	var owners []string
-	for _, cidr := range cidrs {
-		if o := calico.OwnerOf(v.blocks[cidr].b, false).Node; !slices.Contains(owners, o) {
-			owners = append(owners, o)
-		}
-	}
-	if len(owners) == 0 {
-		return
-	}
-	ops := []op{prefixOp(calico.IPPoolPrefix, false)}
-	for _, o := range owners {
-		ops = append(ops, getOp(calico.NodeKey(o)))
-	}
-	for _, cidr := range cidrs {
-		ops = append(ops, getOp(calico.HostAffinityKey(calico.OwnerOf(v.blocks[cidr].b, false).Node, cidr)))
-	}
-	res, err := c.txn(ctx, nil, ops, nil)
-	if err != nil || len(res.Ranges) != len(ops) {
-		c.log.Warn("cannot check whether emptied blocks' pools still select their nodes", "err", err)
-		return
-	}
-	var pools []calico.IPPool
-	for _, kv := range res.Ranges[0] {
-		if p, err := calico.DecodeIPPool(kv.Value); err == nil && !p.Disabled {
-			pools = append(pools, p)
-		}
-	}
-	nodes := map[string]*calico.Node{}
-	for i, o := range owners {
-		if kvs := res.Ranges[1+i]; len(kvs) == 1 {
-			if n, err := calico.DecodeNode(kvs[0].Value); err == nil {
-				nodes[o] = &n
-			}
-		}
-	}
-	for i, cidr := range cidrs {
-		e, affKVs := v.blocks[cidr], res.Ranges[1+len(owners)+i]
-		owner := calico.OwnerOf(e.b, false).Node
-		var pool *calico.IPPool
-		for j := range pools {
-			if inPools(cidr, pools[j:j+1]) {
-				pool = &pools[j]
-				break
-			}
-		}
-		if pool == nil || len(affKVs) != 1 || !calico.ReleaseWhenUnselected(*pool, nodes[owner], e.b, owner) {
+		e, p := v.blocks[cidr], v.poolOf(cidr)
+		o := calico.OwnerOf(e.b, false)
+		if e.release || e.created || !e.b.Empty() || o.Kind != calico.OwnerHost || p == nil || p.Disabled {
 			continue
 		}
-		bkey, akey := calico.BlockKey(cidr), calico.HostAffinityKey(owner, cidr)
-		tr, err := c.txn(ctx, []compare{modRevisionIs(bkey, e.rev), modRevisionIs(akey, affKVs[0].ModRevision)},
-			[]op{deleteOp(bkey), deleteOp(akey)}, nil)
-		if err != nil || !tr.Succeeded {
-			c.log.Warn("could not release an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "err", err)
+		if o.Node == v.conf.Node {
+			v.releaseUnselected(cidr, p)
 			continue
 		}
-		c.log.Info("released an emptied block whose pool no longer selects its node", "block", cidr, "node", owner, "pool", pool.Name)
-		v.blocks[cidr] = nil
-		delete(v.affinity, cidr)
+		nodeKey, affKey := calico.NodeKey(o.Node), calico.HostAffinityKey(o.Node, cidr)
+		kvs, err := v.keys(nodeKey, affKey)
+		if err != nil {
+			return err
+		}
+		nkv, akv := kvs[0], kvs[1]
+		if nkv == nil || akv == nil {
+			continue
+		}
+		n, err := calico.DecodeNode(nkv.Value)
+		if err != nil || !calico.ReleaseWhenUnselected(*p, &n, e.b, o.Node) {
+			continue
+		}
+		v.log.Info("releasing an emptied block whose pool no longer selects its node", "block", cidr, "node", o.Node, "pool", p.Name)
+		e.release = true
+		v.use(cidr)
+		v.uses[nodeKey], v.uses[affKey], v.keyWrites[affKey] = nkv.ModRevision, akv.ModRevision, nil
 	}
+	return nil
 }
 
 // releaseHandle releases, in the loaded blocks the handle lists, every allocation of the handle that
@@ -192,7 +139,7 @@ func (v *view) releaseHandle(handle string, match func(*calico.AllocationAttribu
 		}
 		mine := func(a *calico.AllocationAttribute) bool { return a.HeldBy(handle) }
 		if ords := e.b.Ordinals(func(a *calico.AllocationAttribute) bool { return mine(a) && match(a) }); len(ords) > 0 {
-			if err := e.b.Release(ords...); err != nil {
+			if err := e.edit().Release(ords...); err != nil {
 				return nil, false, withCode(ErrDatastore, "release %s from %s: %w", handle, cidr, err)
 			}
 			e.dirty = true

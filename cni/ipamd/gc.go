@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 )
 
 // gcCandidate is an allocation GC found stale in its snapshot, identified by the sequence number it
@@ -22,34 +24,37 @@ type gcCandidate struct {
 	handle string
 }
 
-// gc releases this node's allocations on this network whose (containerID, ifname) is not in
-// cni.dev/valid-attachments. Without the key it releases nothing (the runtime gave no information).
-// It snapshots every block once, then releases block by block: each block is re-read with the handles
-// involved, each candidate re-validated (same handle, node, network and allocation sequence number),
-// and written conditionally on what was read. Allocations of other nodes, of other networks, and those
-// block-ipam did not write (no network attribute) are never touched. Errors do not stop it: they are
-// returned joined at the end.
-func (c *call) gc(ctx context.Context) (int, error) {
-	if !c.conf.HaveAttachments {
-		c.log.Info("GC without cni.dev/valid-attachments: nothing released")
-		return 0, nil
-	}
-	valid := map[types.GCAttachment]bool{}
-	for _, a := range c.conf.ValidAttachments {
-		valid[a] = true
-	}
+// gcSnapshot is what GC found stale in one read of every block: the candidates by block, and the
+// errors of blocks it could not read.
+type gcSnapshot struct {
+	stale      map[netip.Prefix][]gcCandidate
+	errs       []error
+	roundTrips int64
+}
 
-	// Snapshot: every block of both families in one read.
-	res, err := c.txn(ctx, nil, []op{
+// snapshotGC reads every block of both families in one round trip and finds this node's allocations
+// on the request's network whose (containerID, ifname) is not in cni.dev/valid-attachments. It runs
+// on the connection's goroutine, not the state goroutine: the read of the whole cluster's blocks
+// holds no other operation up. Without the key there is nothing to find (the runtime gave no
+// information).
+func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSnapshot, error) {
+	snap := &gcSnapshot{stale: map[netip.Prefix][]gcCandidate{}}
+	if !conf.HaveAttachments {
+		return snap, nil
+	}
+	snap.roundTrips++
+	res, err := etcd.txn(ctx, nil, []op{
 		prefixOp(calico.BlockPrefix+"ipv4/block/", false),
 		prefixOp(calico.BlockPrefix+"ipv6/block/", false),
 	}, nil)
 	if err != nil {
-		return 0, fmt.Errorf("GC snapshot: %w", err)
+		return snap, fmt.Errorf("GC snapshot: %w", err)
 	}
-	prefix := c.conf.Network + "."
-	stale := map[netip.Prefix][]gcCandidate{}
-	var errs []error
+	valid := map[types.GCAttachment]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[a] = true
+	}
+	prefix := conf.Network + "."
 	for _, kvs := range res.Ranges {
 		for _, kv := range kvs {
 			k, err := calico.ParseKey(kv.Key)
@@ -59,7 +64,7 @@ func (c *call) gc(ctx context.Context) (int, error) {
 			e, err := decodeBlockKV(k.CIDR, kv)
 			if err != nil {
 				// Only a problem if it holds something of ours; the error is reported either way.
-				errs = append(errs, fmt.Errorf("GC: %w", err))
+				snap.errs = append(snap.errs, fmt.Errorf("GC: %w", err))
 				continue
 			}
 			if e == nil {
@@ -67,7 +72,7 @@ func (c *call) gc(ctx context.Context) (int, error) {
 			}
 			for ord := range e.b.Allocations {
 				a := e.b.AttributeOf(ord)
-				if !c.ours(a) {
+				if !ours(conf, a) {
 					continue
 				}
 				att := types.GCAttachment{ContainerID: strings.TrimPrefix(a.Handle(), prefix), IfName: ifnameOf(a)}
@@ -75,35 +80,60 @@ func (c *call) gc(ctx context.Context) (int, error) {
 					continue
 				}
 				seq, ok := e.b.SequenceOf(ord)
-				stale[k.CIDR] = append(stale[k.CIDR], gcCandidate{ord: ord, seq: seq, hasSeq: ok, handle: a.Handle()})
+				snap.stale[k.CIDR] = append(snap.stale[k.CIDR], gcCandidate{ord: ord, seq: seq, hasSeq: ok, handle: a.Handle()})
 			}
 		}
 	}
+	return snap, nil
+}
 
-	if c.pause != nil && len(stale) > 0 {
-		c.pause(ctx)
+// gc releases, on the state goroutine, what snapshotGC found stale, a few blocks per transaction: a
+// decision on the blocks (from the state, or read) and the handles involved re-validates each
+// candidate (same handle, node, network and allocation sequence number), and the write is
+// conditional on what it used. Allocations of other nodes, of other networks, and those block-ipam
+// did not write (no network attribute) are never touched. Errors do not stop it: they are returned
+// joined at the end.
+func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
+	if !c.conf.HaveAttachments {
+		c.log.Info("GC without cni.dev/valid-attachments: nothing released")
+		return 0, nil
 	}
-	cidrs := make([]netip.Prefix, 0, len(stale))
-	for cidr := range stale {
-		cidrs = append(cidrs, cidr)
-	}
-	slices.SortFunc(cidrs, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	c.roundTrips += snap.roundTrips
+	errs := snap.errs
+	cidrs := slices.SortedFunc(maps.Keys(snap.stale), comparePrefix)
 	released := 0
-	for _, cidr := range cidrs {
-		n := 0
-		err := c.retry(ctx, "GC "+cidr.String(), func(ctx context.Context) error {
-			var err error
-			n, err = c.gcBlock(ctx, cidr, stale[cidr])
+	for len(cidrs) > 0 {
+		// A block and the handles of its candidates are at most 1+len(candidates) keys.
+		n, keys := 0, 0
+		for n < len(cidrs) && (n == 0 || keys+1+len(snap.stale[cidrs[n]]) <= maxTxnOps/2) {
+			keys += 1 + len(snap.stale[cidrs[n]])
+			n++
+		}
+		chunk := cidrs[:n]
+		cidrs = cidrs[n:]
+		var got int
+		var bad []error
+		err := c.retry(ctx, "GC", func(ctx context.Context) error {
+			v, err := c.decide(ctx, "", func(v *view) error {
+				var err error
+				got, bad, err = v.gc(chunk, snap.stale)
+				return err
+			})
+			if err != nil || got == 0 {
+				return err
+			}
+			_, err = c.write(ctx, v, nil)
 			return err
 		})
+		errs = append(errs, bad...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("GC block %s: %w", cidr, err))
+			errs = append(errs, fmt.Errorf("GC blocks %s..%s: %w", chunk[0], chunk[len(chunk)-1], err))
 			if ctx.Err() != nil {
 				break
 			}
 			continue
 		}
-		released += n
+		released += got
 	}
 	if len(errs) > 0 {
 		return released, gcError(errs)
@@ -111,105 +141,94 @@ func (c *call) gc(ctx context.Context) (int, error) {
 	return released, nil
 }
 
-// ours reports whether an allocation is this node's on this network, written by block-ipam.
-func (c *call) ours(a *calico.AllocationAttribute) bool {
-	return a != nil && a.Secondary[AttrNetwork] == c.conf.Network && a.Secondary[calico.AttrNode] == c.conf.Node &&
-		strings.HasPrefix(a.Handle(), c.conf.Network+".")
+// gc decides the release of the candidates of the blocks cidrs that are still the allocations
+// snapshotGC found: their blocks lose them, their handles are corrected (or deleted when emptied).
+// It returns how many it releases, and the errors of blocks it cannot use.
+func (v *view) gc(cidrs []netip.Prefix, stale map[netip.Prefix][]gcCandidate) (int, []error, error) {
+	if err := v.require(cidrs...); err != nil {
+		return 0, nil, err
+	}
+	var handleKeys []string
+	for _, cidr := range cidrs {
+		for _, cd := range stale[cidr] {
+			if k := calico.HandleKey(cd.handle); !slices.Contains(handleKeys, k) {
+				handleKeys = append(handleKeys, k)
+			}
+		}
+	}
+	handles, err := v.keys(handleKeys...)
+	if err != nil {
+		return 0, nil, err
+	}
+	var errs []error
+	released := 0
+	perHandle := map[string]map[netip.Prefix]int{}
+	for _, cidr := range cidrs {
+		if err := v.bad[cidr]; err != nil {
+			errs = append(errs, fmt.Errorf("GC block %s: %w", cidr, err))
+			continue
+		}
+		e := v.blocks[cidr]
+		if e == nil {
+			continue // the block is gone: nothing left to release
+		}
+		var ords []int
+		for _, cd := range stale[cidr] {
+			a := e.b.AttributeOf(cd.ord)
+			if !ours(v.conf, a) || a.Handle() != cd.handle {
+				continue
+			}
+			if seq, ok := e.b.SequenceOf(cd.ord); ok != cd.hasSeq || seq != cd.seq {
+				continue // released and reallocated since the snapshot
+			}
+			ords = append(ords, cd.ord)
+			if perHandle[cd.handle] == nil {
+				perHandle[cd.handle] = map[netip.Prefix]int{}
+			}
+			perHandle[cd.handle][cidr]++
+		}
+		if len(ords) == 0 {
+			continue
+		}
+		if err := e.edit().Release(ords...); err != nil {
+			errs = append(errs, withCode(ErrDatastore, "GC block %s: %w", cidr, err))
+			continue
+		}
+		e.dirty = true
+		released += len(ords)
+		v.log.Info("GC releases stale allocations", "block", cidr, "count", len(ords))
+	}
+	for i, key := range handleKeys {
+		counts, kv := perHandle[strings.TrimPrefix(key, calico.HandlePrefix)], handles[i]
+		if len(counts) == 0 {
+			continue
+		}
+		if kv == nil {
+			// An allocation without its handle: released all the same; there is no count to fix.
+			v.uses[key] = 0
+			continue
+		}
+		hv, err := calico.DecodeHandle(kv.Value)
+		if err != nil {
+			return 0, nil, withCode(ErrDatastore, "%s: %w", key, err)
+		}
+		for cidr, n := range counts {
+			hv.Remove(cidr, n)
+		}
+		v.uses[key], v.keyWrites[key] = kv.ModRevision, nil
+		if len(hv.Block) > 0 {
+			if v.keyWrites[key], err = calico.EncodeHandle(hv); err != nil {
+				return 0, nil, err
+			}
+		}
+	}
+	return released, errs, nil
 }
 
-// gcBlock re-reads one block and the handles of its candidates in one transaction, releases the
-// candidates that are still the same allocations, and writes block and handles in one conditional
-// transaction. It returns how many addresses it released.
-func (c *call) gcBlock(ctx context.Context, cidr netip.Prefix, cands []gcCandidate) (int, error) {
-	var handles []string
-	for _, cd := range cands {
-		if !slices.Contains(handles, cd.handle) {
-			handles = append(handles, cd.handle)
-		}
-	}
-	ops := []op{getOp(calico.BlockKey(cidr))}
-	for _, h := range handles {
-		ops = append(ops, getOp(calico.HandleKey(h)))
-	}
-	res, err := c.txn(ctx, nil, ops, nil)
-	if err != nil {
-		return 0, err
-	}
-	if len(res.Ranges) != len(ops) || len(res.Ranges[0]) != 1 {
-		return 0, nil // the block is gone: nothing left to release
-	}
-	e, err := decodeBlockKV(cidr, res.Ranges[0][0])
-	if err != nil || e == nil {
-		return 0, err
-	}
-	var ords []int
-	perHandle := map[string]int{}
-	for _, cd := range cands {
-		a := e.b.AttributeOf(cd.ord)
-		if !c.ours(a) || a.Handle() != cd.handle {
-			continue
-		}
-		if seq, ok := e.b.SequenceOf(cd.ord); ok != cd.hasSeq || seq != cd.seq {
-			continue // released and reallocated since the snapshot
-		}
-		ords = append(ords, cd.ord)
-		perHandle[cd.handle]++
-	}
-	if len(ords) == 0 {
-		return 0, nil
-	}
-	if err := e.b.Release(ords...); err != nil {
-		return 0, withCode(ErrDatastore, "%w", err)
-	}
-	cmps := []compare{modRevisionIs(calico.BlockKey(cidr), e.rev)}
-	var writes []op
-	if e.b.DeleteWhenReleased() {
-		writes = append(writes, deleteOp(calico.BlockKey(cidr)))
-	} else {
-		e.b.BumpSequence()
-		data, err := calico.EncodeBlock(e.b)
-		if err != nil {
-			return 0, err
-		}
-		writes = append(writes, putOp(calico.BlockKey(cidr), data))
-	}
-	for i, h := range handles {
-		if perHandle[h] == 0 {
-			continue
-		}
-		key := calico.HandleKey(h)
-		kvs := res.Ranges[i+1]
-		if len(kvs) != 1 {
-			// An allocation without its handle: release it all the same; there is no count to fix.
-			cmps = append(cmps, absent(key))
-			continue
-		}
-		hv, err := calico.DecodeHandle(kvs[0].Value)
-		if err != nil {
-			return 0, withCode(ErrDatastore, "handle %s: %w", h, err)
-		}
-		hv.Remove(cidr, perHandle[h])
-		cmps = append(cmps, modRevisionIs(key, kvs[0].ModRevision))
-		if len(hv.Block) == 0 {
-			writes = append(writes, deleteOp(key))
-		} else {
-			data, err := calico.EncodeHandle(hv)
-			if err != nil {
-				return 0, err
-			}
-			writes = append(writes, putOp(key, data))
-		}
-	}
-	tr, err := c.txn(ctx, cmps, writes, nil)
-	if err != nil {
-		return 0, err
-	}
-	if !tr.Succeeded {
-		return 0, errConflict
-	}
-	c.forgetAll()
-	c.log.Info("GC released stale allocations", "block", cidr, "count", len(ords), "handles", strings.Join(handles, ","))
-	return len(ords), nil
+// ours reports whether an allocation is the request's node's on its network, written by block-ipam.
+func ours(conf *cni.Request, a *calico.AllocationAttribute) bool {
+	return a != nil && a.Secondary[AttrNetwork] == conf.Network && a.Secondary[calico.AttrNode] == conf.Node &&
+		strings.HasPrefix(a.Handle(), conf.Network+".")
 }
 
 // gcError joins GC's errors into one CNI error, with the code of the first typed one (11 when they

@@ -1,12 +1,17 @@
 // Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
 // unix socket and owns the node's allocation state on one long-lived etcd client.
 //
-// One goroutine, the state loop, runs every operation and owns the node caches; the socket's
-// handlers only queue requests to it and wait. ADDs that queue while an operation runs are served
-// together: the next ADD's one conditional transaction also writes their handles and addresses
-// when they fit in the node's current blocks (see add.go). Every write stays conditional on etcd's
-// revisions (other nodes, calico-ipam and calicoctl write the same keys), so a daemon killed at any
-// point leaves etcd consistent, and two daemons of one node would still hand out no address twice.
+// One direction of flow: the socket's handlers queue requests; one goroutine, the state loop, owns
+// the node state (state.go), which followers (watch.go) keep up to date from etcd watches: the IPAM
+// config, pools, IPReservations, the node's Calico Node resource, its affinities and their blocks.
+// For each request the loop takes a decision on a view of that state (view.go; pure: add.go, del.go,
+// check.go), sends it as one conditional transaction, and applies what committed back to the state.
+// In steady state an ADD or a DEL is that one transaction, with no read. ADDs that queue while an
+// operation runs are served together: the next ADD's transaction also writes their handles and
+// addresses when they fit in the node's blocks. Every write stays conditional on etcd's revisions
+// (other nodes, calico-ipam and calicoctl write the same keys), and a lost race reads the current
+// state in the same round trip, so a daemon killed at any point leaves etcd consistent, and two
+// daemons of one node would still hand out no address twice.
 package ipamd
 
 import (
@@ -22,21 +27,24 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
 
 // Limits of the daemon.
 const (
-	// maxBatch bounds the ADDs one write serves besides its own.
+	// maxBatch bounds the jobs the state loop takes in one turn (one write serves the ADDs among them).
 	maxBatch = 64
 	// MaxTimeout bounds one operation, whatever the shim asks for.
 	MaxTimeout = 5 * time.Minute
@@ -59,6 +67,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Pause, when set, runs before every write (tests: kill the daemon or change etcd there).
 	Pause func(context.Context)
+	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
+	// operation it runs, before /healthz fails (default 30 s).
+	HealthWindow time.Duration
 }
 
 // Validate checks the configuration.
@@ -75,6 +86,9 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.HealthWindow <= 0 {
+		c.HealthWindow = 30 * time.Second
+	}
 	return nil
 }
 
@@ -85,15 +99,27 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	jobs    chan *job
-	// caches are the node caches by pool settings; only the state loop touches them.
-	caches map[string]*nodeCache
+	updates chan update
+	// state is the node state; only the state loop touches it.
+	state     *nodeState
+	followers followers
+
+	// live marks the loop's turns (at least every second when idle) and the deadline of the operation
+	// it runs: /healthz and the watchdog.
+	live liveness.Loop
+	// synced: the state has read every source once (/readyz, Synced).
+	synced atomic.Bool
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
 type job struct {
 	req   *cni.Request
 	start time.Time
-	done  chan *cni.Reply
+	// ctx ends when the plugin hangs up: a job not started is dropped, a running one stops before
+	// its next transaction.
+	ctx  context.Context
+	gc   *gcSnapshot
+	done chan *cni.Reply
 }
 
 // batchRequest is an ADD waiting behind another, which the other's write may serve.
@@ -110,28 +136,52 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	updates := make(chan update, 256)
 	return &Server{
-		cfg:     cfg,
-		etcd:    &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
-		log:     cfg.Logger,
-		metrics: newMetrics(cfg.Registerer),
-		jobs:    make(chan *job, queueLength),
-		caches:  map[string]*nodeCache{},
+		cfg:       cfg,
+		etcd:      &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
+		log:       cfg.Logger,
+		metrics:   newMetrics(cfg.Registerer),
+		jobs:      make(chan *job, queueLength),
+		updates:   updates,
+		state:     newNodeState(cfg.Node, cfg.Logger),
+		followers: followers{f: follower{cli: cfg.Client, timeout: cfg.CallTimeout, log: cfg.Logger, out: updates}},
 	}, nil
 }
 
-// Run runs the state loop until ctx is done.
+// Run runs the state loop and the followers that feed it until ctx is done.
 func (s *Server) Run(ctx context.Context) error {
+	s.followers.start(ctx, s.state)
+	defer s.followers.wait()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
+		s.live.Turn()
+		s.synced.Store(s.state.synced())
 		var first *job
 		select {
 		case <-ctx.Done():
 			return nil
+		case u := <-s.updates:
+			s.apply(ctx, u)
+			continue
+		case <-tick.C:
+			continue
 		case first = <-s.jobs:
+		}
+		// Decide on everything the followers have delivered.
+	updates:
+		for {
+			select {
+			case u := <-s.updates:
+				s.apply(ctx, u)
+			default:
+				break updates
+			}
 		}
 		batch := []*job{first}
 	drain:
-		for len(batch) <= maxBatch {
+		for len(batch) < maxBatch {
 			select {
 			case j := <-s.jobs:
 				batch = append(batch, j)
@@ -140,8 +190,25 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}
 		s.serveBatch(ctx, batch)
+		s.followers.reconcile(ctx, s.state)
 	}
 }
+
+// apply hands a follower's update to the state, and follows the blocks of the affinities it has.
+func (s *Server) apply(ctx context.Context, u update) {
+	s.state.apply(u)
+	if !u.block.IsValid() && u.src == srcAffinity {
+		s.followers.reconcile(ctx, s.state)
+	}
+}
+
+// Synced reports whether the node state has been read in full once (after that, operations in steady
+// state need no read).
+func (s *Server) Synced() bool { return s.synced.Load() }
+
+// HealthyWithin reports whether the state loop has turned within d, or runs an operation whose
+// deadline has not passed by d: it does not depend on etcd being reachable.
+func (s *Server) HealthyWithin(d time.Duration) bool { return s.live.HealthyWithin(d) }
 
 // serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
 // it along, and those its write served are answered without an operation of their own.
@@ -151,20 +218,29 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 		if answered[i] {
 			continue
 		}
+		if err := j.ctx.Err(); err != nil {
+			// The plugin hung up before its turn: nobody waits for the answer.
+			s.finish(j, &cni.Reply{Code: types.ErrTryAgainLater, Msg: "the plugin hung up before its request ran"})
+			continue
+		}
 		var waiting []*batchRequest
 		var idx []int
 		if key, ok := batchKey(j.req); ok {
+			// An ADD is taken along only if no job before it in the batch, taken or not, is of its
+			// container: those run first.
 			handles := []string{handleID(j.req.Network, j.req.ContainerID)}
 			for k := i + 1; k < len(batch); k++ {
 				o := batch[k]
+				if answered[k] {
+					continue
+				}
 				h := handleID(o.req.Network, o.req.ContainerID)
-				if answered[k] || slices.Contains(handles, h) {
-					continue
-				}
-				if okey, ok := batchKey(o.req); !ok || okey != key {
-					continue
-				}
+				okey, ok := batchKey(o.req)
+				seen := slices.Contains(handles, h)
 				handles = append(handles, h)
+				if !ok || okey != key || seen || o.ctx.Err() != nil {
+					continue
+				}
 				waiting = append(waiting, &batchRequest{job: o, Handle: h, Attr: attribute(s.request(o.req), h, o.req.IfName)})
 				idx = append(idx, k)
 			}
@@ -200,21 +276,17 @@ func (s *Server) request(r *cni.Request) *cni.Request {
 // operate runs one job on the state loop.
 func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *cni.Reply {
 	req := s.request(j.req)
-	timeout := j.req.Timeout
-	if timeout <= 0 || timeout > MaxTimeout {
-		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
-	}
-	// End a little before the shim gives up, so that it gets the reason rather than a deadline.
-	ctx, cancel := context.WithDeadline(ctx, j.start.Add(timeout*9/10))
+	// End at the request's deadline, and at once when the plugin hangs up (between transactions:
+	// one that was sent is waited for, and applied).
+	deadline := deadline(j.req, j.start)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	cacheKey := fmt.Sprint(req.Pools)
-	cache := s.caches[cacheKey]
-	if cache == nil {
-		cache = &nodeCache{}
-		s.caches[cacheKey] = cache
-	}
-	c := &call{conf: req, etcd: s.etcd, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
-		pause: s.cfg.Pause, cache: cache, endpoints: s.cfg.Endpoints, waiting: waiting}
+	stop := context.AfterFunc(j.ctx, cancel)
+	defer stop()
+	s.live.Turn()
+	defer s.live.Busy(deadline)()
+	c := &call{conf: req, etcd: s.etcd, state: s.state, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
+		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, waiting: waiting}
 	reply := &cni.Reply{}
 	var err error
 	if s.etcdLost() && req.Verb != "STATUS" {
@@ -228,9 +300,15 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 		case "CHECK":
 			err = c.check(ctx, req.ContainerID, req.IfName)
 		case "GC":
-			reply.Released, err = c.gc(ctx)
+			reply.Released, err = c.gc(ctx, j.gc)
 		case "STATUS":
-			err = c.status(ctx)
+			lost := s.etcdLost()
+			if lost {
+				// Try now rather than at the end of gRPC's reconnection backoff, which grows
+				// while etcd is down: STATUS has 2 s to tell whether it is back.
+				s.cfg.Client.ActiveConnection().ResetConnectBackoff()
+			}
+			err = c.status(ctx, lost)
 		}
 	}
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
@@ -239,9 +317,6 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	s.metrics.batched.Add(float64(c.batched))
 	if err != nil {
 		te := toCNIError(err)
-		if req.Verb == "STATUS" && te.Code == types.ErrTryAgainLater {
-			te = &types.Error{Code: ErrPluginNotAvailable, Msg: fmt.Sprintf("etcd unreachable at %s: %s", s.cfg.Endpoints, te.Msg)}
-		}
 		reply.Code, reply.Msg = te.Code, te.Msg
 		c.log.Warn(req.Verb+" failed", "err", te.Msg, "code", te.Code, "attempts", c.attempts, "etcd_round_trips", c.roundTrips)
 	} else {
@@ -310,6 +385,21 @@ func (s *Server) check(r *cni.Request) *types.Error {
 // package cni). A connection has connTimeout to deliver its request; the reply waits for the
 // operation, whose deadline is the request's.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hup, err := newHangups()
+	if err != nil {
+		return fmt.Errorf("watching for plugins that hang up: %w", err)
+	}
+	hctx, hstop := context.WithCancel(context.Background())
+	hdone := make(chan struct{})
+	go func() {
+		defer close(hdone)
+		hup.run(hctx)
+	}()
+	defer func() {
+		hstop()
+		<-hdone
+		unix.Close(hup.epfd)
+	}()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -329,7 +419,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, conn)
+			s.serveConn(ctx, conn, hup)
 		}()
 	}
 }
@@ -337,7 +427,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 // connTimeout bounds reading a request and writing a reply.
 const connTimeout = 5 * time.Second
 
-func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 	defer conn.Close()
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(connTimeout))
@@ -350,24 +440,53 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	case len(data) > cni.MaxMessage:
 		reply = &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)}
 	default:
-		// A shim that gives up is not noticed (its half-closed connection reads EOF either way): the
-		// operation runs to its deadline, which the shim's own bounds.
-		reply = s.handle(ctx, start, data)
+		jctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := hup.watch(conn, cancel)
+		reply = s.handle(jctx, start, data)
+		stop()
 	}
 	out, _ := json.Marshal(reply)
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
 }
 
+// hangupPoll bounds how long the hang-up watcher takes to notice that Serve returns.
+const hangupPoll = 250 * time.Millisecond
+
+// deadline is when the daemon gives up on a request: a little before the shim does, so that it
+// gets the reason rather than a deadline.
+func deadline(r *cni.Request, start time.Time) time.Time {
+	timeout := r.Timeout
+	if timeout <= 0 || timeout > MaxTimeout {
+		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
+	}
+	return start.Add(timeout * 9 / 10)
+}
+
+// handle answers one request; ctx ends when the plugin hangs up or the daemon stops.
 func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
 	var req cni.Request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
-	j := &job{req: &req, start: start, done: make(chan *cni.Reply, 1)}
+	j := &job{req: &req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
 	if err := s.check(&req); err != nil {
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
+	}
+	if req.Verb == "GC" {
+		// The snapshot of every block is read here, off the state loop; the loop decides on it.
+		req.Node = s.cfg.Node
+		sctx, cancel := context.WithDeadline(ctx, deadline(&req, start))
+		snap, err := snapshotGC(sctx, s.etcd, &req)
+		cancel()
+		if err != nil {
+			te := toCNIError(err)
+			s.finish(j, &cni.Reply{Code: te.Code, Msg: te.Msg, RoundTrips: snap.roundTrips, Attempts: 1})
+			return <-j.done
+		}
+		j.gc = snap
 	}
 	select {
 	case s.jobs <- j:
@@ -379,15 +498,25 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	case r := <-j.done:
 		return r
 	case <-ctx.Done():
-		// The daemon stops; the state loop still answers into the buffered channel if it gets there.
+		// The plugin hung up, or the daemon stops; the state loop still answers into the buffered
+		// channel if it gets there.
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrTryAgainLater, Msg: "the block-ipam daemon is stopping"}
 	}
 }
 
-// health answers /healthz (the process serves) and /readyz (and its etcd connection is not failing).
+// health answers /healthz (the state loop is alive: HealthyWithin) and /readyz (and its etcd
+// connection is not failing, and the node state has been read).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if !s.HealthyWithin(s.cfg.HealthWindow) {
+		http.Error(w, "the state loop is stalled", http.StatusServiceUnavailable)
+		return
+	}
 	if r.URL.Path == "/readyz" && s.etcdLost() {
 		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
+		return
+	}
+	if r.URL.Path == "/readyz" && !s.Synced() {
+		http.Error(w, "the node's IPAM state has not been read from etcd at "+s.cfg.Endpoints+" yet", http.StatusServiceUnavailable)
 		return
 	}
 	fmt.Fprintln(w, "ok")

@@ -7,32 +7,40 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
-// status answers whether ADD can be served: etcd must answer within statusTimeout (else 50 naming the
-// endpoints), and every family ADD assigns must have a free address in the node's blocks, a block it
-// may claim, or (strict affinity off) an address it may borrow (else 50). It writes nothing.
-func (c *call) status(ctx context.Context) error {
-	v, err := c.newView(ctx, "", readSpec{config: true, pools: true, affinity: true, resources: true})
-	if err != nil {
-		if errors.Is(err, errUnavailable) || ctx.Err() != nil {
-			return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
-		}
-		return err
+// status answers whether ADD can be served: etcd must answer (else 50 naming the endpoints), and every
+// family ADD assigns must have a free address in the node's blocks, a block it may claim, or (strict
+// affinity off) an address it may borrow (else 50). It decides on the node state the followers keep:
+// no round trip while the node's blocks have room and the connection to etcd is up; a read only of
+// what the decision needs (the family's listing to claim, its blocks to borrow), or, when the
+// connection is reported down (etcdLost), one read to see whether etcd answers again. It writes nothing.
+func (c *call) status(ctx context.Context, etcdLost bool) error {
+	unreachable := func(err error) error {
+		return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
 	}
-	pools, err := v.selectPools(true)
-	if err != nil {
-		return err
-	}
-	if err := v.loadBlocks(ctx, v.affineCIDRs(pools)); err != nil {
-		return cniError(ErrPluginNotAvailable, "etcd at %s: %v", c.endpoints, err)
-	}
-	for _, f := range []Family{V4, V6} {
-		if !c.conf.Assign[f] {
-			continue
-		}
-		// Try an assignment on the view without committing it: the same decision ADD would take.
-		if _, err := v.assignAuto(ctx, f, pools[f], calico.AllocationAttribute{}); err != nil {
-			return cniError(ErrPluginNotAvailable, "cannot serve ADD: %v", err)
+	if etcdLost {
+		if _, err := c.txn(ctx, nil, []op{getOp(calico.IPAMConfigKey)}, nil); err != nil {
+			return unreachable(err)
 		}
 	}
-	return nil
+	_, err := c.decide(ctx, "", func(v *view) error {
+		pools, err := v.selectPools(true)
+		if err != nil {
+			return err
+		}
+		for _, f := range v.conf.Families() {
+			// The decision ADD would take, on the view only.
+			if _, err := v.assignAuto(f, pools[f], calico.AllocationAttribute{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errUnavailable) || ctx.Err() != nil:
+		return unreachable(err)
+	default:
+		return cniError(ErrPluginNotAvailable, "cannot serve ADD: %v", err)
+	}
 }

@@ -70,6 +70,11 @@ func Start(tb testing.TB, o Options) *Daemon {
 		cli.Close()
 	}}
 	tb.Cleanup(d.Stop)
+	// Tests count etcd round trips: start from a daemon whose followers have read the node state
+	// (steady state), unless etcd does not answer.
+	for end := time.Now().Add(2 * time.Second); !srv.Synced() && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	return d
 }
 

@@ -1,0 +1,326 @@
+package ipamd
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
+
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+)
+
+// testServer is a daemon for node1 on a real etcd, serving sock; stop stops it (also done at cleanup).
+type testServer struct {
+	*Server
+	sock string
+	cli  *clientv3.Client
+	stop func()
+}
+
+// startServer runs a daemon for node1 on a real etcd, with the pools (pool p, 10.244.0.0/16, when
+// none is given); cfg.Pause may call cli, which is set before the daemon starts.
+func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calico.IPPool) *testServer {
+	t.Helper()
+	_, c := etcdtest.Start(t)
+	if cli != nil {
+		*cli = c
+	}
+	if len(pools) == 0 {
+		pools = []calico.IPPool{{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}}
+	}
+	for _, p := range pools {
+		v, _ := calico.EncodeIPPool(p)
+		if _, err := c.Put(t.Context(), calico.IPPoolKey(p.Name), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Node, cfg.Client = "node1", c
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); srv.Run(ctx) }()
+	go func() { defer wg.Done(); srv.Serve(ctx, l) }()
+	stop := func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	for end := time.Now().Add(10 * time.Second); !srv.Synced() && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &testServer{Server: srv, sock: sock, cli: c, stop: stop}
+}
+
+// pauseOnce returns cfg with a Pause that, the first time, closes stuck and waits for release to be
+// closed.
+func pauseOnce(cfg Config) (_ Config, stuck, release chan struct{}) {
+	stuck, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cfg.Pause = func(context.Context) {
+		once.Do(func() {
+			close(stuck)
+			<-release
+		})
+	}
+	return cfg, stuck, release
+}
+
+func addRequest(cid string, timeout time.Duration) *cni.Request {
+	return &cni.Request{Verb: "ADD", ContainerID: cid, IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}, Timeout: timeout}
+}
+
+func healthz(srv *Server) int {
+	rec := httptest.NewRecorder()
+	srv.HealthHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	return rec.Code
+}
+
+// TestHealthzFollowsTheStateLoop: /healthz (and the systemd watchdog, through HealthyWithin) says ok
+// while the state loop is idle or runs an operation within its deadline, and fails when the loop is
+// stuck past it; it recovers when the loop turns again.
+func TestHealthzFollowsTheStateLoop(t *testing.T) {
+	// The pause ignores its context: a loop stuck in a call that does not honour its deadline.
+	cfg, stuck, release := pauseOnce(Config{HealthWindow: 300 * time.Millisecond})
+	srv := startServer(t, cfg, nil)
+	sock := srv.sock
+	if code := healthz(srv.Server); code != http.StatusOK {
+		t.Fatalf("idle: /healthz %d", code)
+	}
+	go cni.Call(context.Background(), sock, addRequest("c1", time.Second))
+	<-stuck
+	if code := healthz(srv.Server); code != http.StatusOK {
+		t.Fatalf("within the operation's deadline: /healthz %d", code)
+	}
+	// The operation's deadline is 0.9 s after its start; the window 0.3 s beyond it.
+	deadline := time.Now().Add(10 * time.Second)
+	for healthz(srv.Server) == http.StatusOK && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := healthz(srv.Server); code != http.StatusServiceUnavailable {
+		t.Fatalf("stuck past the deadline: /healthz %d, want 503", code)
+	}
+	if srv.HealthyWithin(300 * time.Millisecond) {
+		t.Fatal("stuck past the deadline: HealthyWithin true")
+	}
+	close(release)
+	for healthz(srv.Server) != http.StatusOK && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := healthz(srv.Server); code != http.StatusOK {
+		t.Fatalf("loop turning again: /healthz %d", code)
+	}
+}
+
+// TestHungUpRequestIsDropped: a request whose plugin hangs up while it waits in the queue is not run.
+func TestHungUpRequestIsDropped(t *testing.T) {
+	cfg, stuck, release := pauseOnce(Config{})
+	srv := startServer(t, cfg, nil)
+	sock, cli := srv.sock, srv.cli
+	first := make(chan error, 1)
+	go func() {
+		r, err := cni.Call(context.Background(), sock, addRequest("c1", 20*time.Second))
+		if err == nil {
+			err = r.Err()
+		}
+		first <- err
+	}()
+	<-stuck
+	// The second plugin gives up: its context ends while its request waits behind c1's.
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan error, 1)
+	go func() {
+		_, err := cni.Call(ctx, sock, addRequest("c2", 20*time.Second))
+		second <- err
+	}()
+	for srv.Queued() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-second
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// c2 was dropped; a third ADD runs after it in the same loop, so c2's turn has passed.
+	r, err := cni.Call(context.Background(), sock, addRequest("c3", 20*time.Second))
+	if err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	resp, err := cli.Get(t.Context(), calico.HandleKey("net1.c2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Fatal("the ADD of a plugin that hung up was run")
+	}
+}
+
+// TestSocketHangupDetected: the hang-up watcher tells a plugin that closed its connection from one
+// that only half-closed it after its request.
+func TestSocketHangupDetected(t *testing.T) {
+	hup, err := newHangups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); hup.run(ctx) }()
+	defer func() { cancel(); <-done; unix.Close(hup.epfd) }()
+	for _, full := range []bool{false, true} {
+		a, b, err := socketPair(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.(*net.UnixConn).CloseWrite()
+		hung := make(chan struct{})
+		stop := hup.watch(b, func() { close(hung) })
+		if full {
+			a.Close()
+		}
+		select {
+		case <-hung:
+			if !full {
+				t.Error("half-closed connection taken for a hang-up")
+			}
+		case <-time.After(300 * time.Millisecond):
+			if full {
+				t.Error("closed connection not noticed")
+			}
+		}
+		stop()
+		a.Close()
+		b.Close()
+	}
+}
+
+func socketPair(dir string) (net.Conn, net.Conn, error) {
+	l, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer l.Close()
+	a, err := net.Dial("unix", l.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := l.Accept()
+	return a, b, err
+}
+
+// TestDeletedPoolLeavesState: a pool deleted while an ADD that would claim from it is being written
+// fails the write (conditional on the pool's mod revision), the retry claims from the pool left, and
+// the deletion, whose watch event queued behind the write, still reaches the node state.
+func TestDeletedPoolLeavesState(t *testing.T) {
+	var once sync.Once
+	var cli *clientv3.Client
+	// Pool a sorts before p: ADD claims from it first.
+	srv := startServer(t, Config{Pause: func(context.Context) {
+		once.Do(func() {
+			cli.Delete(context.Background(), calico.IPPoolKey("a"))
+			time.Sleep(200 * time.Millisecond) // the watch event queues behind this operation
+		})
+	}}, &cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26},
+		calico.IPPool{Name: "a", CIDR: netip.MustParsePrefix("10.245.0.0/16"), BlockSize: 26})
+	sock := srv.sock
+	r, err := cni.Call(context.Background(), sock, addRequest("c1", 5*time.Second))
+	if err != nil || r.Code != 0 || len(r.Allocations) != 1 {
+		t.Fatalf("ADD: %+v %v", r, err)
+	}
+	if a := r.Allocations[0].Addr; !netip.MustParsePrefix("10.244.0.0/16").Contains(a) {
+		t.Errorf("ADD got %s from the pool deleted before its write", a)
+	}
+	time.Sleep(300 * time.Millisecond) // the deletion's event reaches the loop
+	srv.stop()
+	if len(srv.state.pools) != 1 || srv.state.pools[0].Name != "p" {
+		t.Errorf("the node state still holds the deleted pool: %+v", srv.state.pools)
+	}
+}
+
+// TestBatchKeepsOrderPerContainer: an ADD queued behind a DEL of the same container is not served by
+// an earlier ADD's write, ahead of the DEL: the DEL runs first, and the ADD's address stays held.
+func TestBatchKeepsOrderPerContainer(t *testing.T) {
+	cfg, stuck, release := pauseOnce(Config{})
+	srv := startServer(t, cfg, nil)
+	sock, cli := srv.sock, srv.cli
+	go cni.Call(context.Background(), sock, addRequest("z", 5*time.Second))
+	<-stuck
+	type result struct {
+		r   *cni.Reply
+		err error
+	}
+	var results [3]chan result
+	for i, req := range []*cni.Request{addRequest("y", 5*time.Second),
+		{Verb: "DEL", ContainerID: "x", IfName: "eth0", Network: "net1", Timeout: 5 * time.Second}, addRequest("x", 5*time.Second)} {
+		results[i] = make(chan result, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), sock, req)
+			results[i] <- result{r, err}
+		}()
+		for end := time.Now().Add(5 * time.Second); srv.Queued() != i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("request %d not queued", i)
+			}
+		}
+	}
+	close(release)
+	var addX result
+	for i := range results {
+		r := <-results[i]
+		if r.err != nil || r.r.Code != 0 {
+			t.Fatalf("request %d: %+v %v", i, r.r, r.err)
+		}
+		addX = r
+	}
+	resp, err := cli.Get(t.Context(), calico.HandleKey("net1.x"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("ADD x answered %v, but its handle is gone (%v): the DEL queued before it ran after it", addX.r.Allocations, err)
+	}
+}
+
+// TestGCRetriesOnFreshHandle: GC's write is conditional on the handles it corrects; when one changes
+// under it, the failure branch reads it again and the next attempt succeeds (it does not decide on
+// the stale handle again until its deadline).
+func TestGCRetriesOnFreshHandle(t *testing.T) {
+	var armed atomic.Bool
+	var cli *clientv3.Client
+	srv := startServer(t, Config{Pause: func(ctx context.Context) {
+		if armed.CompareAndSwap(true, false) {
+			// Rewrite the handle as it is: a new mod revision.
+			resp, err := cli.Get(ctx, calico.HandleKey("net1.c1"))
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Errorf("handle: %v", err)
+				return
+			}
+			cli.Put(ctx, calico.HandleKey("net1.c1"), string(resp.Kvs[0].Value))
+		}
+	}}, &cli)
+	if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	armed.Store(true)
+	r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 3 * time.Second})
+	if err != nil || r.Err() != nil || r.Released != 1 || r.Attempts < 2 {
+		t.Fatalf("GC: %+v %v", r, err)
+	}
+	if resp, err := cli.Get(t.Context(), calico.HandleKey("net1.c1")); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("handle after GC: %v %v", resp.Kvs, err)
+	}
+}
