@@ -598,21 +598,31 @@ func (w *Watcher) malformed(src source, key string, rev int64, err error) {
 }
 
 // emit hands s to the consumer without blocking, folding it into the snapshot the consumer has not
-// taken yet, if any. Run is the only sender, so once the channel is drained the send cannot fail.
+// taken yet, if any.
 func (w *Watcher) emit(s *Snapshot) {
-	select {
-	case w.updates <- s:
-		return
-	default:
-	}
-	select {
-	case old := <-w.updates:
-		s = coalesce(old, s)
-	default:
-	}
-	select {
-	case w.updates <- s:
-	default:
+	if !sendMerged(w.updates, s, coalesce) {
 		w.log.Error("blockwatch: snapshot dropped: Updates has another sender")
+	}
+}
+
+// sendMerged sends v on ch (of capacity 1) without blocking, merged with the value the consumer has
+// not taken yet, if any. It fails only if ch has another sender: for its one sender, once the channel
+// is drained the send cannot fail.
+func sendMerged[T any](ch chan T, v T, merge func(old, new T) T) bool {
+	select {
+	case ch <- v:
+		return true
+	default:
+	}
+	select {
+	case old := <-ch:
+		v = merge(old, v)
+	default:
+	}
+	select {
+	case ch <- v:
+		return true
+	default:
+		return false
 	}
 }

@@ -34,21 +34,13 @@ func (w *Watcher) Listing() <-chan *Listed { return w.listing }
 func (w *Watcher) emitListed(c *cache, blocks []*Block) {
 	c.peersShared, c.poolsShared = true, true
 	l := &Listed{Revision: c.rev, Blocks: blocks, Peers: c.peers, Pools: c.pools}
-	select {
-	case w.listing <- l:
-		return
-	default:
-	}
-	select {
-	case old := <-w.listing:
+	merge := func(old, l *Listed) *Listed {
 		if old.Revision == l.Revision {
 			l.Blocks = append(old.Blocks, l.Blocks...)
 		}
-	default:
+		return l
 	}
-	select {
-	case w.listing <- l:
-	default:
+	if !sendMerged(w.listing, l, merge) {
 		w.log.Error("blockwatch: listed part dropped: Listing has another sender")
 	}
 }
