@@ -35,6 +35,13 @@ type testServer struct {
 // none is given); cfg.Pause may call cli, which is set before the daemon starts.
 func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calico.IPPool) *testServer {
 	t.Helper()
+	return startServerKV(t, cfg, cli, nil, pools...)
+}
+
+// startServerKV is startServer with the daemon's operations on wrap(its client) (wrap nil: the
+// client itself); its followers keep the client.
+func startServerKV(t testing.TB, cfg Config, cli **clientv3.Client, wrap func(clientv3.KV) clientv3.KV, pools ...calico.IPPool) *testServer {
+	t.Helper()
 	_, c := etcdtest.Start(t)
 	if cli != nil {
 		*cli = c
@@ -52,6 +59,9 @@ func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calic
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		srv.etcd.kv = wrap(srv.etcd.kv)
 	}
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := Listen(sock, -1)
