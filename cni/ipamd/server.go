@@ -343,7 +343,7 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
 	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
 	s.metrics.claims.Add(float64(c.claims))
-	s.metrics.batched.Add(float64(c.batched))
+	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(c.batched))
 	if err != nil {
 		te := toCNIError(err)
 		reply.Code, reply.Msg = te.Code, te.Msg
