@@ -505,3 +505,74 @@ func TestBatchedDelsKeepOrderPerContainer(t *testing.T) {
 		t.Fatalf("invariants: %v", err)
 	}
 }
+
+// TestBatchedDelsSplit: DELs of containers in as many different blocks of the node make a batch
+// whose one transaction would exceed maxTxnOps (a put and a compare per block besides the handles):
+// it is split into transactions that fit, and every DEL succeeds.
+func TestBatchedDelsSplit(t *testing.T) {
+	pause, armed, paused, release := armedPause()
+	srv := startServer(t, Config{Pause: pause}, nil)
+	if r, err := cni.Call(context.Background(), srv.sock, addRequest("hold", 5*time.Second)); err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	// n containers, each alone in a block of node1, written as Calico would.
+	const n = 60
+	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	conf := &cni.Request{Node: "node1", Network: "net1"}
+	for i := range n {
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(100 + i), 0}), 26)
+		h := fmt.Sprintf("net1.s%02d", i)
+		b := calico.NewBlock(cidr, "host:node1", uint64(i))
+		if err := b.Assign(0, attribute(conf, h, "eth0")); err != nil {
+			t.Fatal(err)
+		}
+		hv := calico.NewHandle()
+		hv.Add(cidr, 1)
+		bv, _ := calico.EncodeBlock(b)
+		hd, _ := calico.EncodeHandle(hv)
+		if _, err := srv.cli.Txn(t.Context()).Then(clientv3.OpPut(calico.BlockKey(cidr), string(bv)),
+			clientv3.OpPut(calico.HostAffinityKey("node1", cidr), string(confirmed)), clientv3.OpPut(calico.HandleKey(h), string(hd))).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for end := time.Now().Add(10 * time.Second); !srv.Synced() || srv.Queued() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the node state did not follow the new blocks")
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the blocks' followers deliver them
+	armed.Store(true)
+	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
+	<-paused
+	replies := make([]chan *cni.Reply, n)
+	for i := range n {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), srv.sock, delRequest(fmt.Sprintf("s%02d", i), 5*time.Second))
+			if err != nil {
+				r = &cni.Reply{Code: 999, Msg: err.Error()}
+			}
+			replies[i] <- r
+		}()
+		waitQueued(t, srv, i+1)
+	}
+	close(release)
+	roundTrips := int64(0)
+	for i := range n {
+		r := <-replies[i]
+		if r.Err() != nil {
+			t.Fatalf("DEL s%02d: %v", i, r.Err())
+		}
+		roundTrips += r.RoundTrips
+	}
+	if roundTrips < 2 || roundTrips > n/4 {
+		t.Errorf("%d DELs in %d blocks: %d etcd round trips, want 2 (one write would exceed %d operations) to %d", n, n, roundTrips, maxTxnOps, n/4)
+	}
+	t.Logf("%d DELs in %d blocks: %d etcd round trips", n, n, roundTrips)
+	if resp, err := srv.cli.Get(t.Context(), calico.HandlePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("handles left: %v %v", resp, err)
+	}
+	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+		t.Fatalf("invariants: %v", err)
+	}
+}
