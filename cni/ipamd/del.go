@@ -41,8 +41,9 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 // without it.
 var errRedo = errors.New("a request of the batch failed; deciding again without it")
 
-// delAttempt decides the DELs reqs and writes them in one transaction: the first n of them that
-// are not failed yet, n halved until the transaction fits in maxTxnOps. It marks those it served.
+// delAttempt decides the first n of the DELs reqs (all, halved until the transaction fits in
+// maxTxnOps) and writes them in one transaction. It marks those it served; the others are left for
+// an operation of their own.
 func (c *call) delAttempt(ctx context.Context, reqs []*batchRequest) error {
 	for n := len(reqs); ; {
 		chunk := reqs[:n]
