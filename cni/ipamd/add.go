@@ -54,7 +54,7 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 		return nil, err
 	}
 	for _, r := range v.others {
-		r.allocs = r.assigned
+		r.allocs, r.served = r.assigned, true
 	}
 	c.batched = len(v.others)
 	return got, nil

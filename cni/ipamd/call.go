@@ -48,9 +48,10 @@ type call struct {
 	// another ADD's write served this one); roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// batched counts the other ADDs this one served in its write.
+	// batched counts the other requests this one served in its write.
 	batched int
-	// waiting are ADDs queued behind this one that its write may serve.
+	// waiting are requests queued behind this one that its write may serve (ADDs for an ADD, DELs
+	// for a DEL).
 	waiting []*batchRequest
 	// claims counts the blocks this operation claimed.
 	claims int
@@ -264,20 +265,34 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 	if err != nil {
 		return nil, err
 	}
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
+	keys := slices.Sorted(maps.Keys(c.read.keys))
+	handles := []string{v.handleID}
+	for _, r := range v.dels {
+		handles = append(handles, r.Handle)
+	}
+	for _, h := range handles {
+		if k := calico.HandleKey(h); h != "" && !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	what := fmt.Sprintf("write %d blocks and handle %s", len(p.blocks), v.handleID)
+	if len(v.dels) > 0 {
+		what = fmt.Sprintf("write %d blocks and the handles of %d DELs", len(p.blocks), len(v.dels))
+	}
+	failure := c.refreshOps(keys, blocks)
+	if n := max(len(p.cmps), len(p.ops), len(failure)); n > maxTxnOps {
+		return nil, fmt.Errorf("%s: %w (%d operations)", what, errTooLarge, n)
+	}
 	if c.pause != nil {
 		c.pause(ctx)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("write %s: %w", v.handleID, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
-	keys := slices.Sorted(maps.Keys(c.read.keys))
-	if h := calico.HandleKey(v.handleID); v.handleID != "" && !slices.Contains(keys, h) {
-		keys = append(keys, h)
-	}
-	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, c.refreshOps(keys, blocks))
+	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, failure)
 	if err != nil {
-		return nil, fmt.Errorf("write %d blocks and handle %s: %w", len(p.blocks), v.handleID, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if !res.Succeeded {
 		if err := c.refreshed(keys, blocks, res); err != nil {

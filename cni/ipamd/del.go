@@ -2,6 +2,7 @@ package ipamd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -13,30 +14,103 @@ import (
 // FIFO; the handle is decremented, corrected to what the blocks really hold, or deleted; all in one
 // transaction. Nothing to release is success. An emptied block keeps its affinity, unless its pool no
 // longer selects its node (releaseEmptied).
+//
+// The DELs waiting behind this one (c.waiting) are decided on the same view, each on what the ones
+// before it left, and written in the same transaction (as many as fit in it; the others run later on
+// their own). A DEL whose decision fails gets its error and the others go on; a lost race fails the
+// transaction, whose failure branch reads every handle and block of the batch, and the batch is
+// decided again.
 func (c *call) del(ctx context.Context, containerID, ifname string) error {
-	handle := handleID(c.conf.Network, containerID)
-	return c.retry(ctx, "DEL "+handle, func(ctx context.Context) error {
-		return c.delAttempt(ctx, handle, ifname)
+	lead := &batchRequest{Handle: handleID(c.conf.Network, containerID), IfName: ifname}
+	reqs := append([]*batchRequest{lead}, c.waiting...)
+	err := c.retry(ctx, "DEL "+lead.Handle, func(ctx context.Context) error {
+		return c.delAttempt(ctx, reqs)
 	})
+	for _, r := range c.waiting {
+		if r.served {
+			c.batched++
+		}
+	}
+	if lead.err != nil {
+		return lead.err
+	}
+	return err
 }
 
-func (c *call) delAttempt(ctx context.Context, handle, ifname string) error {
-	match := func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname }
-	var h *calico.Handle
-	changed := false
-	v, err := c.decide(ctx, handle, func(v *view) error {
-		var err error
-		h, changed, err = v.del(handle, match)
-		if err == nil && changed {
-			err = v.releaseEmptied()
+// errRedo: a request of a batch failed on its own (its err is set); the batch is decided again
+// without it.
+var errRedo = errors.New("a request of the batch failed; deciding again without it")
+
+// delAttempt decides the first n of the DELs reqs (all, halved until the transaction fits in
+// maxTxnOps) and writes them in one transaction. It marks those it served; the others are left for
+// an operation of their own.
+func (c *call) delAttempt(ctx context.Context, reqs []*batchRequest) error {
+	for n := len(reqs); ; {
+		chunk := reqs[:n]
+		v, err := c.decide(ctx, "", func(v *view) error { return v.delBatch(chunk) })
+		if errors.Is(err, errRedo) {
+			continue
 		}
-		return err
-	})
-	if err != nil || !changed {
-		return err
+		if err != nil {
+			return err
+		}
+		if len(v.dels) > 0 {
+			_, err = c.write(ctx, v, nil)
+			if errors.Is(err, errTooLarge) && n > 1 {
+				n = (n + 1) / 2
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		for _, r := range chunk {
+			r.served = true
+		}
+		return nil
 	}
-	_, err = c.write(ctx, v, h)
-	return err
+}
+
+// delBatch decides the DELs reqs on the view in order, each on what those before it left (the
+// view's blocks): v.dels are those that change their handle. A DEL whose decision fails gets its
+// error (it is then served) and errRedo is returned: the decision starts again without it, on a
+// view it did not touch. The needs of all of them are returned together, so that one round trip
+// reads them.
+func (v *view) delBatch(reqs []*batchRequest) error {
+	var need *needs
+	v.dels = nil
+	for _, r := range reqs {
+		if r.err != nil {
+			continue
+		}
+		hv, err := loadHandle(v.read, r.Handle)
+		if err == nil {
+			v.handleView = hv
+			ifname := r.IfName
+			r.left, r.changed, err = v.del(r.Handle, func(a *calico.AllocationAttribute) bool { return ifnameOf(a) == ifname })
+			if err == nil && r.changed {
+				err = v.releaseEmptied()
+			}
+		}
+		var n *needs
+		if errors.As(err, &n) {
+			need = need.merge(n)
+			continue
+		}
+		if err != nil {
+			r.err, r.served = fmt.Errorf("DEL %s: %w", r.Handle, err), true
+			return errRedo
+		}
+		r.hv = v.handleView
+		if r.changed {
+			v.dels = append(v.dels, r)
+		}
+	}
+	v.handleView = handleView{}
+	if need != nil {
+		return need
+	}
+	return nil
 }
 
 // del decides a DEL on the view: the handle as it is left (nil: deleted) and whether anything changes.

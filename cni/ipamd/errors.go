@@ -46,6 +46,8 @@ func cniError(code uint, format string, args ...any) *types.Error {
 var (
 	// errConflict: a conditional write lost to a concurrent writer; the operation is retried.
 	errConflict = errors.New("etcd transaction lost a race with a concurrent write")
+	// errTooLarge: a write would exceed maxTxnOps operations (etcd refuses it); a batch is split.
+	errTooLarge = withCode(ErrDatastore, "the transaction would exceed %d operations", maxTxnOps)
 	// errUnavailable: no etcd endpoint answered; retried until the deadline.
 	errUnavailable = errors.New("etcd unavailable")
 )

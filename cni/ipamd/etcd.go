@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 )
 
 // etcdClient runs the allocator's transactions on the daemon's one long-lived clientv3 client. Only
@@ -117,4 +119,52 @@ func retryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// list reads every key under the prefixes, in pages of limit keys, all at one revision: the first
+// page linearizable, the next ones serializable at its revision (what a revision holds never
+// changes, and any member can answer it from its own store). Each page has its own callTimeout
+// and is handed to page before the next is read, so a listing of any size holds one page in
+// memory; ctx bounds the whole listing. A member that has not applied the revision yet (it answers
+// ErrFutureRev) is asked again after a short backoff. It returns the revision and the round trips.
+func (c *etcdClient) list(ctx context.Context, prefixes []string, limit int64, page func([]kv)) (rev, roundTrips int64, err error) {
+	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+	for _, prefix := range prefixes {
+		key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+		for {
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(limit),
+				clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev), clientv3.WithSerializable())
+			}
+			roundTrips++
+			cctx, cancel := context.WithTimeout(ctx, c.callTimeout)
+			resp, err := c.kv.Get(cctx, key, opts...)
+			cancel()
+			switch {
+			case errors.Is(err, rpctypes.ErrFutureRev) && bo.Wait(ctx):
+				continue
+			case errors.Is(err, rpctypes.ErrCompacted):
+				return rev, roundTrips, fmt.Errorf("list %s at revision %d: %w: the revision was compacted during the listing: %w", prefix, rev, errUnavailable, err)
+			case err != nil && (retryable(err) || ctx.Err() != nil || errors.Is(err, rpctypes.ErrFutureRev)):
+				return rev, roundTrips, fmt.Errorf("list %s (page %d of %d keys): %w: %w", prefix, roundTrips, limit, errUnavailable, err)
+			case err != nil:
+				return rev, roundTrips, withCode(ErrDatastore, "list %s: etcd refused the read: %w", prefix, err)
+			}
+			bo.Reset()
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			kvs := make([]kv, 0, len(resp.Kvs))
+			for _, k := range resp.Kvs {
+				kvs = append(kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
+			}
+			page(kvs)
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}
+	return rev, roundTrips, nil
 }

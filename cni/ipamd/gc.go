@@ -32,30 +32,29 @@ type gcSnapshot struct {
 	roundTrips int64
 }
 
-// snapshotGC reads every block of both families in one round trip and finds this node's allocations
-// on the request's network whose (containerID, ifname) is not in cni.dev/valid-attachments. It runs
-// on the connection's goroutine, not the state goroutine: the read of the whole cluster's blocks
-// holds no other operation up. Without the key there is nothing to find (the runtime gave no
-// information).
+// gcPageSize is the blocks one page of GC's snapshot reads: a full /26 block with its attributes
+// is about 15 kB, so a page is a few MB at most, read well within one CallTimeout.
+const gcPageSize = 200
+
+// snapshotGC reads every block of both families and finds this node's allocations on the request's
+// network whose (containerID, ifname) is not in cni.dev/valid-attachments. The blocks of a whole
+// cluster do not fit in one round trip's deadline: they are read in pages of gcPageSize blocks at
+// one revision (etcdClient.list), each page with its own CallTimeout, the whole within ctx (the
+// request's deadline: the network configuration's ipam.timeout, 30 s by default, which an operator
+// of a large cluster can raise). It runs on the connection's goroutine, not the state goroutine:
+// the read of the whole cluster's blocks holds no other operation up. Without the key there is
+// nothing to find (the runtime gave no information).
 func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSnapshot, error) {
 	snap := &gcSnapshot{stale: map[netip.Prefix][]gcCandidate{}}
 	if !conf.HaveAttachments {
 		return snap, nil
-	}
-	snap.roundTrips++
-	res, err := etcd.txn(ctx, nil, []op{
-		prefixOp(calico.BlockPrefix+"ipv4/block/", false),
-		prefixOp(calico.BlockPrefix+"ipv6/block/", false),
-	}, nil)
-	if err != nil {
-		return snap, fmt.Errorf("GC snapshot: %w", err)
 	}
 	valid := map[types.GCAttachment]bool{}
 	for _, a := range conf.ValidAttachments {
 		valid[a] = true
 	}
 	prefix := conf.Network + "."
-	for _, kvs := range res.Ranges {
+	_, rts, err := etcd.list(ctx, []string{calico.BlockPrefix + "ipv4/block/", calico.BlockPrefix + "ipv6/block/"}, gcPageSize, func(kvs []kv) {
 		for _, kv := range kvs {
 			k, err := calico.ParseKey(kv.Key)
 			if err != nil || k.Kind != calico.KindBlock {
@@ -83,6 +82,10 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 				snap.stale[k.CIDR] = append(snap.stale[k.CIDR], gcCandidate{ord: ord, seq: seq, hasSeq: ok, handle: a.Handle()})
 			}
 		}
+	})
+	snap.roundTrips = rts
+	if err != nil {
+		return snap, fmt.Errorf("GC snapshot: %w", err)
 	}
 	return snap, nil
 }

@@ -14,7 +14,7 @@ type metrics struct {
 	latency    *prometheus.HistogramVec
 	roundTrips *prometheus.CounterVec
 	claims     prometheus.Counter
-	batched    prometheus.Counter
+	batched    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -36,10 +36,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "block_ipam_block_claims_total",
 			Help: "IPAM blocks this node claimed (created with its affinity).",
 		}),
-		batched: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "block_ipam_batched_adds_total",
-			Help: "ADDs served by another ADD's etcd transaction.",
-		}),
+		batched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "block_ipam_batched_requests_total",
+			Help: "Requests served by the etcd transaction of another request of the same verb, by verb.",
+		}, []string{"verb"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.batched)

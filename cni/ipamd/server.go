@@ -122,13 +122,33 @@ type job struct {
 	done chan *cni.Reply
 }
 
-// batchRequest is an ADD waiting behind another, which the other's write may serve.
+// batchRequest is a request of a batch: an ADD waiting behind another, which the other's write may
+// serve, or one of the DELs a DEL's write serves (itself first).
 type batchRequest struct {
 	job    *job
 	Handle string
-	Attr   calico.AllocationAttribute
-	// assigned are its addresses in the leader's view; allocs the same once the write committed.
+	// ADD: Attr is its allocation attribute; assigned its addresses in the leader's view, allocs the
+	// same once the write committed.
+	Attr             calico.AllocationAttribute
 	assigned, allocs []allocation
+	// DEL: IfName is the interface it releases; hv its handle as decided on, left what the write
+	// leaves of it (nil or empty: deleted), changed whether the write changes anything of it.
+	IfName  string
+	hv      handleView
+	left    *calico.Handle
+	changed bool
+	// served: the request is answered by the batch's operation (err: its own failure).
+	served bool
+	err    error
+}
+
+// reply is the answer of a request the batch served.
+func (r *batchRequest) reply() *cni.Reply {
+	if r.err != nil {
+		te := toCNIError(r.err)
+		return &cni.Reply{Code: te.Code, Msg: te.Msg}
+	}
+	return &cni.Reply{Allocations: r.allocs}
 }
 
 // New returns a daemon; Run starts its state loop and Serve answers a listener.
@@ -211,7 +231,8 @@ func (s *Server) Synced() bool { return s.synced.Load() }
 func (s *Server) HealthyWithin(d time.Duration) bool { return s.live.HealthyWithin(d) }
 
 // serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
-// it along, and those its write served are answered without an operation of their own.
+// it along, a DEL the DELs queued after it, and those its write served are answered without an
+// operation of their own.
 func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 	answered := make([]bool, len(batch))
 	for i, j := range batch {
@@ -226,8 +247,8 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 		var waiting []*batchRequest
 		var idx []int
 		if key, ok := batchKey(j.req); ok {
-			// An ADD is taken along only if no job before it in the batch, taken or not, is of its
-			// container: those run first.
+			// A request is taken along only if no job before it in the batch, taken or not, is of
+			// its container: those run first.
 			handles := []string{handleID(j.req.Network, j.req.ContainerID)}
 			for k := i + 1; k < len(batch); k++ {
 				o := batch[k]
@@ -241,26 +262,34 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 				if !ok || okey != key || seen || o.ctx.Err() != nil {
 					continue
 				}
-				waiting = append(waiting, &batchRequest{job: o, Handle: h, Attr: attribute(s.request(o.req), h, o.req.IfName)})
+				w := &batchRequest{job: o, Handle: h, IfName: o.req.IfName}
+				if o.req.Verb == "ADD" {
+					w.Attr = attribute(s.request(o.req), h, o.req.IfName)
+				}
+				waiting = append(waiting, w)
 				idx = append(idx, k)
 			}
 		}
 		s.finish(j, s.operate(ctx, j, waiting))
 		for n, w := range waiting {
-			if w.allocs == nil {
+			if !w.served {
 				continue
 			}
 			answered[idx[n]] = true
 			sortAllocations(w.allocs)
-			s.finish(w.job, &cni.Reply{Allocations: w.allocs})
+			s.finish(w.job, w.reply())
 		}
 	}
 }
 
-// batchKey says whether an ADD can be served by another's write, and with which: automatic
-// assignment with the same network and allocation settings.
+// batchKey says whether a request can be served by another's write, and with which: an ADD with an
+// ADD of automatic assignment with the same network and allocation settings; a DEL with any DEL (a
+// release depends on nothing of the request but its handle and interface).
 func batchKey(r *cni.Request) (string, bool) {
-	if r.Verb != "ADD" || len(r.RequestedIPs) > 0 {
+	switch {
+	case r.Verb == "DEL":
+		return "DEL", true
+	case r.Verb != "ADD" || len(r.RequestedIPs) > 0:
 		return "", false
 	}
 	return fmt.Sprintf("%s|%v|%v|%v|%d", r.Network, r.Pools, r.Exclude, r.Assign, r.MaxBlocks), true
@@ -314,7 +343,7 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
 	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
 	s.metrics.claims.Add(float64(c.claims))
-	s.metrics.batched.Add(float64(c.batched))
+	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(c.batched))
 	if err != nil {
 		te := toCNIError(err)
 		reply.Code, reply.Msg = te.Code, te.Msg

@@ -2,11 +2,13 @@ package ipamd
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
 
 // testServer is a daemon for node1 on a real etcd, serving sock; stop stops it (also done at cleanup).
@@ -31,6 +34,13 @@ type testServer struct {
 // startServer runs a daemon for node1 on a real etcd, with the pools (pool p, 10.244.0.0/16, when
 // none is given); cfg.Pause may call cli, which is set before the daemon starts.
 func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calico.IPPool) *testServer {
+	t.Helper()
+	return startServerKV(t, cfg, cli, nil, pools...)
+}
+
+// startServerKV is startServer with the daemon's operations on wrap(its client) (wrap nil: the
+// client itself); its followers keep the client.
+func startServerKV(t testing.TB, cfg Config, cli **clientv3.Client, wrap func(clientv3.KV) clientv3.KV, pools ...calico.IPPool) *testServer {
 	t.Helper()
 	_, c := etcdtest.Start(t)
 	if cli != nil {
@@ -49,6 +59,9 @@ func startServer(t testing.TB, cfg Config, cli **clientv3.Client, pools ...calic
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		srv.etcd.kv = wrap(srv.etcd.kv)
 	}
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := Listen(sock, -1)
@@ -322,5 +335,244 @@ func TestGCRetriesOnFreshHandle(t *testing.T) {
 	}
 	if resp, err := cli.Get(t.Context(), calico.HandleKey("net1.c1")); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("handle after GC: %v %v", resp.Kvs, err)
+	}
+}
+
+// delRequest is a DEL of container cid's eth0 on net1.
+func delRequest(cid string, timeout time.Duration) *cni.Request {
+	return &cni.Request{Verb: "DEL", ContainerID: cid, IfName: "eth0", Network: "net1", Timeout: timeout}
+}
+
+// armedPause returns a Pause that, once armed, closes paused and waits for release (or its
+// context) the first time it runs.
+func armedPause() (pause func(context.Context), armed *atomic.Bool, paused, release chan struct{}) {
+	armed = &atomic.Bool{}
+	paused, release = make(chan struct{}), make(chan struct{})
+	return func(ctx context.Context) {
+		if armed.CompareAndSwap(true, false) {
+			close(paused)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	}, armed, paused, release
+}
+
+// waitQueued waits until n requests are queued for the state loop.
+func waitQueued(t *testing.T, srv *testServer, n int) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); srv.Queued() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d requests queued", srv.Queued(), n)
+		}
+	}
+}
+
+// TestBatchedDels: DELs that queue while the state loop is busy are decided on one view and written
+// in one transaction by the first of them. Among them, a DEL of a container that has nothing (it
+// succeeds: DEL is idempotent) and one whose handle etcd holds undecodable: the transaction,
+// conditional on the handle values the blocks imply, fails on that one; its failure branch reads
+// the handles, the bad DEL gets its error, and the others are written in the next transaction.
+func TestBatchedDels(t *testing.T) {
+	pause, armed, paused, release := armedPause()
+	srv := startServer(t, Config{Pause: pause}, nil)
+	call := func(req *cni.Request) *cni.Reply {
+		r, err := cni.Call(context.Background(), srv.sock, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	const n = 40
+	cids := []string{"hold", "bad"}
+	for i := range n {
+		cids = append(cids, fmt.Sprintf("d%02d", i))
+	}
+	for _, cid := range cids {
+		if r := call(addRequest(cid, 5*time.Second)); r.Err() != nil {
+			t.Fatal(r.Err())
+		}
+	}
+	badKey := calico.HandleKey("net1.bad")
+	good, err := srv.cli.Get(t.Context(), badKey)
+	if err != nil || len(good.Kvs) != 1 {
+		t.Fatalf("handle of bad: %v", err)
+	}
+	if _, err := srv.cli.Put(t.Context(), badKey, "{not json"); err != nil {
+		t.Fatal(err)
+	}
+
+	armed.Store(true)
+	hold := make(chan *cni.Reply, 1)
+	go func() { hold <- call(delRequest("hold", 5*time.Second)) }()
+	<-paused
+	queued := append(slices.Clone(cids[1:]), "ghost")
+	replies := make([]chan *cni.Reply, len(queued))
+	for i, cid := range queued {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() { replies[i] <- call(delRequest(cid, 5*time.Second)) }()
+		waitQueued(t, srv, i+1)
+	}
+	close(release)
+	if r := <-hold; r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	roundTrips, batched := int64(0), 0
+	for i, cid := range queued {
+		r := <-replies[i]
+		roundTrips += r.RoundTrips
+		batched += r.Batched
+		switch {
+		case cid == "bad" && r.Code != ErrDatastore:
+			t.Errorf("DEL of the container with an undecodable handle: %+v, want code %d", r, ErrDatastore)
+		case cid != "bad" && r.Err() != nil:
+			t.Errorf("DEL %s: %v", cid, r.Err())
+		}
+	}
+	if batched != len(queued)-1 || roundTrips > 3 {
+		t.Errorf("%d queued DELs: %d served by another's write, %d etcd round trips in all; want %d and at most 3",
+			len(queued), batched, roundTrips, len(queued)-1)
+	}
+	t.Logf("%d queued DELs: %d served by the first one's write, %d etcd round trips in all", len(queued), batched, roundTrips)
+
+	// Repaired, the bad handle still holds its address, and releases as any other; then the
+	// datastore is clean.
+	if _, err := srv.cli.Put(t.Context(), badKey, string(good.Kvs[0].Value)); err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, b := range ipamcheck.MustRead(t, srv.cli).Blocks {
+		held += len(b.Ordinals(func(a *calico.AllocationAttribute) bool { return a.Handle() != "" }))
+	}
+	if held != 1 {
+		t.Errorf("%d addresses held after the DELs, want 1 (bad's)", held)
+	}
+	if r := call(delRequest("bad", 5*time.Second)); r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+		t.Fatalf("invariants: %v", err)
+	}
+	if resp, err := srv.cli.Get(t.Context(), calico.HandlePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("handles left: %v %v", resp, err)
+	}
+}
+
+// TestBatchedDelsKeepOrderPerContainer: a DEL queued behind an ADD of the same container is not
+// served by an earlier DEL's write ahead of the ADD, and a DEL taken along runs before an ADD of its
+// container queued after it.
+func TestBatchedDelsKeepOrderPerContainer(t *testing.T) {
+	pause, armed, paused, release := armedPause()
+	srv := startServer(t, Config{Pause: pause}, nil)
+	for _, cid := range []string{"z", "y", "w"} {
+		if r, err := cni.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
+			t.Fatal(err, r.Err())
+		}
+	}
+	armed.Store(true)
+	go cni.Call(context.Background(), srv.sock, delRequest("z", 5*time.Second))
+	<-paused
+	// Queued: DEL y (leads the next batch), ADD x, DEL x (after ADD x: not taken along), DEL w (taken
+	// along), ADD w (after DEL w).
+	reqs := []*cni.Request{delRequest("y", 5*time.Second), addRequest("x", 5*time.Second), delRequest("x", 5*time.Second),
+		delRequest("w", 5*time.Second), addRequest("w", 5*time.Second)}
+	replies := make([]chan *cni.Reply, len(reqs))
+	for i, req := range reqs {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), srv.sock, req)
+			if err != nil {
+				r = &cni.Reply{Code: 999, Msg: err.Error()}
+			}
+			replies[i] <- r
+		}()
+		waitQueued(t, srv, i+1)
+	}
+	close(release)
+	for i := range reqs {
+		if r := <-replies[i]; r.Err() != nil {
+			t.Fatalf("%s %s: %v", reqs[i].Verb, reqs[i].ContainerID, r.Err())
+		}
+	}
+	for cid, want := range map[string]int64{"x": 0, "y": 0, "w": 1} {
+		resp, err := srv.cli.Get(t.Context(), calico.HandleKey("net1."+cid), clientv3.WithCountOnly())
+		if err != nil || resp.Count != want {
+			t.Errorf("handle of %s: %d, want %d (%v): a DEL ran out of its container's order", cid, resp.Count, want, err)
+		}
+	}
+	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+		t.Fatalf("invariants: %v", err)
+	}
+}
+
+// TestBatchedDelsSplit: DELs of containers in as many different blocks of the node make a batch
+// whose one transaction would exceed maxTxnOps (a put and a compare per block besides the handles):
+// it is split into transactions that fit, and every DEL succeeds.
+func TestBatchedDelsSplit(t *testing.T) {
+	pause, armed, paused, release := armedPause()
+	srv := startServer(t, Config{Pause: pause}, nil)
+	if r, err := cni.Call(context.Background(), srv.sock, addRequest("hold", 5*time.Second)); err != nil || r.Err() != nil {
+		t.Fatal(err, r.Err())
+	}
+	// n containers, each alone in a block of node1, written as Calico would.
+	const n = 60
+	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	conf := &cni.Request{Node: "node1", Network: "net1"}
+	for i := range n {
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(100 + i), 0}), 26)
+		h := fmt.Sprintf("net1.s%02d", i)
+		b := calico.NewBlock(cidr, "host:node1", uint64(i))
+		if err := b.Assign(0, attribute(conf, h, "eth0")); err != nil {
+			t.Fatal(err)
+		}
+		hv := calico.NewHandle()
+		hv.Add(cidr, 1)
+		bv, _ := calico.EncodeBlock(b)
+		hd, _ := calico.EncodeHandle(hv)
+		if _, err := srv.cli.Txn(t.Context()).Then(clientv3.OpPut(calico.BlockKey(cidr), string(bv)),
+			clientv3.OpPut(calico.HostAffinityKey("node1", cidr), string(confirmed)), clientv3.OpPut(calico.HandleKey(h), string(hd))).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for end := time.Now().Add(10 * time.Second); !srv.Synced() || srv.Queued() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the node state did not follow the new blocks")
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the blocks' followers deliver them
+	armed.Store(true)
+	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
+	<-paused
+	replies := make([]chan *cni.Reply, n)
+	for i := range n {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), srv.sock, delRequest(fmt.Sprintf("s%02d", i), 5*time.Second))
+			if err != nil {
+				r = &cni.Reply{Code: 999, Msg: err.Error()}
+			}
+			replies[i] <- r
+		}()
+		waitQueued(t, srv, i+1)
+	}
+	close(release)
+	roundTrips := int64(0)
+	for i := range n {
+		r := <-replies[i]
+		if r.Err() != nil {
+			t.Fatalf("DEL s%02d: %v", i, r.Err())
+		}
+		roundTrips += r.RoundTrips
+	}
+	if roundTrips < 2 || roundTrips > n/4 {
+		t.Errorf("%d DELs in %d blocks: %d etcd round trips, want 2 (one write would exceed %d operations) to %d", n, n, roundTrips, maxTxnOps, n/4)
+	}
+	t.Logf("%d DELs in %d blocks: %d etcd round trips", n, n, roundTrips)
+	if resp, err := srv.cli.Get(t.Context(), calico.HandlePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("handles left: %v %v", resp, err)
+	}
+	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+		t.Fatalf("invariants: %v", err)
 	}
 }

@@ -60,6 +60,29 @@ type needs struct {
 
 func (n *needs) Error() string { return "the decision needs more of the datastore" }
 
+// merge returns what n and o need together (n may be nil).
+func (n *needs) merge(o *needs) *needs {
+	out := &needs{}
+	if n != nil {
+		*out = *n
+	}
+	for _, c := range o.blocks {
+		if !slices.Contains(out.blocks, c) {
+			out.blocks = append(out.blocks, c)
+		}
+	}
+	for _, k := range o.keys {
+		if !slices.Contains(out.keys, k) {
+			out.keys = append(out.keys, k)
+		}
+	}
+	for f := range out.listing {
+		out.listing[f] = out.listing[f] || o.listing[f]
+		out.family[f] = out.family[f] || o.family[f]
+	}
+	return out
+}
+
 // view is what one attempt of an operation decides on: the node state, and what the operation read
 // besides it (the handle, blocks of other nodes, block listings). Deciding changes only the view's
 // copies; writes() turns the changes into one conditional transaction. It does no I/O.
@@ -69,15 +92,8 @@ type view struct {
 	log  *slog.Logger
 	read *opRead
 
-	// handleID is the operation's handle ("": none, as for GC); handleRead says whether it was read,
-	// as handle (nil: absent) at handleRev.
-	handleID   string
-	handleRead bool
-	handle     *calico.Handle
-	handleRev  int64
-	// handleGuess, when set, is the exact value the handle is believed to hold (derived from the
-	// node's blocks, not read): the write is then conditional on it instead of on handleRev.
-	handleGuess []byte
+	// handleView is the operation's handle ("": none, as for GC and a batch of DELs).
+	handleView
 	// decoded is the state's (maps read only).
 	decoded
 	// uses are the keys the decision depends on, with their mod revisions (0: absent): the write is
@@ -94,12 +110,51 @@ type view struct {
 	keyWrites map[string][]byte
 	// others are waiting ADDs (see serveBatch) whose handles and addresses the write creates too.
 	others []*batchRequest
+	// dels are the DELs of a batch (delBatch) that change their handle: the write corrects or
+	// deletes each, conditional on what its decision used.
+	dels []*batchRequest
+}
+
+// handleView is what a decision knows of one handle: handleID ("": none), whether it was read
+// (handleRead), as handle (nil: absent) at handleRev.
+type handleView struct {
+	handleID   string
+	handleRead bool
+	handle     *calico.Handle
+	handleRev  int64
+	// handleGuess, when set, is the exact value the handle is believed to hold (derived from the
+	// node's blocks, not read): the write is then conditional on it instead of on handleRev.
+	handleGuess []byte
+}
+
+// loadHandle returns the handle id as the operation read it (handleRead false when it did not);
+// an error when it cannot be decoded.
+func loadHandle(read *opRead, id string) (handleView, error) {
+	hv := handleView{handleID: id}
+	if id == "" {
+		return hv, nil
+	}
+	kv, ok := read.keys[calico.HandleKey(id)]
+	hv.handleRead = ok
+	if kv == nil {
+		return hv, nil
+	}
+	h, err := calico.DecodeHandle(kv.Value)
+	if err != nil {
+		return hv, withCode(ErrDatastore, "handle %s: %w", id, err)
+	}
+	// A soft-deleted handle is absent but has a revision.
+	hv.handleRev = kv.ModRevision
+	if !h.Deleted {
+		hv.handle = h
+	}
+	return hv, nil
 }
 
 // newView returns a view of the node state and of what the operation has read; an error when the
 // handle read cannot be decoded.
 func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, handleID string) (*view, error) {
-	v := &view{conf: conf, log: log, read: read, handleID: handleID, decoded: s.decoded, uses: map[string]int64{},
+	v := &view{conf: conf, log: log, read: read, decoded: s.decoded, uses: map[string]int64{},
 		affinityWrites: map[netip.Prefix]calico.AffinityStep{}, keyWrites: map[string][]byte{},
 		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(read.blocks)), bad: maps.Clone(s.bad)}
 	// The blocks are shared until changed (blockEntry.edit).
@@ -114,22 +169,9 @@ func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, ha
 		}
 	}
 	maps.Copy(v.bad, read.bad)
-	if handleID == "" {
-		return v, nil
-	}
-	kv, ok := read.keys[calico.HandleKey(handleID)]
-	v.handleRead = ok
-	if kv == nil {
-		return v, nil
-	}
-	h, err := calico.DecodeHandle(kv.Value)
-	if err != nil {
-		return nil, withCode(ErrDatastore, "handle %s: %w", handleID, err)
-	}
-	// A soft-deleted handle is absent but has a revision.
-	v.handleRev = kv.ModRevision
-	if !h.Deleted {
-		v.handle = h
+	var err error
+	if v.handleView, err = loadHandle(read, handleID); err != nil {
+		return nil, err
 	}
 	return v, nil
 }
@@ -333,6 +375,22 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 		}
 		key := calico.HandleKey(r.Handle)
 		used[key], keyWrites[key] = 0, data
+	}
+	for _, r := range v.dels {
+		key := calico.HandleKey(r.Handle)
+		if r.hv.handleGuess != nil {
+			p.cmps = append(p.cmps, valueIs(key, r.hv.handleGuess))
+		} else {
+			used[key] = r.hv.handleRev
+		}
+		keyWrites[key] = nil
+		if r.left != nil && len(r.left.Block) > 0 {
+			data, err := calico.EncodeHandle(r.left)
+			if err != nil {
+				return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
+			}
+			keyWrites[key] = data
+		}
 	}
 	p.keys = keyWrites
 	for _, k := range slices.Sorted(maps.Keys(keyWrites)) {
