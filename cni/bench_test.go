@@ -461,7 +461,7 @@ func waitSocket(ctx context.Context, sock string) error {
 }
 
 // buildHostLocal installs host-local into dir/bin with this machine's toolchain and block-ipam's
-// build flags (CGO off, -trimpath, stripped).
+// build flags (CGO off, -trimpath, stripped), rewritten as buildPlugin rewrites block-ipam.
 func buildHostLocal(dir string) (string, error) {
 	bin := filepath.Join(dir, "bin")
 	cmd := exec.Command("go", append(append([]string{"install"}, buildFlags...), hostLocalModule)...)
@@ -470,7 +470,8 @@ func buildHostLocal(dir string) (string, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go install %s: %v\n%s", hostLocalModule, err, out)
 	}
-	return filepath.Join(bin, "host-local"), nil
+	path := filepath.Join(bin, "host-local")
+	return path, rewrite(path)
 }
 
 // concurrentAdds starts n ADDs at once and returns the wall time and the number of addresses handed

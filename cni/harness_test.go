@@ -64,7 +64,33 @@ func buildPlugin(dir string) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build block-ipam: %v\n%s", err, out)
 	}
+	for _, name := range []string{"block-ipam", "block-ipamd"} {
+		if err := rewrite(filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// rewrite writes a binary anew through write(2), as a node gets it (`block-ipam install`, an image
+// layer, a package). The linker writes its output through a shared mapping, and a process executed
+// from those page-cache pages costs more CPU to start: on the 2-core test machine, 1.79-1.81 against
+// 1.56-1.57 ms for block-ipam's VERSION (three builds and their copies, 300 runs each), and 0.17 ms
+// more for host-local's. The benchmark rewrites both plugins.
+func rewrite(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, st.Mode().Perm()); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // env is one test's world: an embedded etcd, a client of it, one block-ipam daemon per node (started
