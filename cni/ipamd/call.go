@@ -266,7 +266,16 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 		return nil, err
 	}
 	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
-	keys := slices.Sorted(maps.Keys(c.read.keys))
+	// The failure branch reads the handles and the keys read that this plan compares or writes, not
+	// everything the operation ever read: GC's chunks share one call, and its reads would add up.
+	var keys []string
+	for k := range c.read.keys {
+		_, used := v.uses[k]
+		_, written := p.keys[k]
+		if used || written {
+			keys = append(keys, k)
+		}
+	}
 	handles := []string{v.handleID}
 	for _, r := range v.dels {
 		handles = append(handles, r.Handle)
@@ -276,6 +285,7 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 			keys = append(keys, k)
 		}
 	}
+	slices.Sort(keys)
 	what := fmt.Sprintf("write %d blocks and handle %s", len(p.blocks), v.handleID)
 	if len(v.dels) > 0 {
 		what = fmt.Sprintf("write %d blocks and the handles of %d DELs", len(p.blocks), len(v.dels))

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -142,5 +143,36 @@ func TestGCSnapshotOfALargeCluster(t *testing.T) {
 	slow.armed.Store(false)
 	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
 		t.Fatalf("invariants: %v", err)
+	}
+}
+
+// TestGCManyStaleHandles releases more stale allocations than one transaction holds, in /26 blocks
+// (many blocks, one handle each per address) and in a /24 block (one block whose candidates do not
+// fit in one transaction), keeping the one valid attachment.
+func TestGCManyStaleHandles(t *testing.T) {
+	for _, tc := range []struct {
+		bits, stale int
+	}{{26, 120}, {26, 130}, {24, 130}, {24, 250}} {
+		t.Run(fmt.Sprintf("/%d-%d", tc.bits, tc.stale), func(t *testing.T) {
+			srv := startServer(t, Config{}, nil, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: tc.bits})
+			for i := range tc.stale + 1 {
+				if r, err := cni.Call(context.Background(), srv.sock, addRequest(fmt.Sprintf("c%03d", i), 5*time.Second)); err != nil || r.Err() != nil {
+					t.Fatal(err, r.Err())
+				}
+			}
+			keep := types.GCAttachment{ContainerID: fmt.Sprintf("c%03d", tc.stale), IfName: "eth0"}
+			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true,
+				ValidAttachments: []types.GCAttachment{keep}, Timeout: 20 * time.Second})
+			if err != nil || r.Err() != nil || r.Released != tc.stale {
+				t.Fatalf("GC released %d of %d: %v %v", r.Released, tc.stale, err, r.Err())
+			}
+			resp, err := srv.cli.Get(t.Context(), calico.HandlePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil || resp.Count != 1 {
+				t.Errorf("handles left: %d (%v), want 1", resp.Count, err)
+			}
+			if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+				t.Fatalf("invariants: %v", err)
+			}
+		})
 	}
 }
