@@ -1,6 +1,7 @@
 package ipamd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,10 +25,18 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 	lead := &batchRequest{Handle: handleID(c.conf.Network, containerID), IfName: ifname}
 	reqs := append([]*batchRequest{lead}, c.waiting...)
 	err := c.retry(ctx, "DEL "+lead.Handle, func(ctx context.Context) error {
-		return c.delAttempt(ctx, reqs)
+		err := c.delAttempt(ctx, reqs)
+		if errors.Is(err, errConflict) && len(reqs) > 1 {
+			reqs = c.isolate(reqs)
+		}
+		return err
 	})
 	for _, r := range c.waiting {
-		if r.served {
+		switch {
+		case !r.served:
+		case r.err != nil:
+			c.log.Warn("DEL failed", "handle", r.Handle, "ifname", r.IfName, "err", r.err)
+		default:
 			c.batched++
 		}
 	}
@@ -35,6 +44,39 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 		return lead.err
 	}
 	return err
+}
+
+// isolate returns the DELs reqs to decide again after a lost race, so that one DEL whose handle
+// keeps changing cannot hold the others up until the leader's deadline: those (but the leader,
+// reqs[0]) whose handle the failure branch found changed since their decision are left for an
+// operation of their own; when none did (a block changed), the batch is halved.
+func (c *call) isolate(reqs []*batchRequest) []*batchRequest {
+	keep := reqs[:1]
+	for _, r := range reqs[1:] {
+		if r.served || !r.changed || !c.handleMoved(r) {
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) == len(reqs) {
+		keep = reqs[:(len(reqs)+1)/2]
+	}
+	return keep
+}
+
+// handleMoved reports whether the DEL r's handle, as last read, is not what its decision was
+// conditional on.
+func (c *call) handleMoved(r *batchRequest) bool {
+	got, ok := c.read.keys[calico.HandleKey(r.Handle)]
+	if !ok {
+		return false
+	}
+	if r.hv.handleGuess != nil {
+		return got == nil || !bytes.Equal(got.Value, r.hv.handleGuess)
+	}
+	if got == nil {
+		return r.hv.handleRev != 0
+	}
+	return got.ModRevision != r.hv.handleRev
 }
 
 // errRedo: a request of a batch failed on its own (its err is set); the batch is decided again
