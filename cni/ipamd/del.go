@@ -48,35 +48,39 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 
 // isolate returns the DELs reqs to decide again after a lost race, so that one DEL whose handle
 // keeps changing cannot hold the others up until the leader's deadline: those (but the leader,
-// reqs[0]) whose handle the failure branch found changed since their decision are left for an
-// operation of their own; when none did (a block changed), the batch is halved.
+// reqs[0]) whose handle, read before their decision, the failure branch found changed again are
+// left for an operation of their own. A handle guessed wrong is no reason (the failure branch read
+// it: the next decision uses it); when nothing explains the race (a block changed), the batch is
+// halved.
 func (c *call) isolate(reqs []*batchRequest) []*batchRequest {
-	keep := reqs[:1]
-	for _, r := range reqs[1:] {
-		if r.served || !r.changed || !c.handleMoved(r) {
+	keep, explained := reqs[:1], false
+	for i, r := range reqs {
+		moved, guessed := c.handleMoved(r)
+		explained = explained || moved || guessed
+		if i > 0 && !(moved && !r.served) {
 			keep = append(keep, r)
 		}
 	}
-	if len(keep) == len(reqs) {
+	if !explained {
 		keep = reqs[:(len(reqs)+1)/2]
 	}
 	return keep
 }
 
-// handleMoved reports whether the DEL r's handle, as last read, is not what its decision was
-// conditional on.
-func (c *call) handleMoved(r *batchRequest) bool {
+// handleMoved reports whether the DEL r's handle, as the failure branch read it, is not what its
+// decision was conditional on: moved when the decision had read it, guessed when it had guessed it.
+func (c *call) handleMoved(r *batchRequest) (moved, guessed bool) {
 	got, ok := c.read.keys[calico.HandleKey(r.Handle)]
-	if !ok {
-		return false
+	if !ok || !r.changed || r.err != nil {
+		return false, false
 	}
 	if r.hv.handleGuess != nil {
-		return got == nil || !bytes.Equal(got.Value, r.hv.handleGuess)
+		return false, got == nil || !bytes.Equal(got.Value, r.hv.handleGuess)
 	}
 	if got == nil {
-		return r.hv.handleRev != 0
+		return r.hv.handleRev != 0, false
 	}
-	return got.ModRevision != r.hv.handleRev
+	return got.ModRevision != r.hv.handleRev, false
 }
 
 // errRedo: a request of a batch failed on its own (its err is set); the batch is decided again
