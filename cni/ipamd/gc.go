@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
@@ -54,6 +55,30 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 		valid[a] = true
 	}
 	prefix := conf.Network + "."
+	var rts int64
+	var err error
+	// The revision compacted while the listing read it is no reason to give up: it starts once
+	// more, at a fresh revision.
+	for try := 0; try < 2; try++ {
+		if try > 0 {
+			snap.stale, snap.errs = map[netip.Prefix][]gcCandidate{}, nil
+		}
+		var n int64
+		n, err = snap.list(ctx, etcd, conf, valid, prefix)
+		rts += n
+		if !errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+	}
+	snap.roundTrips = rts
+	if err != nil {
+		return snap, fmt.Errorf("GC snapshot: %w", err)
+	}
+	return snap, nil
+}
+
+// list adds to the snapshot what one listing of every block finds; it returns the round trips.
+func (snap *gcSnapshot) list(ctx context.Context, etcd *etcdClient, conf *cni.Request, valid map[types.GCAttachment]bool, prefix string) (int64, error) {
 	_, rts, err := etcd.list(ctx, []string{calico.BlockPrefix + "ipv4/block/", calico.BlockPrefix + "ipv6/block/"}, gcPageSize, func(kvs []kv) {
 		for _, kv := range kvs {
 			k, err := calico.ParseKey(kv.Key)
@@ -83,11 +108,7 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 			}
 		}
 	})
-	snap.roundTrips = rts
-	if err != nil {
-		return snap, fmt.Errorf("GC snapshot: %w", err)
-	}
-	return snap, nil
+	return rts, err
 }
 
 // gc releases, on the state goroutine, what snapshotGC found stale, a few blocks per transaction: a

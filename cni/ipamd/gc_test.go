@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -172,6 +173,57 @@ func TestGCManyStaleHandles(t *testing.T) {
 			}
 			if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
 				t.Fatalf("invariants: %v", err)
+			}
+		})
+	}
+}
+
+// flakyKV fails, once armed, the first read of a page after the first (a read at a fixed revision)
+// with err.
+type flakyKV struct {
+	clientv3.KV
+	armed atomic.Bool
+	err   error
+}
+
+func (f *flakyKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if clientv3.OpGet(key, opts...).Rev() != 0 && f.armed.CompareAndSwap(true, false) {
+		return nil, f.err
+	}
+	return f.KV.Get(ctx, key, opts...)
+}
+
+// TestGCSnapshotSurvivesAPageError: a page of GC's snapshot that fails for a transient reason is
+// read again, and a compacted revision restarts the listing; GC then releases what is stale.
+func TestGCSnapshotSurvivesAPageError(t *testing.T) {
+	for _, pageErr := range []error{rpctypes.ErrLeaderChanged, rpctypes.ErrCompacted} {
+		t.Run(pageErr.Error(), func(t *testing.T) {
+			flaky := &flakyKV{err: pageErr}
+			srv := startServerKV(t, Config{}, nil, func(kv clientv3.KV) clientv3.KV { flaky.KV = kv; return flaky })
+			var ops []clientv3.Op
+			const blocks = gcPageSize + 50 // of another node: two pages
+			for i := range blocks {
+				a, _ := calico.OrdinalAddr(netip.MustParsePrefix("10.100.0.0/15"), i*64)
+				cidr := netip.PrefixFrom(a, 26)
+				v, _ := calico.EncodeBlock(calico.NewBlock(cidr, "host:node2", uint64(i)))
+				ops = append(ops, clientv3.OpPut(calico.BlockKey(cidr), string(v)))
+				if len(ops) == 100 || i == blocks-1 {
+					if _, err := srv.cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
+						t.Fatal(err)
+					}
+					ops = ops[:0]
+				}
+			}
+			if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+				t.Fatal(err, r.Err())
+			}
+			flaky.armed.Store(true)
+			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 10 * time.Second})
+			if err != nil || r.Err() != nil || r.Released != 1 {
+				t.Fatalf("GC: %+v %v", r, err)
+			}
+			if flaky.armed.Load() {
+				t.Fatal("no page failed")
 			}
 		})
 	}

@@ -506,8 +506,10 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	}
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
+		// It has at most half of the request's time, so that the releases keep the other half.
 		req.Node = s.cfg.Node
-		sctx, cancel := context.WithDeadline(ctx, deadline(&req, start))
+		end := deadline(&req, start)
+		sctx, cancel := context.WithDeadline(ctx, start.Add(end.Sub(start)/2))
 		snap, err := snapshotGC(sctx, s.etcd, &req)
 		cancel()
 		if err != nil {
