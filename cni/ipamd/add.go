@@ -56,7 +56,6 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	for _, r := range v.others {
 		r.allocs, r.served = r.assigned, true
 	}
-	c.batched = len(v.others)
 	return got, nil
 }
 

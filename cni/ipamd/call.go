@@ -48,8 +48,6 @@ type call struct {
 	// another ADD's write served this one); roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// batched counts the other requests this one served in its write.
-	batched int
 	// waiting are requests queued behind this one that its write may serve (ADDs for an ADD, DELs
 	// for a DEL).
 	waiting []*batchRequest

@@ -31,15 +31,6 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 		}
 		return err
 	})
-	for _, r := range c.waiting {
-		switch {
-		case !r.served:
-		case r.err != nil:
-			c.log.Warn("DEL failed", "handle", r.Handle, "ifname", r.IfName, "err", r.err)
-		default:
-			c.batched++
-		}
-	}
 	if lead.err != nil {
 		return lead.err
 	}
