@@ -643,3 +643,42 @@ func TestBatchedDelsIsolateAConflict(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchedDelFailureNotCounted: a DEL served by another's write that fails on its own (its
+// handle is undecodable) gets its error and is not counted as batched.
+func TestBatchedDelFailureNotCounted(t *testing.T) {
+	pause, armed, paused, release := armedPause()
+	srv := startServer(t, Config{Pause: pause}, nil)
+	for _, cid := range []string{"hold", "a", "bad", "b"} {
+		if r, err := cni.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
+			t.Fatal(err, r.Err())
+		}
+	}
+	if _, err := srv.cli.Put(t.Context(), calico.HandleKey("net1.bad"), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
+	<-paused
+	cids := []string{"a", "bad", "b"}
+	replies := make([]chan *cni.Reply, len(cids))
+	for i, cid := range cids {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), srv.sock, delRequest(cid, 5*time.Second))
+			if err != nil {
+				r = &cni.Reply{Code: 999, Msg: err.Error()}
+			}
+			replies[i] <- r
+		}()
+		waitQueued(t, srv, i+1)
+	}
+	close(release)
+	a, bad, b := <-replies[0], <-replies[1], <-replies[2]
+	if a.Err() != nil || b.Err() != nil || bad.Code != ErrDatastore {
+		t.Fatalf("DELs a %+v, bad %+v, b %+v", a, bad, b)
+	}
+	if a.Batched != 1 {
+		t.Errorf("DEL a served %d others, want 1 (b; bad failed)", a.Batched)
+	}
+}
