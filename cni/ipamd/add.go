@@ -56,7 +56,6 @@ func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocat
 	for _, r := range v.others {
 		r.allocs, r.served = r.assigned, true
 	}
-	c.batched = len(v.others)
 	return got, nil
 }
 
@@ -146,6 +145,12 @@ func (v *view) serveBatch(reqs []*batchRequest) []*batchRequest {
 	}
 	var served []*batchRequest
 	for _, r := range reqs {
+		// Within the transaction's budget, whatever maxBatch is: this ADD adds its handle's
+		// compare and put, and in each family at most a block's compare and put and its pool's and
+		// affinity's compares.
+		if v.batchOps()+len(served)+1+4*len(v.conf.Families()) > maxTxnOps {
+			return served
+		}
 		// All or nothing: a block with room in every family before assigning in any.
 		var use []*blockEntry
 		for _, f := range v.conf.Families() {
@@ -165,6 +170,21 @@ func (v *view) serveBatch(reqs []*batchRequest) []*batchRequest {
 		served = append(served, r)
 	}
 	return served
+}
+
+// batchOps bounds the compares (the larger part of the transaction) the view's write makes besides
+// the handles of the ADDs it serves: the keys it uses, the leader's handle and a listing's range
+// compare, and for each changed block its compare and put, with the overlap keys of a claim.
+func (v *view) batchOps() int {
+	n := len(v.uses) + 2
+	for _, c := range v.dirtyCIDRs() {
+		n += 2
+		if e := v.blocks[c]; e != nil && e.created {
+			keys, _ := v.overlapKeys(c)
+			n += len(keys)
+		}
+	}
+	return n
 }
 
 // roomyAffine returns the first block of the node's affinities in family f of the pools, in ADD's

@@ -48,8 +48,6 @@ type call struct {
 	// another ADD's write served this one); roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// batched counts the other requests this one served in its write.
-	batched int
 	// waiting are requests queued behind this one that its write may serve (ADDs for an ADD, DELs
 	// for a DEL).
 	waiting []*batchRequest
@@ -266,7 +264,16 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 		return nil, err
 	}
 	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
-	keys := slices.Sorted(maps.Keys(c.read.keys))
+	// The failure branch reads the handles and the keys read that this plan compares or writes, not
+	// everything the operation ever read: GC's chunks share one call, and its reads would add up.
+	var keys []string
+	for k := range c.read.keys {
+		_, used := v.uses[k]
+		_, written := p.keys[k]
+		if used || written {
+			keys = append(keys, k)
+		}
+	}
 	handles := []string{v.handleID}
 	for _, r := range v.dels {
 		handles = append(handles, r.Handle)
@@ -276,6 +283,7 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 			keys = append(keys, k)
 		}
 	}
+	slices.Sort(keys)
 	what := fmt.Sprintf("write %d blocks and handle %s", len(p.blocks), v.handleID)
 	if len(v.dels) > 0 {
 		what = fmt.Sprintf("write %d blocks and the handles of %d DELs", len(p.blocks), len(v.dels))

@@ -1,6 +1,7 @@
 package ipamd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,17 +25,53 @@ func (c *call) del(ctx context.Context, containerID, ifname string) error {
 	lead := &batchRequest{Handle: handleID(c.conf.Network, containerID), IfName: ifname}
 	reqs := append([]*batchRequest{lead}, c.waiting...)
 	err := c.retry(ctx, "DEL "+lead.Handle, func(ctx context.Context) error {
-		return c.delAttempt(ctx, reqs)
-	})
-	for _, r := range c.waiting {
-		if r.served {
-			c.batched++
+		err := c.delAttempt(ctx, reqs)
+		if errors.Is(err, errConflict) && len(reqs) > 1 {
+			reqs = c.isolate(reqs)
 		}
-	}
+		return err
+	})
 	if lead.err != nil {
 		return lead.err
 	}
 	return err
+}
+
+// isolate returns the DELs reqs to decide again after a lost race, so that one DEL whose handle
+// keeps changing cannot hold the others up until the leader's deadline: those (but the leader,
+// reqs[0]) whose handle, read before their decision, the failure branch found changed again are
+// left for an operation of their own. A handle guessed wrong is no reason (the failure branch read
+// it: the next decision uses it); when nothing explains the race (a block changed), the batch is
+// halved.
+func (c *call) isolate(reqs []*batchRequest) []*batchRequest {
+	keep, explained := reqs[:1], false
+	for i, r := range reqs {
+		moved, guessed := c.handleMoved(r)
+		explained = explained || moved || guessed
+		if i > 0 && !(moved && !r.served) {
+			keep = append(keep, r)
+		}
+	}
+	if !explained {
+		keep = reqs[:(len(reqs)+1)/2]
+	}
+	return keep
+}
+
+// handleMoved reports whether the DEL r's handle, as the failure branch read it, is not what its
+// decision was conditional on: moved when the decision had read it, guessed when it had guessed it.
+func (c *call) handleMoved(r *batchRequest) (moved, guessed bool) {
+	got, ok := c.read.keys[calico.HandleKey(r.Handle)]
+	if !ok || !r.changed || r.err != nil {
+		return false, false
+	}
+	if r.hv.handleGuess != nil {
+		return false, got == nil || !bytes.Equal(got.Value, r.hv.handleGuess)
+	}
+	if got == nil {
+		return r.hv.handleRev != 0, false
+	}
+	return got.ModRevision != r.hv.handleRev, false
 }
 
 // errRedo: a request of a batch failed on its own (its err is set); the batch is decided again

@@ -125,8 +125,9 @@ func retryable(err error) bool {
 // page linearizable, the next ones serializable at its revision (what a revision holds never
 // changes, and any member can answer it from its own store). Each page has its own callTimeout
 // and is handed to page before the next is read, so a listing of any size holds one page in
-// memory; ctx bounds the whole listing. A member that has not applied the revision yet (it answers
-// ErrFutureRev) is asked again after a short backoff. It returns the revision and the round trips.
+// memory; ctx bounds the whole listing. A page that fails for a transient reason, or that a member
+// that has not applied the revision yet answers with ErrFutureRev, is asked again after a capped
+// backoff; a compacted revision is the caller's to restart. It returns the revision and the round trips.
 func (c *etcdClient) list(ctx context.Context, prefixes []string, limit int64, page func([]kv)) (rev, roundTrips int64, err error) {
 	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: 100 * time.Millisecond}
 	for _, prefix := range prefixes {
@@ -142,7 +143,9 @@ func (c *etcdClient) list(ctx context.Context, prefixes []string, limit int64, p
 			resp, err := c.kv.Get(cctx, key, opts...)
 			cancel()
 			switch {
-			case errors.Is(err, rpctypes.ErrFutureRev) && bo.Wait(ctx):
+			case err != nil && !errors.Is(err, rpctypes.ErrCompacted) && (retryable(err) || errors.Is(err, rpctypes.ErrFutureRev)) && bo.Wait(ctx):
+				// A read at a fixed revision is idempotent: one page's transient error (a
+				// leader election, the page's deadline) does not throw the listing away.
 				continue
 			case errors.Is(err, rpctypes.ErrCompacted):
 				return rev, roundTrips, fmt.Errorf("list %s at revision %d: %w: the revision was compacted during the listing: %w", prefix, rev, errUnavailable, err)

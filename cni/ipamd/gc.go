@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
@@ -54,6 +55,30 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 		valid[a] = true
 	}
 	prefix := conf.Network + "."
+	var rts int64
+	var err error
+	// The revision compacted while the listing read it is no reason to give up: it starts once
+	// more, at a fresh revision.
+	for try := 0; try < 2; try++ {
+		if try > 0 {
+			snap.stale, snap.errs = map[netip.Prefix][]gcCandidate{}, nil
+		}
+		var n int64
+		n, err = snap.list(ctx, etcd, conf, valid, prefix)
+		rts += n
+		if !errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+	}
+	snap.roundTrips = rts
+	if err != nil {
+		return snap, fmt.Errorf("GC snapshot: %w", err)
+	}
+	return snap, nil
+}
+
+// list adds to the snapshot what one listing of every block finds; it returns the round trips.
+func (snap *gcSnapshot) list(ctx context.Context, etcd *etcdClient, conf *cni.Request, valid map[types.GCAttachment]bool, prefix string) (int64, error) {
 	_, rts, err := etcd.list(ctx, []string{calico.BlockPrefix + "ipv4/block/", calico.BlockPrefix + "ipv6/block/"}, gcPageSize, func(kvs []kv) {
 		for _, kv := range kvs {
 			k, err := calico.ParseKey(kv.Key)
@@ -83,11 +108,7 @@ func snapshotGC(ctx context.Context, etcd *etcdClient, conf *cni.Request) (*gcSn
 			}
 		}
 	})
-	snap.roundTrips = rts
-	if err != nil {
-		return snap, fmt.Errorf("GC snapshot: %w", err)
-	}
-	return snap, nil
+	return rts, err
 }
 
 // gc releases, on the state goroutine, what snapshotGC found stale, a few blocks per transaction: a
@@ -103,23 +124,18 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 	}
 	c.roundTrips += snap.roundTrips
 	errs := snap.errs
-	cidrs := slices.SortedFunc(maps.Keys(snap.stale), comparePrefix)
 	released := 0
-	for len(cidrs) > 0 {
-		// A block and the handles of its candidates are at most 1+len(candidates) keys.
-		n, keys := 0, 0
-		for n < len(cidrs) && (n == 0 || keys+1+len(snap.stale[cidrs[n]]) <= maxTxnOps/2) {
-			keys += 1 + len(snap.stale[cidrs[n]])
-			n++
-		}
-		chunk := cidrs[:n]
-		cidrs = cidrs[n:]
+	for _, chunk := range gcChunks(snap.stale) {
+		// What the previous chunk read is of no use to this one; kept, it would only grow the
+		// failure branch of the writes.
+		c.read = opRead{}
+		cidrs := slices.SortedFunc(maps.Keys(chunk), comparePrefix)
 		var got int
 		var bad []error
 		err := c.retry(ctx, "GC", func(ctx context.Context) error {
 			v, err := c.decide(ctx, "", func(v *view) error {
 				var err error
-				got, bad, err = v.gc(chunk, snap.stale)
+				got, bad, err = v.gc(cidrs, chunk)
 				return err
 			})
 			if err != nil || got == 0 {
@@ -130,7 +146,7 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 		})
 		errs = append(errs, bad...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("GC blocks %s..%s: %w", chunk[0], chunk[len(chunk)-1], err))
+			errs = append(errs, fmt.Errorf("GC blocks %s..%s: %w", cidrs[0], cidrs[len(cidrs)-1], err))
 			if ctx.Err() != nil {
 				break
 			}
@@ -142,6 +158,35 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 		return released, gcError(errs)
 	}
 	return released, nil
+}
+
+// gcChunkKeys bounds the keys (blocks and handles) of one GC transaction: each is compared, and a
+// block also with its pool and affinity, and the failure branch reads them besides the state's
+// sources, so both branches stay within maxTxnOps.
+const gcChunkKeys = maxTxnOps / 2
+
+// gcChunks splits the candidates into the transactions GC writes, in block order: a block and the
+// handles of its candidates are at most 1+len(candidates) keys, and a block with more candidates
+// than fit in one transaction (a /24 block holds 256) is split across several.
+func gcChunks(stale map[netip.Prefix][]gcCandidate) []map[netip.Prefix][]gcCandidate {
+	var out []map[netip.Prefix][]gcCandidate
+	cur, keys := map[netip.Prefix][]gcCandidate{}, 0
+	for _, cidr := range slices.SortedFunc(maps.Keys(stale), comparePrefix) {
+		for cands := stale[cidr]; len(cands) > 0; {
+			if keys+2 > gcChunkKeys {
+				out = append(out, cur)
+				cur, keys = map[netip.Prefix][]gcCandidate{}, 0
+			}
+			n := min(len(cands), gcChunkKeys-keys-1)
+			cur[cidr] = cands[:n]
+			keys += 1 + n
+			cands = cands[n:]
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 // gc decides the release of the candidates of the blocks cidrs that are still the allocations

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -142,5 +144,87 @@ func TestGCSnapshotOfALargeCluster(t *testing.T) {
 	slow.armed.Store(false)
 	if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
 		t.Fatalf("invariants: %v", err)
+	}
+}
+
+// TestGCManyStaleHandles releases more stale allocations than one transaction holds, in /26 blocks
+// (many blocks, one handle each per address) and in a /24 block (one block whose candidates do not
+// fit in one transaction), keeping the one valid attachment.
+func TestGCManyStaleHandles(t *testing.T) {
+	for _, tc := range []struct {
+		bits, stale int
+	}{{26, 120}, {26, 130}, {24, 130}, {24, 250}} {
+		t.Run(fmt.Sprintf("/%d-%d", tc.bits, tc.stale), func(t *testing.T) {
+			srv := startServer(t, Config{}, nil, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: tc.bits})
+			for i := range tc.stale + 1 {
+				if r, err := cni.Call(context.Background(), srv.sock, addRequest(fmt.Sprintf("c%03d", i), 5*time.Second)); err != nil || r.Err() != nil {
+					t.Fatal(err, r.Err())
+				}
+			}
+			keep := types.GCAttachment{ContainerID: fmt.Sprintf("c%03d", tc.stale), IfName: "eth0"}
+			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true,
+				ValidAttachments: []types.GCAttachment{keep}, Timeout: 20 * time.Second})
+			if err != nil || r.Err() != nil || r.Released != tc.stale {
+				t.Fatalf("GC released %d of %d: %v %v", r.Released, tc.stale, err, r.Err())
+			}
+			resp, err := srv.cli.Get(t.Context(), calico.HandlePrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil || resp.Count != 1 {
+				t.Errorf("handles left: %d (%v), want 1", resp.Count, err)
+			}
+			if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+				t.Fatalf("invariants: %v", err)
+			}
+		})
+	}
+}
+
+// flakyKV fails, once armed, the first read of a page after the first (a read at a fixed revision)
+// with err.
+type flakyKV struct {
+	clientv3.KV
+	armed atomic.Bool
+	err   error
+}
+
+func (f *flakyKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if clientv3.OpGet(key, opts...).Rev() != 0 && f.armed.CompareAndSwap(true, false) {
+		return nil, f.err
+	}
+	return f.KV.Get(ctx, key, opts...)
+}
+
+// TestGCSnapshotSurvivesAPageError: a page of GC's snapshot that fails for a transient reason is
+// read again, and a compacted revision restarts the listing; GC then releases what is stale.
+func TestGCSnapshotSurvivesAPageError(t *testing.T) {
+	for _, pageErr := range []error{rpctypes.ErrLeaderChanged, rpctypes.ErrCompacted} {
+		t.Run(pageErr.Error(), func(t *testing.T) {
+			flaky := &flakyKV{err: pageErr}
+			srv := startServerKV(t, Config{}, nil, func(kv clientv3.KV) clientv3.KV { flaky.KV = kv; return flaky })
+			var ops []clientv3.Op
+			const blocks = gcPageSize + 50 // of another node: two pages
+			for i := range blocks {
+				a, _ := calico.OrdinalAddr(netip.MustParsePrefix("10.100.0.0/15"), i*64)
+				cidr := netip.PrefixFrom(a, 26)
+				v, _ := calico.EncodeBlock(calico.NewBlock(cidr, "host:node2", uint64(i)))
+				ops = append(ops, clientv3.OpPut(calico.BlockKey(cidr), string(v)))
+				if len(ops) == 100 || i == blocks-1 {
+					if _, err := srv.cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
+						t.Fatal(err)
+					}
+					ops = ops[:0]
+				}
+			}
+			if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+				t.Fatal(err, r.Err())
+			}
+			flaky.armed.Store(true)
+			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 10 * time.Second})
+			if err != nil || r.Err() != nil || r.Released != 1 {
+				t.Fatalf("GC: %+v %v", r, err)
+			}
+			if flaky.armed.Load() {
+				t.Fatal("no page failed")
+			}
+		})
 	}
 }

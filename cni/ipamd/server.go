@@ -340,16 +340,27 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 			err = c.status(ctx, lost)
 		}
 	}
-	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, c.batched
+	// The waiting requests this one's write served; those that failed on their own are not.
+	batched := 0
+	for _, w := range waiting {
+		switch {
+		case !w.served:
+		case w.err != nil:
+			c.log.Warn(req.Verb+" served by the batch failed", "handle", w.Handle, "ifname", w.IfName, "err", w.err)
+		default:
+			batched++
+		}
+	}
+	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, batched
 	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
 	s.metrics.claims.Add(float64(c.claims))
-	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(c.batched))
+	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(batched))
 	if err != nil {
 		te := toCNIError(err)
 		reply.Code, reply.Msg = te.Code, te.Msg
 		c.log.Warn(req.Verb+" failed", "err", te.Msg, "code", te.Code, "attempts", c.attempts, "etcd_round_trips", c.roundTrips)
 	} else {
-		c.log.Debug(req.Verb, "addresses", reply.Allocations, "released", reply.Released, "batched", c.batched,
+		c.log.Debug(req.Verb, "addresses", reply.Allocations, "released", reply.Released, "batched", batched,
 			"attempts", c.attempts, "etcd_round_trips", c.roundTrips)
 	}
 	return reply
@@ -506,8 +517,10 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	}
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
+		// It has at most half of the request's time, so that the releases keep the other half.
 		req.Node = s.cfg.Node
-		sctx, cancel := context.WithDeadline(ctx, deadline(&req, start))
+		end := deadline(&req, start)
+		sctx, cancel := context.WithDeadline(ctx, start.Add(end.Sub(start)/2))
 		snap, err := snapshotGC(sctx, s.etcd, &req)
 		cancel()
 		if err != nil {

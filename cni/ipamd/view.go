@@ -348,48 +348,40 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 			p.affinity[affKey] = confirmed
 		}
 	}
-	if v.handleID != "" {
-		hkey := calico.HandleKey(v.handleID)
-		if v.handleGuess != nil {
-			p.cmps = append(p.cmps, valueIs(hkey, v.handleGuess))
-		} else {
-			used[hkey] = v.handleRev
-		}
-		if newHandle == nil || len(newHandle.Block) == 0 {
-			if v.handleRev != 0 || v.handleGuess != nil {
-				p.ops = append(p.ops, deleteOp(hkey))
-			}
-		} else {
-			data, err := calico.EncodeHandle(newHandle)
-			if err != nil {
-				return nil, fmt.Errorf("encode handle %s: %w", v.handleID, err)
-			}
-			p.ops = append(p.ops, putOp(hkey, data))
-		}
+	// The handles written: the operation's, the waiting ADDs' (compared absent), the DELs' of a
+	// batch. Each is conditional on its exact value when guessed, else on its mod revision; an
+	// emptied handle is deleted (if it exists).
+	type handleWrite struct {
+		hv    handleView
+		value *calico.Handle
 	}
-	keyWrites := maps.Clone(v.keyWrites)
+	var hws []handleWrite
+	if v.handleID != "" {
+		hws = append(hws, handleWrite{v.handleView, newHandle})
+	}
 	for _, r := range v.others {
-		data, err := calico.EncodeHandle(handleWith(nil, r.assigned))
-		if err != nil {
-			return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
-		}
-		key := calico.HandleKey(r.Handle)
-		used[key], keyWrites[key] = 0, data
+		hws = append(hws, handleWrite{handleView{handleID: r.Handle}, handleWith(nil, r.assigned)})
 	}
 	for _, r := range v.dels {
-		key := calico.HandleKey(r.Handle)
-		if r.hv.handleGuess != nil {
-			p.cmps = append(p.cmps, valueIs(key, r.hv.handleGuess))
+		hws = append(hws, handleWrite{r.hv, r.left})
+	}
+	keyWrites := maps.Clone(v.keyWrites)
+	for _, w := range hws {
+		key := calico.HandleKey(w.hv.handleID)
+		if w.hv.handleGuess != nil {
+			p.cmps = append(p.cmps, valueIs(key, w.hv.handleGuess))
 		} else {
-			used[key] = r.hv.handleRev
+			used[key] = w.hv.handleRev
 		}
-		keyWrites[key] = nil
-		if r.left != nil && len(r.left.Block) > 0 {
-			data, err := calico.EncodeHandle(r.left)
+		switch {
+		case w.value != nil && len(w.value.Block) > 0:
+			data, err := calico.EncodeHandle(w.value)
 			if err != nil {
-				return nil, fmt.Errorf("encode handle %s: %w", r.Handle, err)
+				return nil, fmt.Errorf("encode handle %s: %w", w.hv.handleID, err)
 			}
 			keyWrites[key] = data
+		case w.hv.handleRev != 0 || w.hv.handleGuess != nil:
+			keyWrites[key] = nil
 		}
 	}
 	p.keys = keyWrites

@@ -2,6 +2,7 @@ package ipamd
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -317,5 +318,42 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 		if !slices.ContainsFunc(p.ops, func(o op) bool { return o.IsDelete() && string(o.KeyBytes()) == key }) {
 			t.Errorf("write does not delete %s: %+v", key, p.ops)
 		}
+	}
+}
+
+// TestBatchedAddsFitTheTransaction: however many ADDs wait (4*maxBatch here), those the leader's
+// write serves keep it within maxTxnOps, in one /26 block (all of its free addresses served) and
+// spread over many /30 blocks.
+func TestBatchedAddsFitTheTransaction(t *testing.T) {
+	many := map[string]int{}
+	for i := range 120 {
+		many[netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i / 64), byte(i % 64 * 4)}), 30).String()] = 0
+	}
+	for name, s := range map[string]*nodeState{"/26": stateWith(t, 26, map[string]int{"10.244.0.0/26": 0}, nil), "/30s": testState(t, many)} {
+		t.Run(name, func(t *testing.T) {
+			c := testCall(s)
+			v := mustView(t, c, "net1.c1")
+			got, _, err := v.add("net1.c1", "eth0", attribute(c.conf, "net1.c1", "eth0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reqs []*batchRequest
+			for i := range 4 * maxBatch {
+				h := fmt.Sprintf("net1.w%03d", i)
+				reqs = append(reqs, &batchRequest{Handle: h, Attr: attribute(c.conf, h, "eth0")})
+			}
+			v.others = v.serveBatch(reqs)
+			p, err := v.writes(handleWith(nil, got))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.cmps) > maxTxnOps || len(p.ops) > maxTxnOps {
+				t.Errorf("%d ADDs served: %d compares, %d operations, want at most %d", len(v.others), len(p.cmps), len(p.ops), maxTxnOps)
+			}
+			if len(v.others) < maxTxnOps/4 {
+				t.Errorf("%d ADDs served, want at least %d", len(v.others), maxTxnOps/4)
+			}
+			t.Logf("%d ADDs served: %d compares, %d operations", len(v.others), len(p.cmps), len(p.ops))
+		})
 	}
 }
