@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +47,7 @@ const (
 )
 
 func main() {
+	singleThreaded()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	err := run(ctx, os.Args[1:], os.Stderr, os.LookupEnv)
 	stop()
@@ -232,6 +234,17 @@ func lookupGroup(g string) (int, error) {
 		return 0, fmt.Errorf("--socket-group: %w", err)
 	}
 	return strconv.Atoi(grp.Gid)
+}
+
+// singleThreaded runs Go code on one OS thread at a time unless GOMAXPROCS says otherwise. The daemon's
+// work is one state goroutine and short requests: with a thread per core, every hand-off between its
+// goroutines (a request, the state loop, gRPC's reader and writer) wakes another thread. On one,
+// a DEL's request costs the daemon 0.65 ms of CPU instead of 0.90-0.95 and is answered in 1.08-1.14 ms
+// instead of 1.31-1.43 (cni BenchmarkAddDel, two runs each); 100 concurrent ADDs take the same time.
+func singleThreaded() {
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(1)
+	}
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer, lookup func(string) (string, bool)) error {
