@@ -99,25 +99,7 @@ func TestGCSnapshotOfALargeCluster(t *testing.T) {
 	)
 	slow := &slowKV{}
 	srv := startServerKV(t, Config{CallTimeout: callTimeout}, nil, func(kv clientv3.KV) clientv3.KV { slow.KV = kv; return slow })
-	var size int
-	var ops []clientv3.Op
-	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
-	for i := range blocks {
-		a, _ := calico.OrdinalAddr(netip.MustParsePrefix("10.100.0.0/15"), i*64)
-		cidr, node := netip.PrefixFrom(a, 26), fmt.Sprintf("node%d", i%50+2)
-		v, err := calico.EncodeBlock(calico.NewBlock(cidr, "host:"+node, uint64(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		size = len(v)
-		ops = append(ops, clientv3.OpPut(calico.BlockKey(cidr), string(v)), clientv3.OpPut(calico.HostAffinityKey(node, cidr), string(confirmed)))
-		if len(ops) == 100 || i == blocks-1 {
-			if _, err := srv.cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
-				t.Fatal(err)
-			}
-			ops = ops[:0]
-		}
-	}
+	size := putOtherNodesBlocks(t, srv.cli, blocks, 50)
 	if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
 		t.Fatal(err, r.Err())
 	}
@@ -200,20 +182,7 @@ func TestGCSnapshotSurvivesAPageError(t *testing.T) {
 		t.Run(pageErr.Error(), func(t *testing.T) {
 			flaky := &flakyKV{err: pageErr}
 			srv := startServerKV(t, Config{}, nil, func(kv clientv3.KV) clientv3.KV { flaky.KV = kv; return flaky })
-			var ops []clientv3.Op
-			const blocks = gcPageSize + 50 // of another node: two pages
-			for i := range blocks {
-				a, _ := calico.OrdinalAddr(netip.MustParsePrefix("10.100.0.0/15"), i*64)
-				cidr := netip.PrefixFrom(a, 26)
-				v, _ := calico.EncodeBlock(calico.NewBlock(cidr, "host:node2", uint64(i)))
-				ops = append(ops, clientv3.OpPut(calico.BlockKey(cidr), string(v)))
-				if len(ops) == 100 || i == blocks-1 {
-					if _, err := srv.cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
-						t.Fatal(err)
-					}
-					ops = ops[:0]
-				}
-			}
+			putOtherNodesBlocks(t, srv.cli, gcPageSize+50, 1) // two pages
 			if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
 				t.Fatal(err, r.Err())
 			}
@@ -227,4 +196,30 @@ func TestGCSnapshotSurvivesAPageError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// putOtherNodesBlocks writes n /26 blocks of 10.100.0.0/15 affine to nodes node2, node3, ... (nodes
+// of them, round robin), with their confirmed affinities, 100 keys to a transaction. It returns the
+// size of a block's value.
+func putOtherNodesBlocks(t *testing.T, cli *clientv3.Client, n, nodes int) (size int) {
+	t.Helper()
+	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
+	var ops []clientv3.Op
+	for i := range n {
+		a, _ := calico.OrdinalAddr(netip.MustParsePrefix("10.100.0.0/15"), i*64)
+		cidr, node := netip.PrefixFrom(a, 26), fmt.Sprintf("node%d", i%nodes+2)
+		v, err := calico.EncodeBlock(calico.NewBlock(cidr, "host:"+node, uint64(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		size = len(v)
+		ops = append(ops, clientv3.OpPut(calico.BlockKey(cidr), string(v)), clientv3.OpPut(calico.HostAffinityKey(node, cidr), string(confirmed)))
+		if len(ops) >= 100 || i == n-1 {
+			if _, err := cli.Txn(t.Context()).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	return size
 }
