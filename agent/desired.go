@@ -331,20 +331,6 @@ func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{}
 	return dirty
 }
 
-// refreshNode recomputes the routes that depend on node (after its peer-loss grace ran out, say).
-func (d *desiredSet) refreshNode(node string) map[netip.Prefix]struct{} {
-	dirty := make(map[netip.Prefix]struct{})
-	for _, cidr := range slices.Clone(d.byNode[node]) { // setBlock relinks
-		if r, ok := d.perBlock[cidr]; ok {
-			d.setBlock(cidr, r.block, dirty)
-		}
-	}
-	for p := range dirty {
-		d.recompute(p)
-	}
-	return dirty
-}
-
 // setBlock replaces block cidr's contribution (b nil = the block is gone), marking touched prefixes dirty.
 func (d *desiredSet) setBlock(cidr netip.Prefix, b *blockwatch.Block, dirty map[netip.Prefix]struct{}) {
 	if old, ok := d.perBlock[cidr]; ok {

@@ -10,9 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // Cluster is a real etcd cluster of several embedded members, each behind a Proxy, so that a test can
@@ -98,11 +95,6 @@ func (c *Cluster) DirectEndpoints() []string {
 		out[i] = s.Endpoint()
 	}
 	return out
-}
-
-// Client returns a client of every member (through the proxies); the caller closes it.
-func (c *Cluster) Client() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 }
 
 // Leader returns the index of the member that is leader, or -1 when none is known.

@@ -399,14 +399,3 @@ func (a *agentProc) waitEvents(source string, n float64, within time.Duration) e
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-// routes is the number of API routes in the agent's VPP inside the pool.
-func (a *agentProc) routes() int {
-	n := 0
-	for _, r := range a.sim.APIRoutes(0) {
-		if pool.Contains(r.Prefix.Addr()) {
-			n++
-		}
-	}
-	return n
-}
