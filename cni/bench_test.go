@@ -124,6 +124,18 @@ func BenchmarkAddDel(b *testing.B) {
 		}
 		plugins = append(plugins, hl)
 	}
+	// The floor: a Go plugin that does no work (testdata/nullplugin), in the bursts only.
+	floor := &benchPlugin{name: "nullplugin", exec: newTimedExec()}
+	if dir, err := buildNullPlugin(tmp); err != nil {
+		b.Logf("nullplugin unavailable, no floor reported: %v", err)
+		floor = nil
+	} else {
+		floor.rt = libcni.NewCNIConfigWithCacheDir([]string{dir}, filepath.Join(tmp, "cache-null"), floor.exec)
+		floor.par = confList(b, map[string]any{"type": "nullplugin", "ipam": map[string]any{"type": "nullplugin"}})
+		if _, err := floor.call(ctx, floor.par, "ADD", "warmup"); err != nil {
+			b.Fatal(err)
+		}
+	}
 
 	seqSock, seqPid := startDaemon("bench-node")
 	blockPlugin.seq = blockPlugin.list(seqSock)
@@ -189,6 +201,11 @@ func BenchmarkAddDel(b *testing.B) {
 				parLines = append(parLines, logLines(logFile)[before:]...)
 			}
 		}
+		if floor != nil {
+			if err := floor.burst(ctx, round); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	par, parRTs, served, parADDs := callMillis(parLines, "ADD"), 0, 0, 0
 	for _, n := range roundTripsByVerb(parLines, "ADD") {
@@ -250,6 +267,23 @@ func BenchmarkAddDel(b *testing.B) {
 		}
 	}
 	fmt.Printf("  %-40s %10d %10d\n", fmt.Sprintf("duplicate addresses (%d conc.)", burstSize), blockPlugin.dups, hlp.dups)
+	if floor != nil && len(plugins) > 1 {
+		// The same bursts of a Go plugin that does nothing: no plugin executed per call and written in Go
+		// can go below this ratio on this machine.
+		fmt.Printf("\nthe floor, a Go plugin that does no work (testdata/nullplugin), same bursts through libcni:\n")
+		for _, cmd := range []string{"ADD", "DEL"} {
+			fw, hw := floor.bursts[cmd], hlp.bursts[cmd]
+			var ratios []float64
+			for i := range min(len(fw), len(hw)) {
+				ratios = append(ratios, fw[i].Seconds()/hw[i].Seconds())
+			}
+			fmt.Printf("  %-40s %10.2f s, %.2fx host-local (rounds: %s)\n", fmt.Sprintf("%d concurrent %ss, wall, median", burstSize, cmd),
+				med(fw).Seconds(), pctFloat(ratios, 50), floats(ratios))
+			if cmd == "ADD" {
+				b.ReportMetric(pctFloat(ratios, 50), "100conc-floor-ratio")
+			}
+		}
+	}
 
 	b.ReportMetric(ms(pct(blockPlugin.total["ADD"], 50)), "blockipam-add-p50-ms")
 	b.ReportMetric(ms(pct(blockPlugin.total["ADD"], 99)), "blockipam-add-p99-ms")
@@ -479,6 +513,18 @@ func buildHostLocal(dir string) (string, error) {
 	}
 	path := filepath.Join(bin, "host-local")
 	return path, rewrite(path)
+}
+
+// buildNullPlugin builds testdata/nullplugin with block-ipam's build flags into dir/null, rewritten as
+// the other plugins are, and returns that directory.
+func buildNullPlugin(dir string) (string, error) {
+	out := filepath.Join(dir, "null")
+	cmd := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", out+"/", "./testdata/nullplugin")...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build nullplugin: %v\n%s", err, msg)
+	}
+	return out, rewrite(filepath.Join(out, "nullplugin"))
 }
 
 // concurrentAdds starts n ADDs at once and returns the wall time and the number of addresses handed
