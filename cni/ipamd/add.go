@@ -108,7 +108,7 @@ func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute)
 func (v *view) addQueued(r *request) error {
 	// This ADD adds its handle's compare and put, and in each family at most a block's compare and
 	// put and its pool's and affinity's compares.
-	if v.handle != nil || v.batchOps()+1+4*len(v.conf.Families()) > maxTxnOps {
+	if v.handle != nil || v.writeSize()+1+4*len(v.conf.Families()) > maxTxnOps {
 		return errSkip
 	}
 	auto, err := v.selectPools(true)
@@ -132,10 +132,10 @@ func (v *view) addQueued(r *request) error {
 	return nil
 }
 
-// batchOps bounds the compares (the larger part of the transaction) the view's write makes so far:
+// writeSize bounds the compares (the larger part of the transaction) the view's write makes so far:
 // the keys it uses, a listing's range compare, the handles it writes, and for each changed block
 // its compare and put, with the overlap keys of a claim.
-func (v *view) batchOps() int {
+func (v *view) writeSize() int {
 	n := len(v.uses) + 1 + len(v.handles)
 	for _, c := range v.dirtyCIDRs() {
 		n += 2

@@ -33,9 +33,9 @@ type request struct {
 	allocs    []allocation
 	skipped   bool
 
-	// served: the batch answers the request (err: its own failure); answered: it has.
-	served, answered bool
-	err              error
+	// served: the batch answers the request (err: its own failure).
+	served bool
+	err    error
 }
 
 // reply is the answer of a request the batch served.
@@ -61,10 +61,10 @@ var (
 	errRedo = errors.New("a request of the batch failed; deciding again without it")
 )
 
-// serve runs a batch, ADD, DEL or CHECK: each attempt decides the requests in order on one view,
-// each on what those before it left, and writes what they change in one transaction conditional on
-// everything they used (no write when nothing changes). The leader's requests (reqs[0]) order is
-// kept by the caller: no two requests of a batch are of one container.
+// serve runs a batch of ADDs, DELs or a CHECK, led by reqs[0]: each attempt decides the requests in
+// order on one view, each on what those before it left, and writes what they change in one
+// transaction conditional on everything they used (no write when nothing changes). The caller keeps
+// each container's order: no two requests of a batch are of one container.
 //
 // A request that fails on its own gets its error and the others go on without it. A write that would
 // exceed maxTxnOps is split: the first half is decided again, the rest left for operations of their

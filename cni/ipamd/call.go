@@ -68,15 +68,16 @@ type opRead struct {
 // maxNeeds bounds the reads one decision may ask for before it is taken.
 const maxNeeds = 6
 
-// decide takes decision on a view of the state, reading first what the state lacks and then what
-// the decision says it needs, until it needs nothing more. The decision only changes the view.
-func (c *call) decide(ctx context.Context, handleID string, decision func(*view) error) (*view, error) {
+// decide runs f, a pure decision, on a view of the state, reading first what the state lacks (with
+// handleID's handle) and then what f says it needs, until it needs nothing more. f only changes the
+// view.
+func (c *call) decide(ctx context.Context, handleID string, f func(*view) error) (*view, error) {
 	for range maxNeeds {
 		if err := c.sync(ctx, handleID); err != nil {
 			return nil, err
 		}
 		v := newView(c.state, c.conf, c.log, &c.read)
-		err := decision(v)
+		err := f(v)
 		var n *needs
 		if !errors.As(err, &n) {
 			return v, err
@@ -114,7 +115,7 @@ func (c *call) fetch(ctx context.Context, n *needs) error {
 		if err != nil {
 			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
 		}
-		if err := c.got(n, res); err != nil {
+		if err := c.applyReads(n, res); err != nil {
 			return err
 		}
 		if len(rest) == 0 {
@@ -153,8 +154,8 @@ func (c *call) readOps(n *needs) (ops []op, rest []netip.Prefix) {
 	return ops, n.blocks[fit:]
 }
 
-// got applies the answer to readOps(n) (a read, or a failed write's failure branch).
-func (c *call) got(n *needs, res *txnResult) error {
+// applyReads applies the answer to readOps(n) (a read, or a failed write's failure branch).
+func (c *call) applyReads(n *needs, res *txnResult) error {
 	ops, rest := c.readOps(n)
 	if len(res.Ranges) != len(ops) {
 		return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
@@ -276,7 +277,7 @@ func (c *call) write(ctx context.Context, v *view) error {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	if !res.Succeeded {
-		if err := c.got(reread, res); err != nil {
+		if err := c.applyReads(reread, res); err != nil {
 			return err
 		}
 		return errConflict

@@ -122,6 +122,8 @@ type job struct {
 	ctx  context.Context
 	gc   *gcSnapshot
 	done chan *cni.Reply
+	// answered: done has its reply (finish).
+	answered bool
 }
 
 // New returns a daemon; Run starts its state loop and Serve answers a listener.
@@ -208,9 +210,8 @@ func (s *Server) HealthyWithin(d time.Duration) bool { return s.live.HealthyWith
 // DEL the DELs. A job is taken along only if no job before it, taken or not, is of its container:
 // those run first. Those its batch served are answered; the others run in their turn.
 func (s *Server) runJobs(ctx context.Context, jobs []*job) {
-	answered := make([]bool, len(jobs))
 	for i, j := range jobs {
-		if answered[i] {
+		if j.answered {
 			continue
 		}
 		if err := j.ctx.Err(); err != nil {
@@ -218,12 +219,11 @@ func (s *Server) runJobs(ctx context.Context, jobs []*job) {
 			s.finish(j, &cni.Reply{Code: types.ErrTryAgainLater, Msg: "the plugin hung up before its request ran"})
 			continue
 		}
-		reqs, idx := []*request{s.newRequest(j)}, []int{i}
+		reqs := []*request{s.newRequest(j)}
 		if key, ok := batchKey(j.req); ok {
 			containers := []string{reqs[0].handle}
-			for k := i + 1; k < len(jobs); k++ {
-				o := jobs[k]
-				if answered[k] {
+			for _, o := range jobs[i+1:] {
+				if o.answered {
 					continue
 				}
 				h := handleID(o.req.Network, o.req.ContainerID)
@@ -231,14 +231,13 @@ func (s *Server) runJobs(ctx context.Context, jobs []*job) {
 				seen := slices.Contains(containers, h)
 				containers = append(containers, h)
 				if ok && okey == key && !seen && o.ctx.Err() == nil {
-					reqs, idx = append(reqs, s.newRequest(o)), append(idx, k)
+					reqs = append(reqs, s.newRequest(o))
 				}
 			}
 		}
 		s.finish(j, s.operate(ctx, reqs))
-		for n, r := range reqs[1:] {
+		for _, r := range reqs[1:] {
 			if r.served {
-				answered[idx[n+1]] = true
 				s.answer(r)
 			}
 		}
@@ -247,8 +246,7 @@ func (s *Server) runJobs(ctx context.Context, jobs []*job) {
 
 // answer replies to a request behind a batch's leader that the batch served, once.
 func (s *Server) answer(r *request) {
-	if !r.answered {
-		r.answered = true
+	if !r.job.answered {
 		s.finish(r.job, r.reply())
 	}
 }
@@ -370,13 +368,14 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 	}
 	s.metrics.requests.WithLabelValues(j.req.Verb, result).Inc()
 	s.metrics.latency.WithLabelValues(j.req.Verb).Observe(time.Since(j.start).Seconds())
+	j.answered = true
 	j.done <- r
 }
 
 var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
 
-// check validates a request before it is queued: the socket is the trust boundary.
-func (s *Server) check(r *cni.Request) *types.Error {
+// validate checks a request before it is queued: the socket is the trust boundary.
+func (s *Server) validate(r *cni.Request) *types.Error {
 	switch r.Verb {
 	case "ADD", "DEL", "CHECK":
 		if !containerIDRe.MatchString(r.ContainerID) {
@@ -492,7 +491,7 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
 	j := &job{req: &req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
-	if err := s.check(&req); err != nil {
+	if err := s.validate(&req); err != nil {
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
 	}
