@@ -264,18 +264,11 @@ func batchKey(r *cni.Request) (string, bool) {
 	return fmt.Sprintf("%s|%v|%v|%v|%d", r.Network, r.Pools, r.Exclude, r.Assign, r.MaxBlocks), true
 }
 
-// withNode returns the request as the allocator sees it: the daemon's node.
-func (s *Server) withNode(r *cni.Request) *cni.Request {
-	out := *r
-	out.Node = s.cfg.Node
-	return &out
-}
-
 // newRequest returns a job as a request of a batch.
 func (s *Server) newRequest(j *job) *request {
 	r := &request{job: j, deadline: deadline(j.req, j.start), handle: handleID(j.req.Network, j.req.ContainerID), ifname: j.req.IfName}
 	if j.req.Verb == "ADD" {
-		r.attr = attribute(s.withNode(j.req), r.handle, r.ifname)
+		r.attr = attribute(j.req, r.handle, r.ifname)
 	}
 	return r
 }
@@ -283,7 +276,7 @@ func (s *Server) newRequest(j *job) *request {
 // operate runs the operation of a batch's leader, reqs[0], on the state loop, and returns its reply.
 func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 	lead := reqs[0]
-	req := s.withNode(lead.job.req)
+	req := lead.job.req
 	// End at the request's deadline, and at once when the plugin hangs up (between transactions:
 	// one that was sent is waited for, and applied).
 	ctx, cancel := context.WithDeadline(ctx, lead.deadline)
@@ -495,12 +488,14 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
 	}
+	// From here on, the request is the daemon's node's (the allocator's conf.Node).
+	req.Node = s.cfg.Node
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
 		// It has at most half of the request's time, so that the releases keep the other half.
 		end := deadline(&req, start)
 		sctx, cancel := context.WithDeadline(ctx, start.Add(end.Sub(start)/2))
-		snap, err := snapshotGC(sctx, s.etcd, s.withNode(&req))
+		snap, err := snapshotGC(sctx, s.etcd, &req)
 		cancel()
 		if err != nil {
 			te := toCNIError(err)

@@ -117,7 +117,7 @@ type view struct {
 	handles []*request
 }
 
-// handleView is what a decision knows of one handle: handleID ("": none), whether it was read
+// handleView is what a decision knows of one handle: handleID, whether it was read
 // (handleRead), as handle (nil: absent) at handleRev.
 type handleView struct {
 	handleID   string
@@ -133,9 +133,6 @@ type handleView struct {
 // an error when it cannot be decoded.
 func loadHandle(read *opRead, id string) (handleView, error) {
 	hv := handleView{handleID: id}
-	if id == "" {
-		return hv, nil
-	}
 	kv, ok := read.keys[calico.HandleKey(id)]
 	hv.handleRead = ok
 	if kv == nil {
