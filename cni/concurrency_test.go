@@ -306,7 +306,7 @@ func TestBatchedAdds(t *testing.T) {
 	ipam := e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})
 	ipam["socket"] = d.Socket
 	list := e.list(netOpts{ipam: ipam})
-	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block and warms the node cache
+	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block, which the daemon's node state then holds
 
 	// hold's write pauses; the n ADDs queue behind it.
 	armed.Store(true)

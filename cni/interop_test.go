@@ -95,7 +95,7 @@ func TestCalicoDeletedPodBlock(t *testing.T) {
 	if n := len(e.snapshot().Blocks); n != 1 {
 		t.Fatalf("%d blocks, want node-y's only", n)
 	}
-	// The node cache path too: the next ADD and DELs go through remembered values.
+	// The steady-state path too: the next ADD and DELs decide on the daemon's watch-fed node state.
 	e.mustAdd(nodeY, rt("n3", "eth0"))
 	for _, c := range []string{"n1", "n2", "n3", "c2"} {
 		e.mustDel(nodeY, rt(c, "eth0"))
@@ -116,7 +116,7 @@ func TestCalicoDeletedPodBlock(t *testing.T) {
 
 // TestIPReservations (defect 2): automatic assignment skips reserved addresses, claims pass over
 // subnets wholly reserved (here by two ranges together), a specific-address request is not checked
-// (as Calico's AssignIP), and a reservation created after the node cache was filled is honoured.
+// (as Calico's AssignIP), and a reservation created after the daemon read its node state is honoured.
 func TestIPReservations(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.61.0.0/26", 26)
@@ -132,7 +132,7 @@ func TestIPReservations(t *testing.T) {
 	if a := addrs(e.mustAdd(l, rt("d", "eth0", [2]string{"IP", "10.61.0.1"})))[0]; a != mustPrefix("10.61.0.1/32") {
 		t.Fatalf("IP= of a reserved address got %s", a)
 	}
-	// A reservation appearing after the node cache was filled (its fast path must notice it).
+	// A reservation appearing after the daemon read its node state (its watch must deliver it).
 	e.put(calico.IPReservationKey("late"), []byte(`{"kind":"IPReservation","apiVersion":"projectcalico.org/v3","metadata":{"name":"late"},"spec":{"reservedCIDRs":["10.61.0.8/29"]}}`))
 	if a := addrs(e.mustAdd(l, rt("e", "eth0")))[0]; a != mustPrefix("10.61.0.16/32") {
 		t.Fatalf("after a new reservation of .8/29 got %s, want 10.61.0.16", a)
@@ -205,14 +205,14 @@ func TestEmptyOrphanBlockDeleted(t *testing.T) {
 }
 
 // TestPendingAffinityAdopted (defect 4): a pending affinity Calico left without its block is adopted
-// by the node's next ADD, even when the node cache says where the next address comes from: exactly
+// by the node's next ADD, even when the daemon's node state holds a block with room: exactly
 // that block is created and the affinity confirmed. A pending affinity of a block that is the node's
 // is confirmed; one whose block belongs to another node is deleted.
 func TestPendingAffinityAdopted(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.64.0.0/16", 26)
 	l := e.list(netOpts{ipam: e.ipam("node1", nil)})
-	first := addrs(e.mustAdd(l, rt("c1", "eth0")))[0] // fills the node cache
+	first := addrs(e.mustAdd(l, rt("c1", "eth0")))[0] // the node state now holds a block with room
 	e.putAffinity("node1", "10.64.200.0/26", calico.AffinityPending)
 	got := addrs(e.mustAdd(l, rt("c2", "eth0")))[0]
 	if got != mustPrefix("10.64.200.0/32") {

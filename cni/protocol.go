@@ -80,8 +80,8 @@ type Reply struct {
 	Allocations []Allocation `json:"allocations,omitempty"`
 	// Released counts GC's releases.
 	Released int `json:"released,omitempty"`
-	// RoundTrips counts the etcd round trips of the operation (0: served by another ADD's write);
-	// Attempts its optimistic attempts; Batched the other ADDs its write served.
+	// RoundTrips counts the etcd round trips of the operation (0: served by another request's write);
+	// Attempts its optimistic attempts; Batched the other requests (ADDs or DELs) its writes served.
 	RoundTrips int64 `json:"roundTrips"`
 	Attempts   int   `json:"attempts"`
 	Batched    int   `json:"batched,omitempty"`

@@ -1,7 +1,6 @@
 package ipamd
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,70 +11,40 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 )
 
-// add allocates the addresses of (container, ifname), or returns those it already holds.
+// add decides an ADD (a decision of a batch, see serve). The leader is decided in full: the
+// addresses its container already holds on this interface, or new ones, from the node's blocks,
+// claiming or borrowing as Calico would (decideAdd). An ADD queued behind it is served only from the
+// node's blocks with room (addQueued).
 //
 // Steady state, one etcd round trip: the decision is taken on the node state the followers keep, with
-// the handle assumed absent, and written in one transaction conditional on everything it used, which
-// also serves the ADDs waiting behind this one (c.waiting) when they fit. When the transaction loses
-// (the handle exists, or the state was behind), its failure branch reads the state's sources, the
-// handle and the blocks, and the next attempt decides on that. Claiming a block adds a keys-only
-// listing of the family's blocks; borrowing reads the family's blocks.
-func (c *call) add(ctx context.Context, containerID, ifname string) ([]allocation, error) {
-	handle := handleID(c.conf.Network, containerID)
-	var got []allocation
-	err := c.retry(ctx, "ADD "+handle, func(ctx context.Context) error {
-		var err error
-		got, err = c.addAttempt(ctx, handle, ifname)
-		return err
-	})
-	return got, err
-}
-
-func (c *call) addAttempt(ctx context.Context, handle, ifname string) ([]allocation, error) {
-	attr := attribute(c.conf, handle, ifname)
-	var got []allocation
-	held := false
-	v, err := c.decide(ctx, handle, func(v *view) error {
-		var err error
-		got, held, err = v.add(handle, ifname, attr)
-		return err
-	})
+// the handle assumed absent, and written in one transaction conditional on everything it used. When
+// the transaction loses (the handle exists, or the state was behind), its failure branch reads the
+// state's sources, the handles and the blocks, and the next attempt decides on that. Claiming a block
+// adds a keys-only listing of the family's blocks; borrowing reads the family's blocks. The handle is
+// read first when the node's blocks show the container's addresses (a repeated ADD, or a second
+// interface), when an address is requested, and before the decision fails for good.
+func (v *view) add(r *request, lead bool) error {
+	if !lead {
+		return v.addQueued(r)
+	}
+	if !v.handleRead && (len(v.conf.RequestedIPs) > 0 || v.holdsAny(r.handle)) {
+		return v.needHandle()
+	}
+	got, held, err := v.decideAdd(r.handle, r.ifname, r.attr)
+	var n *needs
+	if err != nil && !v.handleRead && !errors.As(err, &n) {
+		return v.needHandle()
+	}
 	if err != nil {
-		return nil, err
+		return err
 	}
+	r.allocs = got
 	if held {
-		c.log.Debug("returning existing allocation", "handle", handle, "ifname", ifname)
-		return got, nil
+		v.log.Debug("returning existing allocation", "handle", r.handle, "ifname", r.ifname)
+	} else {
+		r.changed, r.newHandle = true, handleWith(v.handle, got)
 	}
-	if c.attempts == 1 && len(c.conf.RequestedIPs) == 0 {
-		v.others = v.serveBatch(c.waiting)
-	}
-	if _, err := c.write(ctx, v, handleWith(v.handle, got)); err != nil {
-		return nil, err
-	}
-	for _, r := range v.others {
-		r.allocs, r.served = r.assigned, true
-	}
-	return got, nil
-}
-
-// add decides an ADD on the view: the addresses (container, ifname) already holds (held), or new ones.
-// The handle is taken to be absent until it is read; it is read first when the node's blocks show
-// the container's addresses (a repeated ADD, or a second interface), when an address is requested,
-// and before the decision fails for good.
-func (v *view) add(handle, ifname string, attr calico.AllocationAttribute) (got []allocation, held bool, err error) {
-	if !v.handleRead {
-		if len(v.conf.RequestedIPs) > 0 || v.holdsAny(handle) {
-			return nil, false, v.needHandle()
-		}
-		got, held, err = v.decideAdd(handle, ifname, attr)
-		var n *needs
-		if err != nil && !errors.As(err, &n) {
-			return nil, false, v.needHandle()
-		}
-		return got, held, err
-	}
-	return v.decideAdd(handle, ifname, attr)
+	return nil
 }
 
 // holdsAny reports whether any block of the view holds an address of the handle.
@@ -132,51 +101,42 @@ func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute)
 	return got, false, nil
 }
 
-// serveBatch assigns, after the leader's own assignment, one address per family to as many waiting
-// ADDs as the node's blocks have room for, and returns those it served (their addresses in assigned,
-// until the write commits). It never claims or borrows for them.
-func (v *view) serveBatch(reqs []*batchRequest) []*batchRequest {
-	if len(reqs) == 0 {
-		return nil
+// addQueued decides an ADD queued behind the batch's leader: one address per family, all or none,
+// from the node's blocks with room, while the transaction stays within maxTxnOps. It never claims
+// or borrows, and never decides on a handle that exists (read after a lost race): it skips the
+// request instead, for an operation of its own.
+func (v *view) addQueued(r *request) error {
+	// This ADD adds its handle's compare and put, and in each family at most a block's compare and
+	// put and its pool's and affinity's compares.
+	if v.handle != nil || v.writeSize()+1+4*len(v.conf.Families()) > maxTxnOps {
+		return errSkip
 	}
 	auto, err := v.selectPools(true)
 	if err != nil {
-		return nil
+		return errSkip
 	}
-	var served []*batchRequest
-	for _, r := range reqs {
-		// Within the transaction's budget, whatever maxBatch is: this ADD adds its handle's
-		// compare and put, and in each family at most a block's compare and put and its pool's and
-		// affinity's compares.
-		if v.batchOps()+len(served)+1+4*len(v.conf.Families()) > maxTxnOps {
-			return served
+	var use []*blockEntry
+	for _, f := range v.conf.Families() {
+		e := v.roomyAffine(f, auto)
+		if e == nil {
+			return errSkip
 		}
-		// All or nothing: a block with room in every family before assigning in any.
-		var use []*blockEntry
-		for _, f := range v.conf.Families() {
-			e := v.roomyAffine(f, auto)
-			if e == nil {
-				return served
-			}
-			use = append(use, e)
-		}
-		var allocs []allocation
-		for _, e := range use {
-			a, _ := v.assignFrom(e, r.Attr)
-			allocs = append(allocs, a)
-		}
-		sortAllocations(allocs)
-		r.assigned = allocs
-		served = append(served, r)
+		use = append(use, e)
 	}
-	return served
+	for _, e := range use {
+		a, _ := v.assignFrom(e, r.attr)
+		r.allocs = append(r.allocs, a)
+	}
+	sortAllocations(r.allocs)
+	r.changed, r.newHandle = true, handleWith(nil, r.allocs)
+	return nil
 }
 
-// batchOps bounds the compares (the larger part of the transaction) the view's write makes besides
-// the handles of the ADDs it serves: the keys it uses, the leader's handle and a listing's range
-// compare, and for each changed block its compare and put, with the overlap keys of a claim.
-func (v *view) batchOps() int {
-	n := len(v.uses) + 2
+// writeSize bounds the compares (the larger part of the transaction) the view's write makes so far:
+// the keys it uses, a listing's range compare, the handles it writes, and for each changed block
+// its compare and put, with the overlap keys of a claim.
+func (v *view) writeSize() int {
+	n := len(v.uses) + 1 + len(v.handles)
 	for _, c := range v.dirtyCIDRs() {
 		n += 2
 		if e := v.blocks[c]; e != nil && e.created {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 )
 
@@ -118,12 +117,11 @@ func BenchmarkDecisionAdd(b *testing.B) {
 	attr := attribute(c.conf, "net1.c1", "eth0")
 	b.ReportAllocs()
 	for b.Loop() {
-		v := mustView(b, c, "net1.c1")
-		got, _, err := v.add("net1.c1", "eth0", attr)
+		v, err := decideOn(c, (*view).add, &request{handle: "net1.c1", ifname: "eth0", attr: attr})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := v.writes(handleWith(v.handle, got)); err != nil {
+		if _, err := v.writes(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -135,11 +133,11 @@ func BenchmarkDecisionDel(b *testing.B) {
 	h := "net1.other10.244.0.0/26a"
 	b.ReportAllocs()
 	for b.Loop() {
-		v := mustView(b, c, h)
-		if _, _, err := v.del(h, func(*calico.AllocationAttribute) bool { return true }); err != nil {
+		v, err := decideOn(c, (*view).del, &request{handle: h, ifname: "eth0"})
+		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := v.writes(nil); err != nil {
+		if _, err := v.writes(); err != nil {
 			b.Fatal(err)
 		}
 	}

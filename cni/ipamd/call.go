@@ -44,15 +44,14 @@ type call struct {
 	endpoints string
 	// read is what the operation read besides the state.
 	read opRead
-	// attempts counts the optimistic attempts of the operation (1 when no race was lost; 0 when
-	// another ADD's write served this one); roundTrips its etcd round trips.
+	// attempts counts the optimistic attempts of the operation (1 when no race was lost);
+	// roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// waiting are requests queued behind this one that its write may serve (ADDs for an ADD, DELs
-	// for a DEL).
-	waiting []*batchRequest
 	// claims counts the blocks this operation claimed.
 	claims int
+	// answer replies to a request of the batch before the operation ends (nil: at its end).
+	answer func(*request)
 }
 
 // opRead is what an operation read besides the node state: keys (its handle, and those GC and a
@@ -69,18 +68,16 @@ type opRead struct {
 // maxNeeds bounds the reads one decision may ask for before it is taken.
 const maxNeeds = 6
 
-// decide takes decision on a view of the state, reading first what the state lacks and then what
-// the decision says it needs, until it needs nothing more. The decision only changes the view.
-func (c *call) decide(ctx context.Context, handleID string, decision func(*view) error) (*view, error) {
+// decide runs f, a pure decision, on a view of the state, reading first what the state lacks (with
+// handleID's handle) and then what f says it needs, until it needs nothing more. f only changes the
+// view.
+func (c *call) decide(ctx context.Context, handleID string, f func(*view) error) (*view, error) {
 	for range maxNeeds {
 		if err := c.sync(ctx, handleID); err != nil {
 			return nil, err
 		}
-		v, err := newView(c.state, c.conf, c.log, &c.read, handleID)
-		if err != nil {
-			return nil, err
-		}
-		err = decision(v)
+		v := newView(c.state, c.conf, c.log, &c.read)
+		err := f(v)
 		var n *needs
 		if !errors.As(err, &n) {
 			return v, err
@@ -96,16 +93,11 @@ func (c *call) decide(ctx context.Context, handleID string, decision func(*view)
 // in the same round trip), then the blocks of new affinities. None in steady state.
 func (c *call) sync(ctx context.Context, handleID string) error {
 	if !c.state.allListed() {
-		var keys []string
+		n := &needs{sources: true, blocks: slices.Collect(maps.Keys(c.state.blocks))}
 		if handleID != "" {
-			keys = append(keys, calico.HandleKey(handleID))
+			n.keys = []string{calico.HandleKey(handleID)}
 		}
-		blocks := slices.Collect(maps.Keys(c.state.blocks))
-		res, err := c.txn(ctx, nil, c.refreshOps(keys, blocks), nil)
-		if err != nil {
-			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
-		}
-		if err := c.refreshed(keys, blocks, res); err != nil {
+		if err := c.fetch(ctx, n); err != nil {
 			return err
 		}
 	}
@@ -115,41 +107,99 @@ func (c *call) sync(ctx context.Context, handleID string) error {
 	return nil
 }
 
-// refreshOps are the reads that bring keys, every source of the state and the given blocks (as many
-// as fit) up to date in one round trip.
-func (c *call) refreshOps(keys []string, blocks []netip.Prefix) []op {
-	var ops []op
-	for _, k := range keys {
+// fetch reads what n names, in one round trip (one more per maxTxnOps blocks).
+func (c *call) fetch(ctx context.Context, n *needs) error {
+	for {
+		ops, rest := c.readOps(n)
+		res, err := c.txn(ctx, nil, ops, nil)
+		if err != nil {
+			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
+		}
+		if err := c.applyReads(n, res); err != nil {
+			return err
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		n = &needs{blocks: rest}
+	}
+}
+
+// readOps returns the reads of n that fit in one transaction: its keys, every source of the state
+// (n.sources), the family listings (keys only) or whole families, and as many of its blocks as fit;
+// rest are the blocks left out.
+func (c *call) readOps(n *needs) (ops []op, rest []netip.Prefix) {
+	for _, k := range n.keys {
 		ops = append(ops, getOp(k))
 	}
 	for src := range numSources {
+		if !n.sources {
+			break
+		}
 		if k, prefix := c.state.key(src); prefix {
 			ops = append(ops, prefixOp(k, false))
 		} else {
 			ops = append(ops, getOp(k))
 		}
 	}
-	for _, cidr := range blocks[:min(len(blocks), max(0, maxTxnOps-len(ops)))] {
+	for _, f := range []Family{V4, V6} {
+		if n.listing[f] || n.family[f] {
+			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
+		}
+	}
+	fit := min(len(n.blocks), max(0, maxTxnOps-len(ops)))
+	for _, cidr := range n.blocks[:fit] {
 		ops = append(ops, getOp(calico.BlockKey(cidr)))
 	}
-	return ops
+	return ops, n.blocks[fit:]
 }
 
-// refreshed applies the answer to refreshOps(keys, blocks) (a read, or a failed write's failure
-// branch).
-func (c *call) refreshed(keys []string, blocks []netip.Prefix, res *txnResult) error {
-	if n := len(c.refreshOps(keys, blocks)); len(res.Ranges) != n {
-		return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), n)
+// applyReads applies the answer to readOps(n) (a read, or a failed write's failure branch).
+func (c *call) applyReads(n *needs, res *txnResult) error {
+	ops, rest := c.readOps(n)
+	if len(res.Ranges) != len(ops) {
+		return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
 	}
-	ranges := c.gotKeys(keys, res.Ranges)
-	for src := range numSources {
-		c.state.replace(src, ranges[src], res.Revision)
+	ranges := res.Ranges
+	if c.read.keys == nil {
+		c.read.keys = map[string]*kv{}
 	}
-	for i, kvs := range ranges[numSources:] {
-		c.gotBlock(blocks[i], first(kvs), res.Revision)
+	for i, k := range n.keys {
+		c.read.keys[k] = first(ranges[i])
 	}
-	// Listings are as old as the decision that lost: read them again if needed.
-	c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
+	ranges = ranges[len(n.keys):]
+	if n.sources {
+		for src := range numSources {
+			c.state.replace(src, ranges[src], res.Revision)
+		}
+		ranges = ranges[numSources:]
+		// Listings are as old as the decision that lost: read them again if needed.
+		c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
+	}
+	for _, f := range []Family{V4, V6} {
+		if !n.listing[f] && !n.family[f] {
+			continue
+		}
+		l := &listing{rev: res.Revision}
+		for i := range ranges[0] {
+			kv := &ranges[0][i]
+			k, err := calico.ParseKey(kv.Key)
+			if err != nil || k.Kind != calico.KindBlock {
+				c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
+				continue
+			}
+			l.cidrs = append(l.cidrs, k.CIDR)
+			if n.family[f] {
+				c.gotBlock(k.CIDR, kv, res.Revision)
+			}
+		}
+		c.read.listings[f] = l
+		c.read.family[f] = c.read.family[f] || n.family[f]
+		ranges = ranges[1:]
+	}
+	for i, cidr := range n.blocks[:len(n.blocks)-len(rest)] {
+		c.gotBlock(cidr, first(ranges[i]), res.Revision)
+	}
 	return nil
 }
 
@@ -159,76 +209,6 @@ func first(kvs []kv) *kv {
 		return nil
 	}
 	return &kvs[0]
-}
-
-// gotKeys records keys as read by the first len(keys) ranges, and returns the others.
-func (c *call) gotKeys(keys []string, ranges [][]kv) [][]kv {
-	if c.read.keys == nil {
-		c.read.keys = map[string]*kv{}
-	}
-	for i, k := range keys {
-		c.read.keys[k] = first(ranges[i])
-	}
-	return ranges[len(keys):]
-}
-
-// fetch reads what a decision needs, in one round trip (one per maxTxnOps blocks).
-func (c *call) fetch(ctx context.Context, n *needs) error {
-	var ops []op
-	for _, k := range n.keys {
-		ops = append(ops, getOp(k))
-	}
-	for _, f := range []Family{V4, V6} {
-		if n.listing[f] || n.family[f] {
-			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
-		}
-	}
-	blocks := n.blocks
-	for {
-		chunk := blocks[:min(len(blocks), maxTxnOps-len(ops))]
-		blocks = blocks[len(chunk):]
-		for _, cidr := range chunk {
-			ops = append(ops, getOp(calico.BlockKey(cidr)))
-		}
-		res, err := c.txn(ctx, nil, ops, nil)
-		if err != nil {
-			return fmt.Errorf("read ipam state of node %s: %w", c.conf.Node, err)
-		}
-		if len(res.Ranges) != len(ops) {
-			return withCode(ErrDatastore, "etcd answered %d reads of %d", len(res.Ranges), len(ops))
-		}
-		ranges := c.gotKeys(n.keys, res.Ranges)
-		n.keys = nil
-		for _, f := range []Family{V4, V6} {
-			if !n.listing[f] && !n.family[f] {
-				continue
-			}
-			l := &listing{rev: res.Revision}
-			for i := range ranges[0] {
-				kv := &ranges[0][i]
-				k, err := calico.ParseKey(kv.Key)
-				if err != nil || k.Kind != calico.KindBlock {
-					c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
-					continue
-				}
-				l.cidrs = append(l.cidrs, k.CIDR)
-				if n.family[f] {
-					c.gotBlock(k.CIDR, kv, res.Revision)
-				}
-			}
-			c.read.listings[f] = l
-			c.read.family[f] = c.read.family[f] || n.family[f]
-			ranges = ranges[1:]
-			n.listing[f], n.family[f] = false, false
-		}
-		for i, cidr := range chunk {
-			c.gotBlock(cidr, first(ranges[i]), res.Revision)
-		}
-		if len(blocks) == 0 {
-			return nil
-		}
-		ops = ops[:0]
-	}
 }
 
 // gotBlock records a block read at rev (v nil: absent): the state's when it is one of the node's
@@ -256,12 +236,12 @@ func (c *call) gotBlock(cidr netip.Prefix, v *kv, rev int64) {
 
 // write sends the plan of a view, conditional as writes() says. A transaction that was sent is
 // waited for even when the operation is cancelled, so that what it did is applied to the state. When
-// the conditions fail, the same transaction reads the state's sources, the handle and the view's
+// the conditions fail, the same transaction reads the state's sources, the handles and the view's
 // blocks instead; write applies that and returns errConflict.
-func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*plan, error) {
-	p, err := v.writes(newHandle)
+func (c *call) write(ctx context.Context, v *view) error {
+	p, err := v.writes()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
 	// The failure branch reads the handles and the keys read that this plan compares or writes, not
@@ -274,39 +254,33 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 			keys = append(keys, k)
 		}
 	}
-	handles := []string{v.handleID}
-	for _, r := range v.dels {
-		handles = append(handles, r.Handle)
-	}
-	for _, h := range handles {
-		if k := calico.HandleKey(h); h != "" && !slices.Contains(keys, k) {
+	for _, r := range v.handles {
+		if k := calico.HandleKey(r.handle); !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
 	}
 	slices.Sort(keys)
-	what := fmt.Sprintf("write %d blocks and handle %s", len(p.blocks), v.handleID)
-	if len(v.dels) > 0 {
-		what = fmt.Sprintf("write %d blocks and the handles of %d DELs", len(p.blocks), len(v.dels))
-	}
-	failure := c.refreshOps(keys, blocks)
+	what := fmt.Sprintf("write %d blocks and %d other keys", len(p.blocks), len(p.keys))
+	reread := &needs{keys: keys, sources: true, blocks: blocks}
+	failure, _ := c.readOps(reread)
 	if n := max(len(p.cmps), len(p.ops), len(failure)); n > maxTxnOps {
-		return nil, fmt.Errorf("%s: %w (%d operations)", what, errTooLarge, n)
+		return fmt.Errorf("%s: %w (%d operations)", what, errTooLarge, n)
 	}
 	if c.pause != nil {
 		c.pause(ctx)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, failure)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if !res.Succeeded {
-		if err := c.refreshed(keys, blocks, res); err != nil {
-			return nil, err
+		if err := c.applyReads(reread, res); err != nil {
+			return err
 		}
-		return nil, errConflict
+		return errConflict
 	}
 	c.state.committed(p, res.Revision)
 	c.claims += p.claims
@@ -332,16 +306,18 @@ func (c *call) write(ctx context.Context, v *view, newHandle *calico.Handle) (*p
 			}
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // retry runs attempt until it succeeds, fails for good, or the deadline or maxAttempts ends it. Lost
 // races (errConflict) and an unreachable etcd (errUnavailable) are retried after a capped, jittered
-// exponential backoff; running out returns an error that maps to CNI code 11.
+// exponential backoff; running out returns an error that maps to CNI code 11. c.attempts counts
+// the attempts of every retry of the operation.
 func (c *call) retry(ctx context.Context, what string, attempt func(context.Context) error) error {
 	backoff := 2 * time.Millisecond
 	var last error
-	for c.attempts = 1; c.attempts <= maxAttempts; c.attempts++ {
+	for n := 1; n <= maxAttempts; n++ {
+		c.attempts++
 		err := attempt(ctx)
 		if err == nil {
 			return nil
@@ -350,7 +326,7 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 			return err
 		}
 		last = err
-		c.log.Debug("retrying", "what", what, "attempt", c.attempts, "err", err)
+		c.log.Debug("retrying", "what", what, "attempt", n, "err", err)
 		d := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(backoff*2, 250*time.Millisecond)
 		t := time.NewTimer(d)
@@ -358,7 +334,7 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%s: gave up after %d attempts (%w): %w", what, c.attempts, ctx.Err(), last)
+			return fmt.Errorf("%s: gave up after %d attempts (%w): %w", what, n, ctx.Err(), last)
 		}
 	}
 	return fmt.Errorf("%s: gave up after %d attempts: %w", what, maxAttempts, last)
@@ -403,15 +379,8 @@ func attribute(conf *cni.Request, handle, ifname string) calico.AllocationAttrib
 // loaded), IPv4 first.
 func (v *view) held(handle, ifname string) []allocation {
 	var out []allocation
-	if v.handle == nil {
-		return nil
-	}
-	for k := range v.handle.Block {
-		cidr, err := netip.ParsePrefix(k)
-		if err != nil {
-			continue
-		}
-		e := v.blocks[calico.Canonical(cidr)]
+	for _, cidr := range handleBlocks(v.handle) {
+		e := v.blocks[cidr]
 		if e == nil {
 			continue
 		}

@@ -1,34 +1,23 @@
 package ipamd
 
-import (
-	"context"
-	"net/netip"
-)
+import "net/netip"
 
-// check verifies that the handle exists and holds, for this interface, every prevResult address that
-// lies in the pools. It reads the handle; the blocks it names come from the node state when they are
-// the node's.
-func (c *call) check(ctx context.Context, containerID, ifname string) error {
-	handle := handleID(c.conf.Network, containerID)
-	return c.retry(ctx, "CHECK "+handle, func(ctx context.Context) error {
-		_, err := c.decide(ctx, handle, func(v *view) error { return v.check(containerID, ifname) })
-		return err
-	})
-}
-
-func (v *view) check(containerID, ifname string) error {
+// check decides a CHECK (a batch of one, see serve): the handle exists and holds, for this
+// interface, every prevResult address that lies in the pools. It reads the handle; the blocks it
+// names come from the node state when they are the node's.
+func (v *view) check(r *request, _ bool) error {
 	if !v.handleRead {
 		return v.needHandle()
 	}
 	if v.handle == nil {
-		return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", containerID, v.conf.Network, v.handleID)
+		return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", v.conf.ContainerID, v.conf.Network, v.handleID)
 	}
 	if err := v.require(handleBlocks(v.handle)...); err != nil {
 		return err
 	}
-	held := v.held(v.handleID, ifname)
+	held := v.held(v.handleID, r.ifname)
 	if len(held) == 0 {
-		return withCode(ErrCheckFailed, "handle %s holds no address for interface %s", v.handleID, ifname)
+		return withCode(ErrCheckFailed, "handle %s holds no address for interface %s", v.handleID, r.ifname)
 	}
 	pools, err := v.selectPools(false)
 	if err != nil {
@@ -43,7 +32,7 @@ func (v *view) check(containerID, ifname string) error {
 			found = found || a.Addr == addr
 		}
 		if !found {
-			return withCode(ErrCheckFailed, "prevResult address %s is not held by handle %s for interface %s", addr, v.handleID, ifname)
+			return withCode(ErrCheckFailed, "prevResult address %s is not held by handle %s for interface %s", addr, v.handleID, r.ifname)
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -67,6 +68,18 @@ type kv struct {
 	ModRevision int64
 }
 
+func kvOf(k *mvccpb.KeyValue) kv {
+	return kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision}
+}
+
+func kvsOf(kvs []*mvccpb.KeyValue) []kv {
+	out := make([]kv, len(kvs))
+	for i, k := range kvs {
+		out[i] = kvOf(k)
+	}
+	return out
+}
+
 // txnResult is the outcome of a transaction: the store revision it ran at, whether the compares
 // held, and for each range operation of the branch that ran, the pairs it read.
 type txnResult struct {
@@ -98,11 +111,7 @@ func (c *etcdClient) txn(ctx context.Context, cmps []compare, success, failure [
 		if rr == nil {
 			continue
 		}
-		kvs := make([]kv, 0, len(rr.Kvs))
-		for _, k := range rr.Kvs {
-			kvs = append(kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
-		}
-		out.Ranges = append(out.Ranges, kvs)
+		out.Ranges = append(out.Ranges, kvsOf(rr.Kvs))
 	}
 	return out, nil
 }
@@ -158,11 +167,7 @@ func (c *etcdClient) list(ctx context.Context, prefixes []string, limit int64, p
 			if rev == 0 {
 				rev = resp.Header.Revision
 			}
-			kvs := make([]kv, 0, len(resp.Kvs))
-			for _, k := range resp.Kvs {
-				kvs = append(kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
-			}
-			page(kvs)
+			page(kvsOf(resp.Kvs))
 			if !resp.More || len(resp.Kvs) == 0 {
 				break
 			}

@@ -141,7 +141,7 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 			if err != nil || got == 0 {
 				return err
 			}
-			_, err = c.write(ctx, v, nil)
+			err = c.write(ctx, v)
 			return err
 		})
 		errs = append(errs, bad...)

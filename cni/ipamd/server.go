@@ -1,17 +1,18 @@
 // Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
 // unix socket and owns the node's allocation state on one long-lived etcd client.
 //
-// One direction of flow: the socket's handlers queue requests; one goroutine, the state loop, owns
-// the node state (state.go), which followers (watch.go) keep up to date from etcd watches: the IPAM
-// config, pools, IPReservations, the node's Calico Node resource, its affinities and their blocks.
-// For each request the loop takes a decision on a view of that state (view.go; pure: add.go, del.go,
-// check.go), sends it as one conditional transaction, and applies what committed back to the state.
-// In steady state an ADD or a DEL is that one transaction, with no read. ADDs that queue while an
-// operation runs are served together: the next ADD's transaction also writes their handles and
-// addresses when they fit in the node's blocks. Every write stays conditional on etcd's revisions
-// (other nodes, calico-ipam and calicoctl write the same keys), and a lost race reads the current
-// state in the same round trip, so a daemon killed at any point leaves etcd consistent, and two
-// daemons of one node would still hand out no address twice.
+// One direction of flow. The socket's handlers queue requests (server.go); one goroutine, the state
+// loop, owns the node state (state.go), which followers (watch.go) keep up to date from etcd watches:
+// the IPAM config, pools, IPReservations, the node's Calico Node resource, its affinities and their
+// blocks. The loop runs the queued requests in batches (batch.go): an ADD with the ADDs queued behind
+// it, a DEL with the DELs, never out of order for one container. Each attempt of a batch takes pure
+// decisions (add.go, del.go, check.go; gc.go and status.go alike) on a copy-on-write view of the
+// state (view.go), reading first only what the view lacks, and sends what they decided as one
+// conditional transaction (call.go); what committed is applied to the state. In steady state an ADD
+// or a DEL is that one transaction, with no read, and serves the requests queued behind it. Every
+// write stays conditional on etcd's revisions (other nodes, calico-ipam and calicoctl write the same
+// keys), and a lost race reads the current state in the same round trip, so a daemon killed at any
+// point leaves etcd consistent, and two daemons of one node would still hand out no address twice.
 package ipamd
 
 import (
@@ -44,7 +45,8 @@ import (
 
 // Limits of the daemon.
 const (
-	// maxBatch bounds the jobs the state loop takes in one turn (one write serves the ADDs among them).
+	// maxBatch bounds the jobs the state loop takes in one turn (a batch's write serves the ADDs, or
+	// the DELs, among them).
 	maxBatch = 64
 	// MaxTimeout bounds one operation, whatever the shim asks for.
 	MaxTimeout = 5 * time.Minute
@@ -120,35 +122,8 @@ type job struct {
 	ctx  context.Context
 	gc   *gcSnapshot
 	done chan *cni.Reply
-}
-
-// batchRequest is a request of a batch: an ADD waiting behind another, which the other's write may
-// serve, or one of the DELs a DEL's write serves (itself first).
-type batchRequest struct {
-	job    *job
-	Handle string
-	// ADD: Attr is its allocation attribute; assigned its addresses in the leader's view, allocs the
-	// same once the write committed.
-	Attr             calico.AllocationAttribute
-	assigned, allocs []allocation
-	// DEL: IfName is the interface it releases; hv its handle as decided on, left what the write
-	// leaves of it (nil or empty: deleted), changed whether the write changes anything of it.
-	IfName  string
-	hv      handleView
-	left    *calico.Handle
-	changed bool
-	// served: the request is answered by the batch's operation (err: its own failure).
-	served bool
-	err    error
-}
-
-// reply is the answer of a request the batch served.
-func (r *batchRequest) reply() *cni.Reply {
-	if r.err != nil {
-		te := toCNIError(r.err)
-		return &cni.Reply{Code: te.Code, Msg: te.Msg}
-	}
-	return &cni.Reply{Allocations: r.allocs}
+	// answered: done has its reply (finish).
+	answered bool
 }
 
 // New returns a daemon; Run starts its state loop and Serve answers a listener.
@@ -209,7 +184,7 @@ func (s *Server) Run(ctx context.Context) error {
 				break drain
 			}
 		}
-		s.serveBatch(ctx, batch)
+		s.runJobs(ctx, batch)
 		s.followers.reconcile(ctx, s.state)
 	}
 }
@@ -230,13 +205,13 @@ func (s *Server) Synced() bool { return s.synced.Load() }
 // deadline has not passed by d: it does not depend on etcd being reachable.
 func (s *Server) HealthyWithin(d time.Duration) bool { return s.live.HealthyWithin(d) }
 
-// serveBatch runs the queued jobs in order; an automatic ADD takes the compatible ADDs queued after
-// it along, a DEL the DELs queued after it, and those its write served are answered without an
-// operation of their own.
-func (s *Server) serveBatch(ctx context.Context, batch []*job) {
-	answered := make([]bool, len(batch))
-	for i, j := range batch {
-		if answered[i] {
+// runJobs runs the jobs the state loop took, in order. Each leads a batch (see call.serve) with the
+// jobs after it that its transaction may serve (batchKey): an automatic ADD the compatible ADDs, a
+// DEL the DELs. A job is taken along only if no job before it, taken or not, is of its container:
+// those run first. Those its batch served are answered; the others run in their turn.
+func (s *Server) runJobs(ctx context.Context, jobs []*job) {
+	for i, j := range jobs {
+		if j.answered {
 			continue
 		}
 		if err := j.ctx.Err(); err != nil {
@@ -244,41 +219,35 @@ func (s *Server) serveBatch(ctx context.Context, batch []*job) {
 			s.finish(j, &cni.Reply{Code: types.ErrTryAgainLater, Msg: "the plugin hung up before its request ran"})
 			continue
 		}
-		var waiting []*batchRequest
-		var idx []int
+		reqs := []*request{s.newRequest(j)}
 		if key, ok := batchKey(j.req); ok {
-			// A request is taken along only if no job before it in the batch, taken or not, is of
-			// its container: those run first.
-			handles := []string{handleID(j.req.Network, j.req.ContainerID)}
-			for k := i + 1; k < len(batch); k++ {
-				o := batch[k]
-				if answered[k] {
+			containers := []string{reqs[0].handle}
+			for _, o := range jobs[i+1:] {
+				if o.answered {
 					continue
 				}
 				h := handleID(o.req.Network, o.req.ContainerID)
 				okey, ok := batchKey(o.req)
-				seen := slices.Contains(handles, h)
-				handles = append(handles, h)
-				if !ok || okey != key || seen || o.ctx.Err() != nil {
-					continue
+				seen := slices.Contains(containers, h)
+				containers = append(containers, h)
+				if ok && okey == key && !seen && o.ctx.Err() == nil {
+					reqs = append(reqs, s.newRequest(o))
 				}
-				w := &batchRequest{job: o, Handle: h, IfName: o.req.IfName}
-				if o.req.Verb == "ADD" {
-					w.Attr = attribute(s.request(o.req), h, o.req.IfName)
-				}
-				waiting = append(waiting, w)
-				idx = append(idx, k)
 			}
 		}
-		s.finish(j, s.operate(ctx, j, waiting))
-		for n, w := range waiting {
-			if !w.served {
-				continue
+		s.finish(j, s.operate(ctx, reqs))
+		for _, r := range reqs[1:] {
+			if r.served {
+				s.answer(r)
 			}
-			answered[idx[n]] = true
-			sortAllocations(w.allocs)
-			s.finish(w.job, w.reply())
 		}
+	}
+}
+
+// answer replies to a request behind a batch's leader that the batch served, once.
+func (s *Server) answer(r *request) {
+	if !r.job.answered {
+		s.finish(r.job, r.reply())
 	}
 }
 
@@ -295,27 +264,29 @@ func batchKey(r *cni.Request) (string, bool) {
 	return fmt.Sprintf("%s|%v|%v|%v|%d", r.Network, r.Pools, r.Exclude, r.Assign, r.MaxBlocks), true
 }
 
-// request returns the request as the allocator sees it: the daemon's node.
-func (s *Server) request(r *cni.Request) *cni.Request {
-	out := *r
-	out.Node = s.cfg.Node
-	return &out
+// newRequest returns a job as a request of a batch.
+func (s *Server) newRequest(j *job) *request {
+	r := &request{job: j, deadline: deadline(j.req, j.start), handle: handleID(j.req.Network, j.req.ContainerID), ifname: j.req.IfName}
+	if j.req.Verb == "ADD" {
+		r.attr = attribute(j.req, r.handle, r.ifname)
+	}
+	return r
 }
 
-// operate runs one job on the state loop.
-func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *cni.Reply {
-	req := s.request(j.req)
+// operate runs the operation of a batch's leader, reqs[0], on the state loop, and returns its reply.
+func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
+	lead := reqs[0]
+	req := lead.job.req
 	// End at the request's deadline, and at once when the plugin hangs up (between transactions:
 	// one that was sent is waited for, and applied).
-	deadline := deadline(j.req, j.start)
-	ctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancel := context.WithDeadline(ctx, lead.deadline)
 	defer cancel()
-	stop := context.AfterFunc(j.ctx, cancel)
+	stop := context.AfterFunc(lead.job.ctx, cancel)
 	defer stop()
 	s.live.Turn()
-	defer s.live.Busy(deadline)()
+	defer s.live.Busy(lead.deadline)()
 	c := &call{conf: req, etcd: s.etcd, state: s.state, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
-		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, waiting: waiting}
+		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, answer: s.answer}
 	reply := &cni.Reply{}
 	var err error
 	if s.etcdLost() && req.Verb != "STATUS" {
@@ -323,13 +294,14 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 	} else {
 		switch req.Verb {
 		case "ADD":
-			reply.Allocations, err = c.add(ctx, req.ContainerID, req.IfName)
+			err = c.serve(ctx, reqs, (*view).add)
+			reply.Allocations = lead.allocs
 		case "DEL":
-			err = c.del(ctx, req.ContainerID, req.IfName)
+			err = c.serve(ctx, reqs, (*view).del)
 		case "CHECK":
-			err = c.check(ctx, req.ContainerID, req.IfName)
+			err = c.serve(ctx, reqs, (*view).check)
 		case "GC":
-			reply.Released, err = c.gc(ctx, j.gc)
+			reply.Released, err = c.gc(ctx, lead.job.gc)
 		case "STATUS":
 			lost := s.etcdLost()
 			if lost {
@@ -340,13 +312,13 @@ func (s *Server) operate(ctx context.Context, j *job, waiting []*batchRequest) *
 			err = c.status(ctx, lost)
 		}
 	}
-	// The waiting requests this one's write served; those that failed on their own are not.
+	// The requests behind the leader its write served; those that failed on their own are not.
 	batched := 0
-	for _, w := range waiting {
+	for _, r := range reqs[1:] {
 		switch {
-		case !w.served:
-		case w.err != nil:
-			c.log.Warn(req.Verb+" served by the batch failed", "handle", w.Handle, "ifname", w.IfName, "err", w.err)
+		case !r.served:
+		case r.err != nil:
+			c.log.Warn(req.Verb+" served by the batch failed", "handle", r.handle, "ifname", r.ifname, "err", r.err)
 		default:
 			batched++
 		}
@@ -389,13 +361,14 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 	}
 	s.metrics.requests.WithLabelValues(j.req.Verb, result).Inc()
 	s.metrics.latency.WithLabelValues(j.req.Verb).Observe(time.Since(j.start).Seconds())
+	j.answered = true
 	j.done <- r
 }
 
 var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
 
-// check validates a request before it is queued: the socket is the trust boundary.
-func (s *Server) check(r *cni.Request) *types.Error {
+// validate checks a request before it is queued: the socket is the trust boundary.
+func (s *Server) validate(r *cni.Request) *types.Error {
 	switch r.Verb {
 	case "ADD", "DEL", "CHECK":
 		if !containerIDRe.MatchString(r.ContainerID) {
@@ -511,14 +484,15 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
 	j := &job{req: &req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
-	if err := s.check(&req); err != nil {
+	if err := s.validate(&req); err != nil {
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
 	}
+	// From here on, the request is the daemon's node's (the allocator's conf.Node).
+	req.Node = s.cfg.Node
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
 		// It has at most half of the request's time, so that the releases keep the other half.
-		req.Node = s.cfg.Node
 		end := deadline(&req, start)
 		sctx, cancel := context.WithDeadline(ctx, start.Add(end.Sub(start)/2))
 		snap, err := snapshotGC(sctx, s.etcd, &req)

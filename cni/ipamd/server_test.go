@@ -369,6 +369,25 @@ func waitQueued(t *testing.T, srv *testServer, n int) {
 	}
 }
 
+// queue sends the requests one after another, each once the one before it is queued for the state
+// loop (busy meanwhile), and returns their replies (code 999 when the call fails).
+func queue(t *testing.T, srv *testServer, reqs ...*cni.Request) []chan *cni.Reply {
+	t.Helper()
+	replies := make([]chan *cni.Reply, len(reqs))
+	for i, req := range reqs {
+		replies[i] = make(chan *cni.Reply, 1)
+		go func() {
+			r, err := cni.Call(context.Background(), srv.sock, req)
+			if err != nil {
+				r = &cni.Reply{Code: 999, Msg: err.Error()}
+			}
+			replies[i] <- r
+		}()
+		waitQueued(t, srv, i+1)
+	}
+	return replies
+}
+
 // TestBatchedDels: DELs that queue while the state loop is busy are decided on one view and written
 // in one transaction by the first of them. Among them, a DEL of a container that has nothing (it
 // succeeds: DEL is idempotent) and one whose handle etcd holds undecodable: the transaction,
@@ -477,18 +496,7 @@ func TestBatchedDelsKeepOrderPerContainer(t *testing.T) {
 	// along), ADD w (after DEL w).
 	reqs := []*cni.Request{delRequest("y", 5*time.Second), addRequest("x", 5*time.Second), delRequest("x", 5*time.Second),
 		delRequest("w", 5*time.Second), addRequest("w", 5*time.Second)}
-	replies := make([]chan *cni.Reply, len(reqs))
-	for i, req := range reqs {
-		replies[i] = make(chan *cni.Reply, 1)
-		go func() {
-			r, err := cni.Call(context.Background(), srv.sock, req)
-			if err != nil {
-				r = &cni.Reply{Code: 999, Msg: err.Error()}
-			}
-			replies[i] <- r
-		}()
-		waitQueued(t, srv, i+1)
-	}
+	replies := queue(t, srv, reqs...)
 	close(release)
 	for i := range reqs {
 		if r := <-replies[i]; r.Err() != nil {
@@ -544,18 +552,11 @@ func TestBatchedDelsSplit(t *testing.T) {
 	armed.Store(true)
 	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
 	<-paused
-	replies := make([]chan *cni.Reply, n)
+	var reqs []*cni.Request
 	for i := range n {
-		replies[i] = make(chan *cni.Reply, 1)
-		go func() {
-			r, err := cni.Call(context.Background(), srv.sock, delRequest(fmt.Sprintf("s%02d", i), 5*time.Second))
-			if err != nil {
-				r = &cni.Reply{Code: 999, Msg: err.Error()}
-			}
-			replies[i] <- r
-		}()
-		waitQueued(t, srv, i+1)
+		reqs = append(reqs, delRequest(fmt.Sprintf("s%02d", i), 5*time.Second))
 	}
+	replies := queue(t, srv, reqs...)
 	close(release)
 	roundTrips := int64(0)
 	for i := range n {
@@ -611,18 +612,7 @@ func TestBatchedDelsIsolateAConflict(t *testing.T) {
 	<-paused
 	hammer.Store(true)
 	cids := []string{"a", "x", "b"}
-	replies := make([]chan *cni.Reply, len(cids))
-	for i, cid := range cids {
-		replies[i] = make(chan *cni.Reply, 1)
-		go func() {
-			r, err := cni.Call(context.Background(), srv.sock, delRequest(cid, 3*time.Second))
-			if err != nil {
-				r = &cni.Reply{Code: 999, Msg: err.Error()}
-			}
-			replies[i] <- r
-		}()
-		waitQueued(t, srv, i+1)
-	}
+	replies := queue(t, srv, delRequest("a", 3*time.Second), delRequest("x", 3*time.Second), delRequest("b", 3*time.Second))
 	close(release)
 	if r := <-lead; r == nil || r.Err() != nil || r.Attempts > 3 {
 		t.Fatalf("DEL hold: %+v", r)
@@ -660,19 +650,7 @@ func TestBatchedDelFailureNotCounted(t *testing.T) {
 	armed.Store(true)
 	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
 	<-paused
-	cids := []string{"a", "bad", "b"}
-	replies := make([]chan *cni.Reply, len(cids))
-	for i, cid := range cids {
-		replies[i] = make(chan *cni.Reply, 1)
-		go func() {
-			r, err := cni.Call(context.Background(), srv.sock, delRequest(cid, 5*time.Second))
-			if err != nil {
-				r = &cni.Reply{Code: 999, Msg: err.Error()}
-			}
-			replies[i] <- r
-		}()
-		waitQueued(t, srv, i+1)
-	}
+	replies := queue(t, srv, delRequest("a", 5*time.Second), delRequest("bad", 5*time.Second), delRequest("b", 5*time.Second))
 	close(release)
 	a, bad, b := <-replies[0], <-replies[1], <-replies[2]
 	if a.Err() != nil || b.Err() != nil || bad.Code != ErrDatastore {
@@ -680,5 +658,101 @@ func TestBatchedDelFailureNotCounted(t *testing.T) {
 	}
 	if a.Batched != 1 {
 		t.Errorf("DEL a served %d others, want 1 (b; bad failed)", a.Batched)
+	}
+}
+
+// TestBatchAnswersEachByItsDeadline: a request queued behind a batch's leader with a shorter deadline
+// than the leader's is answered with 11 at its own deadline when the batch's write is held up past
+// it (neither served late nor kept waiting for the leader), and the batch goes on without it: the
+// leader and the others are served, and nothing of the short one is written.
+func TestBatchAnswersEachByItsDeadline(t *testing.T) {
+	for _, verb := range []string{"ADD", "DEL"} {
+		t.Run(verb, func(t *testing.T) {
+			req := addRequest
+			if verb == "DEL" {
+				req = delRequest
+			}
+			// Once armed: the first write (the operation before the batch) waits for release,
+			// the batch's first one until its context ends (or 3 s), the next one 1 s (a slow etcd).
+			var armed atomic.Bool
+			var writes atomic.Int32
+			paused, release := make(chan struct{}), make(chan struct{})
+			srv := startServer(t, Config{Pause: func(ctx context.Context) {
+				if !armed.Load() {
+					return
+				}
+				switch writes.Add(1) {
+				case 1:
+					close(paused)
+					<-release
+				case 2:
+					select {
+					case <-ctx.Done():
+					case <-time.After(3 * time.Second):
+					}
+				case 3:
+					time.Sleep(time.Second)
+				}
+			}}, nil)
+			call := func(r *cni.Request) (*cni.Reply, time.Duration) {
+				start := time.Now()
+				reply, err := cni.Call(context.Background(), srv.sock, r)
+				if err != nil {
+					reply = &cni.Reply{Code: 999, Msg: err.Error()}
+				}
+				return reply, time.Since(start)
+			}
+			setup := []string{"warm"}
+			if verb == "DEL" {
+				setup = []string{"hold", "a", "short", "b"}
+			}
+			for _, cid := range setup {
+				if r, _ := call(addRequest(cid, 5*time.Second)); r.Err() != nil {
+					t.Fatal(r.Err())
+				}
+			}
+			armed.Store(true)
+			go call(req("hold", 10*time.Second))
+			<-paused
+			type result struct {
+				r       *cni.Reply
+				elapsed time.Duration
+			}
+			cids := []string{"a", "short", "b"}
+			results := make([]chan result, len(cids))
+			for i, cid := range cids {
+				timeout := 10 * time.Second
+				if cid == "short" {
+					timeout = time.Second
+				}
+				results[i] = make(chan result, 1)
+				go func() {
+					r, d := call(req(cid, timeout))
+					results[i] <- result{r, d}
+				}()
+				waitQueued(t, srv, i+1)
+			}
+			close(release)
+			short := <-results[1]
+			if short.r.Code != 11 || short.elapsed > 1500*time.Millisecond {
+				t.Errorf("the short request: %+v after %v, want code 11 by its deadline (0.9 s)", short.r, short.elapsed)
+			}
+			lead := <-results[0]
+			if lead.r.Err() != nil || lead.r.Batched != 1 || lead.elapsed < short.elapsed {
+				t.Errorf("the leader: %+v after %v, want served with b, after the short one (%v)", lead.r, lead.elapsed, short.elapsed)
+			}
+			if b := <-results[2]; b.r.Err() != nil {
+				t.Errorf("b: %+v", b.r)
+			}
+			for cid, want := range map[string]bool{"a": verb == "ADD", "short": verb == "DEL", "b": verb == "ADD"} {
+				resp, err := srv.cli.Get(t.Context(), calico.HandleKey("net1."+cid), clientv3.WithCountOnly())
+				if err != nil || (resp.Count == 1) != want {
+					t.Errorf("handle of %s: %d (%v), want present %v", cid, resp.Count, err, want)
+				}
+			}
+			if err := ipamcheck.Check(t.Context(), srv.cli, ipamcheck.Options{}); err != nil {
+				t.Fatalf("invariants: %v", err)
+			}
+		})
 	}
 }

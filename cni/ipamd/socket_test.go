@@ -74,7 +74,7 @@ func TestListen(t *testing.T) {
 func TestRequestChecks(t *testing.T) {
 	s := &Server{cfg: Config{Node: "node1"}}
 	ok := cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}}
-	if err := s.check(&ok); err != nil {
+	if err := s.validate(&ok); err != nil {
 		t.Fatalf("valid request: %v", err)
 	}
 	for _, tc := range []struct {
@@ -91,14 +91,14 @@ func TestRequestChecks(t *testing.T) {
 	} {
 		r := ok
 		tc.mod(&r)
-		err := s.check(&r)
+		err := s.validate(&r)
 		if err == nil || err.Code != tc.code || !strings.Contains(err.Msg, tc.want) {
 			t.Errorf("%+v: %v, want code %d with %q", r, err, tc.code, tc.want)
 		}
 	}
 	r := ok
 	r.Node = "node1"
-	if err := s.check(&r); err != nil {
+	if err := s.validate(&r); err != nil {
 		t.Errorf("the daemon's own node name refused: %v", err)
 	}
 }

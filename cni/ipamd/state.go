@@ -174,16 +174,10 @@ func (s *nodeState) event(src source, events []kvEvent) {
 	}
 }
 
-// setBlock records the block cidr as read or written at rev (kv nil: absent), if it is one of the
-// node's affinities and rev is newer than what is known.
+// setBlock records the block cidr as read at rev (kv nil: absent), if it is one of the node's
+// affinities and rev is newer than what is known.
 func (s *nodeState) setBlock(cidr netip.Prefix, kv *kv, rev int64) {
-	if _, ok := s.affinity[cidr]; !ok || rev <= s.blockKnown[cidr] {
-		return
-	}
-	s.blockKnown[cidr] = rev
-	delete(s.bad, cidr)
-	s.blocks[cidr] = nil
-	if kv == nil {
+	if !s.newer(cidr, rev) || kv == nil {
 		return
 	}
 	e, err := decodeBlockKV(cidr, *kv)
@@ -193,6 +187,18 @@ func (s *nodeState) setBlock(cidr netip.Prefix, kv *kv, rev int64) {
 		return
 	}
 	s.blocks[cidr] = e
+}
+
+// newer reports whether rev is newer than what is known of the block cidr, one of the node's
+// affinities; if so, the block is now known at rev, as absent until the caller says more.
+func (s *nodeState) newer(cidr netip.Prefix, rev int64) bool {
+	if _, ok := s.affinity[cidr]; !ok || rev <= s.blockKnown[cidr] {
+		return false
+	}
+	s.blockKnown[cidr] = rev
+	delete(s.bad, cidr)
+	s.blocks[cidr] = nil
+	return true
 }
 
 // decode rebuilds the decoded form of a source from its keys.

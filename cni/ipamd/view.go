@@ -56,6 +56,8 @@ type needs struct {
 	listing [2]bool
 	family  [2]bool
 	keys    []string
+	// sources: every source of the node state (its first read, and a lost write's failure branch).
+	sources bool
 }
 
 func (n *needs) Error() string { return "the decision needs more of the datastore" }
@@ -80,6 +82,7 @@ func (n *needs) merge(o *needs) *needs {
 		out.listing[f] = out.listing[f] || o.listing[f]
 		out.family[f] = out.family[f] || o.family[f]
 	}
+	out.sources = out.sources || o.sources
 	return out
 }
 
@@ -92,7 +95,8 @@ type view struct {
 	log  *slog.Logger
 	read *opRead
 
-	// handleView is the operation's handle ("": none, as for GC and a batch of DELs).
+	// handleView is the handle of the request being decided (see decideBatch; none for GC and
+	// STATUS).
 	handleView
 	// decoded is the state's (maps read only).
 	decoded
@@ -108,14 +112,12 @@ type view struct {
 	// keyWrites are other keys the write puts (nil: deletes): the handles GC corrects, the affinity
 	// of another node's block a release deletes. Their compares are in uses.
 	keyWrites map[string][]byte
-	// others are waiting ADDs (see serveBatch) whose handles and addresses the write creates too.
-	others []*batchRequest
-	// dels are the DELs of a batch (delBatch) that change their handle: the write corrects or
-	// deletes each, conditional on what its decision used.
-	dels []*batchRequest
+	// handles are the requests of a batch whose handle the write creates, corrects or deletes,
+	// each conditional on what its decision used.
+	handles []*request
 }
 
-// handleView is what a decision knows of one handle: handleID ("": none), whether it was read
+// handleView is what a decision knows of one handle: handleID, whether it was read
 // (handleRead), as handle (nil: absent) at handleRev.
 type handleView struct {
 	handleID   string
@@ -131,9 +133,6 @@ type handleView struct {
 // an error when it cannot be decoded.
 func loadHandle(read *opRead, id string) (handleView, error) {
 	hv := handleView{handleID: id}
-	if id == "" {
-		return hv, nil
-	}
 	kv, ok := read.keys[calico.HandleKey(id)]
 	hv.handleRead = ok
 	if kv == nil {
@@ -151,9 +150,8 @@ func loadHandle(read *opRead, id string) (handleView, error) {
 	return hv, nil
 }
 
-// newView returns a view of the node state and of what the operation has read; an error when the
-// handle read cannot be decoded.
-func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, handleID string) (*view, error) {
+// newView returns a view of the node state and of what the operation has read.
+func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead) *view {
 	v := &view{conf: conf, log: log, read: read, decoded: s.decoded, uses: map[string]int64{},
 		affinityWrites: map[netip.Prefix]calico.AffinityStep{}, keyWrites: map[string][]byte{},
 		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(read.blocks)), bad: maps.Clone(s.bad)}
@@ -169,11 +167,7 @@ func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead, ha
 		}
 	}
 	maps.Copy(v.bad, read.bad)
-	var err error
-	if v.handleView, err = loadHandle(read, handleID); err != nil {
-		return nil, err
-	}
-	return v, nil
+	return v
 }
 
 // needHandle is the need for the view's handle.
@@ -291,10 +285,11 @@ type plan struct {
 // being as it knew it: an existing block at its mod revision, a new block and every key of a block
 // that would overlap it absent, the pools, affinities, IPAM config and Calico Node resource it
 // decided with at their mod revisions (a deleted pool or affinity fails the write), the handle at its
-// mod revision (or exact value), the others' handles absent. A block a release left empty and
-// without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
-// v.affinityWrites confirm or delete affinities. newHandle nil or empty deletes the handle.
-func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
+// mod revision (or exact value when guessed; absent when not read). A block a release left empty
+// and without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
+// v.affinityWrites confirm or delete affinities. A request's newHandle nil or empty deletes its
+// handle.
+func (v *view) writes() (*plan, error) {
 	p := &plan{blocks: map[netip.Prefix]*blockEntry{}, affinity: map[string][]byte{}}
 	used := maps.Clone(v.uses)
 	confirmed, _ := calico.EncodeAffinity(calico.AffinityValue{State: calico.AffinityConfirmed})
@@ -348,39 +343,24 @@ func (v *view) writes(newHandle *calico.Handle) (*plan, error) {
 			p.affinity[affKey] = confirmed
 		}
 	}
-	// The handles written: the operation's, the waiting ADDs' (compared absent), the DELs' of a
-	// batch. Each is conditional on its exact value when guessed, else on its mod revision; an
-	// emptied handle is deleted (if it exists).
-	type handleWrite struct {
-		hv    handleView
-		value *calico.Handle
-	}
-	var hws []handleWrite
-	if v.handleID != "" {
-		hws = append(hws, handleWrite{v.handleView, newHandle})
-	}
-	for _, r := range v.others {
-		hws = append(hws, handleWrite{handleView{handleID: r.Handle}, handleWith(nil, r.assigned)})
-	}
-	for _, r := range v.dels {
-		hws = append(hws, handleWrite{r.hv, r.left})
-	}
+	// The handles written: each conditional on its exact value when guessed, else on its mod
+	// revision; an emptied handle is deleted (if it exists).
 	keyWrites := maps.Clone(v.keyWrites)
-	for _, w := range hws {
-		key := calico.HandleKey(w.hv.handleID)
-		if w.hv.handleGuess != nil {
-			p.cmps = append(p.cmps, valueIs(key, w.hv.handleGuess))
+	for _, r := range v.handles {
+		key := calico.HandleKey(r.handle)
+		if r.hv.handleGuess != nil {
+			p.cmps = append(p.cmps, valueIs(key, r.hv.handleGuess))
 		} else {
-			used[key] = w.hv.handleRev
+			used[key] = r.hv.handleRev
 		}
 		switch {
-		case w.value != nil && len(w.value.Block) > 0:
-			data, err := calico.EncodeHandle(w.value)
+		case r.newHandle != nil && len(r.newHandle.Block) > 0:
+			data, err := calico.EncodeHandle(r.newHandle)
 			if err != nil {
-				return nil, fmt.Errorf("encode handle %s: %w", w.hv.handleID, err)
+				return nil, fmt.Errorf("encode handle %s: %w", r.handle, err)
 			}
 			keyWrites[key] = data
-		case w.hv.handleRev != 0 || w.hv.handleGuess != nil:
+		case r.hv.handleRev != 0 || r.hv.handleGuess != nil:
 			keyWrites[key] = nil
 		}
 	}
@@ -458,15 +438,8 @@ func (s *nodeState) committed(p *plan, rev int64) {
 		s.decode(srcAffinity)
 	}
 	for c, e := range p.blocks {
-		if _, ok := s.affinity[c]; !ok || rev <= s.blockKnown[c] {
-			continue
+		if s.newer(c, rev) && e != nil {
+			s.blocks[c] = &blockEntry{b: e.b, rev: rev}
 		}
-		s.blockKnown[c] = rev
-		delete(s.bad, c)
-		if e == nil {
-			s.blocks[c] = nil
-			continue
-		}
-		s.blocks[c] = &blockEntry{b: e.b, rev: rev}
 	}
 }

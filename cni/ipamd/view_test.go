@@ -51,12 +51,15 @@ func stateWith(tb testing.TB, bits int, blocks map[string]int, secondary map[str
 	return s
 }
 
-func mustView(tb testing.TB, c *call, handleID string) *view {
-	v, err := newView(c.state, c.conf, c.log, &c.read, handleID)
-	if err != nil {
-		tb.Fatal(err)
+// decideOn decides the requests as a batch (reqs[0] its leader) on a new view of c's state: the
+// view, and the decision's need or the leader's own failure.
+func decideOn(c *call, d decision, reqs ...*request) (*view, error) {
+	v := newView(c.state, c.conf, c.log, &c.read)
+	err := v.decideBatch(reqs, d)
+	if err == nil {
+		err = reqs[0].err
 	}
-	return v
+	return v, err
 }
 
 func testCall(s *nodeState) *call {
@@ -68,7 +71,6 @@ func testCall(s *nodeState) *call {
 // freshness; with the blocks full, it needs the family's listing to claim; with the listing, it claims
 // the next free block and writes its affinity.
 func TestAddDecision(t *testing.T) {
-	attr := func(c *call) calico.AllocationAttribute { return attribute(c.conf, "net1.c1", "eth0") }
 	tests := []struct {
 		name      string
 		blocks    map[string]int
@@ -96,8 +98,9 @@ func TestAddDecision(t *testing.T) {
 				}
 				c.read.listings[V4] = l
 			}
-			v := mustView(t, c, "net1.c1")
-			got, held, err := v.add("net1.c1", "eth0", attr(c))
+			r := &request{handle: "net1.c1", ifname: "eth0", attr: attribute(c.conf, "net1.c1", "eth0")}
+			v, err := decideOn(c, (*view).add, r)
+			got, held := r.allocs, !r.changed
 			var n *needs
 			if tt.needs {
 				if !errors.As(err, &n) || !n.listing[V4] {
@@ -109,7 +112,7 @@ func TestAddDecision(t *testing.T) {
 				(tt.want == "" && slices.Contains(tt.listing, got[0].Block.String())) {
 				t.Fatalf("got %v held=%v err=%v, want %q", got, held, err, tt.want)
 			}
-			p, err := v.writes(handleWith(nil, got))
+			p, err := v.writes()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +249,8 @@ func TestOverlapKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		s := testState(t, nil)
-		v := mustView(t, testCall(s), "")
+		tc := testCall(s)
+		v := newView(s, tc.conf, tc.log, &tc.read)
 		v.pools = nil
 		for _, bits := range tt.sizes {
 			v.pools = append(v.pools, calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: bits})
@@ -281,14 +285,7 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 	hv.Add(cidr, 1)
 	hdata, _ := calico.EncodeHandle(hv)
 	c.read.keys = map[string]*kv{calico.HandleKey(h): {Key: calico.HandleKey(h), Value: hdata, ModRevision: 8}}
-	decide := func() (*view, error) {
-		v := mustView(t, c, h)
-		_, changed, err := v.del(h, func(*calico.AllocationAttribute) bool { return true })
-		if err == nil && changed {
-			err = v.releaseEmptied()
-		}
-		return v, err
-	}
+	decide := func() (*view, error) { return decideOn(c, (*view).del, &request{handle: h, ifname: "eth0"}) }
 	nodeKey, affKey := calico.NodeKey("node2"), calico.HostAffinityKey("node2", cidr)
 	_, err := decide()
 	var n *needs
@@ -304,7 +301,7 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := v.writes(nil)
+	p, err := v.writes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +320,7 @@ func TestDelReleasesOtherNodesEmptiedBlock(t *testing.T) {
 
 // TestBatchedAddsFitTheTransaction: however many ADDs wait (4*maxBatch here), those the leader's
 // write serves keep it within maxTxnOps, in one /26 block (all of its free addresses served) and
-// spread over many /30 blocks.
+// spread over many /30 blocks; those that do not fit are skipped, the view untouched by them.
 func TestBatchedAddsFitTheTransaction(t *testing.T) {
 	many := map[string]int{}
 	for i := range 120 {
@@ -332,28 +329,33 @@ func TestBatchedAddsFitTheTransaction(t *testing.T) {
 	for name, s := range map[string]*nodeState{"/26": stateWith(t, 26, map[string]int{"10.244.0.0/26": 0}, nil), "/30s": testState(t, many)} {
 		t.Run(name, func(t *testing.T) {
 			c := testCall(s)
-			v := mustView(t, c, "net1.c1")
-			got, _, err := v.add("net1.c1", "eth0", attribute(c.conf, "net1.c1", "eth0"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var reqs []*batchRequest
-			for i := range 4 * maxBatch {
+			var reqs []*request
+			for i := range 1 + 4*maxBatch {
 				h := fmt.Sprintf("net1.w%03d", i)
-				reqs = append(reqs, &batchRequest{Handle: h, Attr: attribute(c.conf, h, "eth0")})
+				reqs = append(reqs, &request{handle: h, ifname: "eth0", attr: attribute(c.conf, h, "eth0")})
 			}
-			v.others = v.serveBatch(reqs)
-			p, err := v.writes(handleWith(nil, got))
+			v, err := decideOn(c, (*view).add, reqs...)
 			if err != nil {
 				t.Fatal(err)
+			}
+			p, err := v.writes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			served, assigned := len(v.handles)-1, 0
+			for _, e := range v.blocks {
+				assigned += len(e.b.Ordinals(func(*calico.AllocationAttribute) bool { return true }))
+			}
+			if assigned != served+1 {
+				t.Errorf("%d addresses assigned in the view, for %d ADDs", assigned, served+1)
 			}
 			if len(p.cmps) > maxTxnOps || len(p.ops) > maxTxnOps {
-				t.Errorf("%d ADDs served: %d compares, %d operations, want at most %d", len(v.others), len(p.cmps), len(p.ops), maxTxnOps)
+				t.Errorf("%d ADDs served: %d compares, %d operations, want at most %d", served, len(p.cmps), len(p.ops), maxTxnOps)
 			}
-			if len(v.others) < maxTxnOps/4 {
-				t.Errorf("%d ADDs served, want at least %d", len(v.others), maxTxnOps/4)
+			if served < maxTxnOps/4 {
+				t.Errorf("%d ADDs served, want at least %d", served, maxTxnOps/4)
 			}
-			t.Logf("%d ADDs served: %d compares, %d operations", len(v.others), len(p.cmps), len(p.ops))
+			t.Logf("%d ADDs served: %d compares, %d operations", served, len(p.cmps), len(p.ops))
 		})
 	}
 }

@@ -72,10 +72,7 @@ func (f *follower) follow(ctx context.Context, key string, opts []clientv3.OpOpt
 		return false
 	}
 	snap := tag
-	snap.snapshot, snap.rev = true, resp.Header.Revision
-	for _, k := range resp.Kvs {
-		snap.kvs = append(snap.kvs, kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision})
-	}
+	snap.snapshot, snap.rev, snap.kvs = true, resp.Header.Revision, kvsOf(resp.Kvs)
 	if !f.send(ctx, snap) {
 		return false
 	}
@@ -93,9 +90,7 @@ func (f *follower) follow(ctx context.Context, key string, opts []clientv3.OpOpt
 		}
 		u := tag
 		for _, ev := range wr.Events {
-			k := ev.Kv
-			u.events = append(u.events, kvEvent{KV: kv{Key: string(k.Key), Value: k.Value, ModRevision: k.ModRevision},
-				Rev: k.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete})
+			u.events = append(u.events, kvEvent{KV: kvOf(ev.Kv), Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete})
 		}
 		if !f.send(ctx, u) {
 			return true
