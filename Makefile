@@ -77,6 +77,7 @@ fuzz:
 	$(GO) test ./calico -run '^$$' -fuzz FuzzDecodeBlock -fuzztime $(FUZZTIME)
 	$(GO) test ./calico -run '^$$' -fuzz FuzzDecodeRouting -fuzztime $(FUZZTIME)
 	$(GO) test ./test/vppsim -run '^$$' -fuzz FuzzServerFrames -fuzztime $(FUZZTIME)
+	$(GO) test ./cni/shim -run '^$$' -fuzz FuzzParseFrame -fuzztime $(FUZZTIME)
 
 clean:
 	rm -rf $(BIN)

@@ -1,7 +1,8 @@
-// Package cni is block-ipam's CNI side: the network configuration, the request the shim sends the
-// node daemon (package cni/ipamd) over a unix socket and its reply, and the CNI verbs of the thin
-// plugin the runtime executes. It holds no etcd code: the shim starts in 1.6 ms, where a binary
-// linking the etcd client takes 5 ms to start.
+// Package cni is block-ipam's CNI side: the network configuration, what the node daemon (package
+// cni/ipamd) does with the plugin's call (ServeFrame: skel's checks, the configuration, the result in
+// the configuration's CNI version) and the request it hands the daemon's state loop. The plugin the
+// runtime executes (package cni/shim) only forwards the call: it links none of this package.
+// It holds no etcd code: the daemon reaches etcd through cni/ipamd.
 package cni
 
 import (
@@ -23,16 +24,17 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
-// Defaults of the configuration.
+// Defaults of the configuration, shared with the plugin (package shim).
 const (
 	// DefaultTimeout bounds one plugin call, the daemon's retries included.
-	DefaultTimeout = 30 * time.Second
+	DefaultTimeout = shim.DefaultTimeout
 	// StatusTimeout bounds STATUS.
-	StatusTimeout = 2 * time.Second
+	StatusTimeout = shim.StatusTimeout
 	// maxResolvConf bounds the resolvConf file read at every ADD.
-	maxResolvConf = 64 << 10
+	maxResolvConf = shim.MaxResolvConf
 )
 
 // IPAMConf is the "ipam" section of the network configuration. Field names follow calico-ipam where
@@ -162,6 +164,12 @@ type Config struct {
 // no connection and reads no file but resolvConf. Errors are *types.Error with code 7 naming the field
 // (4 for a malformed CNI_ARGS).
 func LoadConfig(stdin []byte, cniArgs string) (*Config, error) {
+	return loadConfig(stdin, cniArgs, readResolvConf)
+}
+
+// loadConfig is LoadConfig with resolvConf read by resolv (the daemon is given the file's content by
+// the plugin, which runs in the runtime's mount namespace).
+func loadConfig(stdin []byte, cniArgs string, resolv func(path string) ([]byte, error)) (*Config, error) {
 	var n NetConf
 	err := json.Unmarshal(stdin, &n)
 	if err != nil {
@@ -237,11 +245,11 @@ func LoadConfig(stdin []byte, cniArgs string) (*Config, error) {
 	case im.DNS != nil:
 		c.DNS = *im.DNS
 	case im.ResolvConf != "":
-		dns, err := parseResolvConf(im.ResolvConf)
+		data, err := resolv(im.ResolvConf)
 		if err != nil {
 			return nil, configError("ipam.resolvConf", "%v", err)
 		}
-		c.DNS = dns
+		c.DNS = parseResolvConf(data)
 	}
 	gws := im.Gateways
 	if im.Gateway != "" {
@@ -414,29 +422,30 @@ func parseCNIArgs(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseResolvConf reads nameserver, domain, search and options from a resolv.conf file.
-// The file must be a regular file of at most maxResolvConf bytes: it is opened without blocking (a
-// FIFO would hang the ADD) and checked before it is read.
-func parseResolvConf(path string) (types.DNS, error) {
+// readResolvConf reads a resolv.conf file. It must be a regular file of at most maxResolvConf bytes:
+// it is opened without blocking (a FIFO would hang the ADD) and checked before it is read. The plugin
+// does the same (shim.readResolvConf), with the same messages.
+func readResolvConf(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return types.DNS{}, err
+		return nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return types.DNS{}, err
+		return nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return types.DNS{}, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
 	}
 	if st.Size() > maxResolvConf {
-		return types.DNS{}, fmt.Errorf("%s is %d bytes, more than a resolv.conf (%d)", path, st.Size(), maxResolvConf)
+		return nil, fmt.Errorf("%s is %d bytes, more than a resolv.conf (%d)", path, st.Size(), maxResolvConf)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxResolvConf+1))
-	if err != nil {
-		return types.DNS{}, err
-	}
+	return io.ReadAll(io.LimitReader(f, maxResolvConf+1))
+}
+
+// parseResolvConf takes nameserver, domain, search and options from a resolv.conf file's content.
+func parseResolvConf(data []byte) types.DNS {
 	var dns types.DNS
 	for _, line := range strings.Split(string(data), "\n") {
 		if i := strings.IndexAny(line, "#;"); i >= 0 {
@@ -459,5 +468,5 @@ func parseResolvConf(path string) (types.DNS, error) {
 			dns.Options = append(dns.Options, f[1:]...)
 		}
 	}
-	return dns, nil
+	return dns
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
 // CNI error codes block-ipam returns. Codes 1-11 are the spec's (types.Err*); 50 and 51 are the
@@ -11,7 +13,7 @@ import (
 const (
 	// ErrPluginNotAvailable (50, STATUS): the plugin cannot serve ADD now (daemon unreachable, etcd
 	// lost, no address left to give).
-	ErrPluginNotAvailable uint = 50
+	ErrPluginNotAvailable uint = shim.ErrPluginNotAvailable
 	// ErrLimitedConnectivity (51, STATUS): existing containers may lose connectivity. Not returned by
 	// block-ipam; defined for completeness.
 	ErrLimitedConnectivity uint = 51

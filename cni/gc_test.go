@@ -196,9 +196,13 @@ func TestErrorCodes(t *testing.T) {
 	}
 	add := func(cid string) []string { return cniEnv("ADD", cid, "eth0", "/var/run/netns/x", "") }
 
-	// 7 before the daemon is asked: the socket leads nowhere, a call would fail with 11.
-	err, _ := run(add("c1"), conf(map[string]any{"socket": "/nonexistent/block-ipam.sock", "assign_ipv4": "maybe"}, nil))
+	// 7 naming the field, from the daemon before any etcd work (the plugin forwards the call;
+	// TestServeFrameChecksFirst); with no daemon to ask, 11: the runtime retries, and gets the 7 once
+	// the daemon is there.
+	err, _ := run(add("c1"), conf(map[string]any{"assign_ipv4": "maybe"}, nil))
 	wantCode(t, err, 7, "assign_ipv4")
+	err, _ = run(add("c1"), conf(map[string]any{"socket": "/nonexistent/block-ipam.sock", "assign_ipv4": "maybe"}, nil))
+	wantCode(t, err, 11, "/nonexistent/block-ipam.sock")
 	// 7: a nodename that is not the daemon's, naming both.
 	err, _ = run(add("c1"), conf(map[string]any{"nodename": "node9"}, nil))
 	wantCode(t, err, 7, `names node "node9", but the block-ipam daemon at this socket serves node "node1"`)

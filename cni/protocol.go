@@ -11,15 +11,20 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
-// The shim and the node daemon speak JSON on a unix socket, one exchange per connection: the shim
-// writes one Request and shuts its side down, the daemon writes one Reply and closes. No HTTP: net/http
-// alone adds 0.4 ms to every start of the plugin (1.95 against 1.55 ms), which the runtime pays on every
-// ADD and DEL; both sides bound what they read by MaxMessage and by a deadline.
+// The plugin and the node daemon speak on a unix socket, one exchange per connection: the plugin
+// writes its request and shuts its side down, the daemon writes its reply and closes. No HTTP: net/http
+// alone adds 0.4 ms to every start of the plugin, which the runtime pays on every ADD and DEL; both
+// sides bound what they read by MaxMessage and by a deadline. Today's plugin (package shim) sends the
+// CNI call as the runtime made it, in a frame (ServeFrame answers it). The JSON Request and Reply
+// below are the protocol of the plugins before it, which the daemon still answers so that a node
+// can upgrade the daemon and the plugin in either order; Call is their client.
 const (
 	// DefaultSocket is where the daemon listens and the shim connects unless ipam.socket says otherwise.
-	DefaultSocket = "/run/block-ipam/block-ipam.sock"
+	DefaultSocket = shim.DefaultSocket
 	// MaxMessage bounds a request or reply.
 	MaxMessage = 1 << 20
 )

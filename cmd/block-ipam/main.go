@@ -10,10 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
-
-	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 )
 
@@ -30,13 +27,7 @@ func main() {
 			runDaemon()
 		}
 	}
-	skel.PluginMainFuncs(skel.CNIFuncs{
-		Add:    cni.CmdAdd,
-		Del:    cni.CmdDel,
-		Check:  cni.CmdCheck,
-		GC:     cni.CmdGC,
-		Status: cni.CmdStatus,
-	}, version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"), "CNI block-ipam "+buildinfo.Version)
+	os.Exit(shim.Main("CNI block-ipam " + buildinfo.Version))
 }
 
 // runDaemon replaces this process with block-ipamd (same PID, so systemd's notify socket and the

@@ -445,21 +445,26 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(connTimeout))
 	data, err := io.ReadAll(io.LimitReader(conn, cni.MaxMessage+1))
-	var reply *cni.Reply
+	var out []byte
 	switch {
 	case err != nil:
 		s.log.Warn("reading a request from the socket", "err", err)
 		return
 	case len(data) > cni.MaxMessage:
-		reply = &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)}
+		out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := hup.watch(conn, cancel)
-		reply = s.handle(jctx, start, data)
+		if cni.IsFrame(data) {
+			// The plugin's call as the runtime made it: package cni does CNI's part.
+			out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
+		} else {
+			// The JSON request of a plugin older than the daemon.
+			out, _ = json.Marshal(s.handle(jctx, start, data))
+		}
 		stop()
 	}
-	out, _ := json.Marshal(reply)
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
 }
@@ -477,14 +482,19 @@ func deadline(r *cni.Request, start time.Time) time.Time {
 	return start.Add(timeout * 9 / 10)
 }
 
-// handle answers one request; ctx ends when the plugin hangs up or the daemon stops.
+// handle answers the JSON request of a plugin older than the daemon (cni.Call).
 func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
 	var req cni.Request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
 	}
-	j := &job{req: &req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
-	if err := s.validate(&req); err != nil {
+	return s.serve(ctx, start, &req)
+}
+
+// serve answers one decoded request; ctx ends when the plugin hangs up or the daemon stops.
+func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *cni.Reply {
+	j := &job{req: req, start: start, ctx: ctx, done: make(chan *cni.Reply, 1)}
+	if err := s.validate(req); err != nil {
 		s.finish(j, &cni.Reply{Code: err.Code, Msg: err.Msg})
 		return <-j.done
 	}
@@ -493,9 +503,9 @@ func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
 		// It has at most half of the request's time, so that the releases keep the other half.
-		end := deadline(&req, start)
+		end := deadline(req, start)
 		sctx, cancel := context.WithDeadline(ctx, start.Add(end.Sub(start)/2))
-		snap, err := snapshotGC(sctx, s.etcd, &req)
+		snap, err := snapshotGC(sctx, s.etcd, req)
 		cancel()
 		if err != nil {
 			te := toCNIError(err)

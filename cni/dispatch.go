@@ -1,0 +1,228 @@
+package cni
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+)
+
+// pluginInfo is what block-ipam answers to VERSION, and what skel checks configurations against.
+var pluginInfo = version.PluginSupports(shim.Versions...)
+
+// IsFrame reports whether a request is the plugin's frame (package shim) rather than the JSON Request
+// of a plugin older than it, which the daemon still answers during a rolling upgrade.
+func IsFrame(req []byte) bool { return bytes.HasPrefix(req, []byte(shim.Magic)) }
+
+// ServeFrame answers one call of the plugin: frame carries the CNI environment and stdin as the
+// runtime gave them, and the reply frame what the plugin prints, its exit code and its log line.
+// It does what skel did in the plugin (the environment, the configuration's name and CNI version, the
+// version each verb needs, the plugin's own netns after ADD and DEL), then what the plugin's verbs did
+// (LoadConfig, the request, the result in the configuration's CNI version), with the same codes and
+// messages: a runtime sees the same bytes. do serves the request; it is called only for a call that
+// passed every check, so that a bad configuration fails before any etcd work.
+func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
+	fc := &frameCall{}
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "block-ipam: panic serving %s: %v\n%s", fc.env("CNI_COMMAND"), r, debug.Stack())
+			out = fc.reply(nil, &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam %s: internal error: %v", fc.env("CNI_COMMAND"), r)})
+		}
+	}()
+	rec, err := shim.ParseFrame(frame)
+	if err != nil {
+		return fc.reply(nil, &types.Error{Code: types.ErrDecodingFailure, Msg: "block-ipam daemon: the plugin's request: " + err.Error()})
+	}
+	fc.rec = rec
+	stdout, terr := fc.pluginMain(do)
+	return fc.reply(stdout, terr)
+}
+
+// frameCall is one call of the plugin.
+type frameCall struct {
+	rec map[string][]byte
+	// log is the call's log line, logFile where the plugin appends it.
+	log     bytes.Buffer
+	logFile string
+}
+
+func (fc *frameCall) env(name string) string { return string(fc.rec[name]) }
+
+// reply encodes the reply frame: the result, or the error as skel prints it.
+func (fc *frameCall) reply(stdout []byte, err *types.Error) []byte {
+	exit := "0"
+	if err != nil {
+		exit = "1"
+		stdout, _ = json.MarshalIndent(err, "", "    ")
+	}
+	out := append([]byte(nil), shim.Magic...)
+	out = shim.AppendRecord(out, shim.KeyExit, []byte(exit))
+	out = shim.AppendRecord(out, shim.KeyStdout, stdout)
+	if fc.log.Len() > 0 {
+		out = shim.AppendRecord(out, shim.KeyLog, fc.log.Bytes())
+		out = shim.AppendRecord(out, shim.KeyLogFile, []byte(fc.logFile))
+	}
+	return out
+}
+
+// pluginMain is skel's PluginMainFuncs (containernetworking/cni v1.3.0) around the verbs.
+func (fc *frameCall) pluginMain(do func(*Request) *Reply) ([]byte, *types.Error) {
+	cmd, serr := shim.CheckEnv(fc.env)
+	if serr != nil {
+		return nil, &types.Error{Code: serr.Code, Msg: serr.Msg, Details: serr.Details}
+	}
+	if cmd == "VERSION" {
+		return []byte(shim.VersionJSON()), nil
+	}
+	stdin := fc.rec[shim.KeyStdin]
+	if err := validateConfig(stdin); err != nil {
+		return nil, err
+	}
+	var minimum string
+	switch cmd {
+	case "ADD", "DEL":
+	case "CHECK":
+		minimum = "0.4.0"
+	case "GC", "STATUS":
+		minimum = "1.1.0"
+	default:
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
+	}
+	if minimum != "" {
+		configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
+		if err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		}
+		if ok, err := version.GreaterThanOrEqualTo(configVersion, minimum); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		} else if !ok {
+			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
+		}
+		supported := false
+		for _, v := range pluginInfo.SupportedVersions() {
+			ok, err := version.GreaterThanOrEqualTo(v, configVersion)
+			if err != nil {
+				return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
+			}
+			if supported = ok; ok {
+				break
+			}
+		}
+		if !supported {
+			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
+		}
+	}
+	configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
+	if err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	if verErr := (&version.Reconciler{}).Check(configVersion, pluginInfo); verErr != nil {
+		return nil, types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	}
+	stdout, err := fc.run(cmd, stdin, do)
+	if err != nil {
+		var te *types.Error
+		if errors.As(err, &te) {
+			return nil, te
+		}
+		return nil, types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	if cmd == "DEL" && fc.env(shim.KeyNetNS) == shim.NetNSOwn {
+		// skel's check after DEL: the release is done (DEL never needs the netns), the call fails.
+		return nil, types.NewError(types.ErrInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
+	}
+	return stdout, nil
+}
+
+// validateConfig is skel's check of stdin before any verb.
+func validateConfig(stdin []byte) *types.Error {
+	var conf struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
+	}
+	if conf.Name == "" {
+		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
+	}
+	return utils.ValidateNetworkName(conf.Name)
+}
+
+// run is the plugin's verb: load the configuration, ask the daemon (do), render the result for the
+// configuration's CNI version, and log the call.
+func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([]byte, error) {
+	conf, err := loadConfig(stdin, fc.env("CNI_ARGS"), fc.resolvConf)
+	if err != nil {
+		return nil, err
+	}
+	pid, _ := strconv.Atoi(fc.env(shim.KeyPID))
+	log := newLogger(&fc.log, conf.LogLevel, pid)
+	fc.logFile = conf.LogFile
+	if verb == "ADD" {
+		// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
+		// allocation: refuse it first.
+		switch ns := fc.env(shim.KeyNetNS); {
+		case ns == shim.NetNSOwn:
+			return nil, &types.Error{Code: types.ErrInvalidNetNS, Msg: fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace", fc.env("CNI_NETNS"))}
+		case ns != "" && ns != shim.NetNSOther:
+			return nil, &types.Error{Code: types.ErrInvalidNetNS, Msg: "get plugin's netns failed", Details: ns}
+		}
+	}
+	timeout := conf.Timeout
+	if verb == "STATUS" {
+		timeout = StatusTimeout
+	}
+	req := conf.Request
+	req.Verb, req.ContainerID, req.IfName, req.Timeout = verb, fc.env("CNI_CONTAINERID"), fc.env("CNI_IFNAME"), timeout
+
+	start := time.Now()
+	attrs := []any{"container", req.ContainerID, "ifname", req.IfName, "network", conf.Network}
+	reply := do(&req)
+	attrs = append(attrs, "node", reply.Node, "attempts", reply.Attempts, "batched", reply.Batched,
+		"etcd_round_trips", reply.RoundTrips, "duration_ms", float64(time.Since(start).Microseconds())/1000)
+	if err := reply.Err(); err != nil {
+		log.Error(verb+" failed", append(attrs, "err", err)...)
+		return nil, err
+	}
+	var stdout []byte
+	switch verb {
+	case "ADD":
+		res := conf.Result(reply.Allocations)
+		attrs = append(attrs, "ips", resultIPs(res))
+		r, err := res.GetAsVersion(conf.CNIVersion)
+		if err != nil {
+			return nil, err
+		}
+		var buf bytes.Buffer
+		if err := r.PrintTo(&buf); err != nil {
+			return nil, err
+		}
+		stdout = buf.Bytes()
+	case "GC":
+		attrs = append(attrs, "released", reply.Released)
+	}
+	log.Info(verb, attrs...)
+	return stdout, nil
+}
+
+// resolvConf returns the resolvConf file as the plugin read it.
+func (fc *frameCall) resolvConf(path string) ([]byte, error) {
+	if msg, ok := fc.rec[shim.KeyResolvConfErr]; ok {
+		return nil, errors.New(string(msg))
+	}
+	data, ok := fc.rec[shim.KeyResolvConf]
+	if !ok {
+		return nil, fmt.Errorf("the plugin did not send %s", path)
+	}
+	return data, nil
+}

@@ -1,0 +1,457 @@
+// Package shim is block-ipam's CNI plugin, the program the runtime executes for every call. It is as
+// thin as the protocol allows: it checks the CNI environment, reads the network configuration only to
+// find the daemon's socket, and hands the whole call (the environment and stdin as the runtime gave
+// them) to the node daemon, which does every other part of CNI's semantics (package cni: skel's
+// checks, the configuration, the result in the configuration's CNI version) and returns the bytes to
+// print, the exit code and the log line. VERSION and the environment checks are answered here, so
+// that they work without the daemon; ADD and DEL fail with 11 (try again later) and STATUS with 50
+// when the daemon cannot be asked.
+//
+// Why so little: a Go program's start is most of what an exec'd plugin costs, and the runtime pays
+// it on every ADD and DEL. This package links no CNI library, no net package (its poller starts
+// threads and an epoll instance), no slog and no time zone; the socket is blocking, with the
+// kernel's send and receive timeouts as the deadline. One decode of two small structs finds the
+// socket.
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Defaults shared with the daemon's reading of the configuration (package cni).
+const (
+	// DefaultSocket is where the daemon listens unless ipam.socket says otherwise.
+	DefaultSocket = "/run/block-ipam/block-ipam.sock"
+	// DefaultTimeout bounds one plugin call, the daemon's retries included, unless ipam.timeout
+	// says otherwise.
+	DefaultTimeout = 30 * time.Second
+	// StatusTimeout bounds STATUS.
+	StatusTimeout = 2 * time.Second
+	// MaxResolvConf bounds the resolvConf file read at every ADD.
+	MaxResolvConf = 64 << 10
+)
+
+// Versions are the CNI versions block-ipam supports; the last is the newest.
+var Versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// VersionJSON is the answer to VERSION, as skel prints it.
+func VersionJSON() string {
+	return `{"cniVersion":"` + Versions[len(Versions)-1] + `","supportedVersions":["` + strings.Join(Versions, `","`) + "\"]}\n"
+}
+
+// Main runs the plugin and returns its exit code. about is printed on stderr when CNI_COMMAND is
+// unset, as skel does.
+func Main(about string) int {
+	cmd, err := CheckEnv(getenv)
+	if err != nil {
+		if err.Code == ErrInvalidEnvironment && getenv("CNI_COMMAND") == "" {
+			writeAll(2, []byte(about+"\nCNI protocol versions supported: "+strings.Join(Versions, ", ")+"\n"))
+			return 0
+		}
+		return fail(err)
+	}
+	if cmd == "VERSION" {
+		writeAll(1, []byte(VersionJSON()))
+		return 0
+	}
+	stdin, rerr := readAll(0, MaxFrame)
+	if rerr != nil {
+		return fail(&Error{Code: ErrIOFailure, Msg: "error reading from stdin: " + rerr.Error()})
+	}
+	conf, err := parseConf(stdin, cmd)
+	if err != nil {
+		return fail(err)
+	}
+
+	frame := make([]byte, 0, len(Magic)+len(stdin)+512)
+	frame = append(frame, Magic...)
+	for _, name := range Env {
+		if v := getenv(name); v != "" {
+			frame = AppendRecord(frame, name, []byte(v))
+		}
+	}
+	frame = AppendRecord(frame, KeyPID, strconv.AppendInt(nil, int64(syscall.Getpid()), 10))
+	if cmd == "ADD" || cmd == "DEL" {
+		if o := strings.ToUpper(getenv("CNI_NETNS_OVERRIDE")); o != "TRUE" && o != "1" {
+			frame = AppendRecord(frame, KeyNetNS, []byte(netnsOf(getenv("CNI_NETNS"))))
+		}
+	}
+	if conf.resolvConf != "" {
+		if data, err := readResolvConf(conf.resolvConf); err != nil {
+			frame = AppendRecord(frame, KeyResolvConfErr, []byte(err.Error()))
+		} else {
+			frame = AppendRecord(frame, KeyResolvConf, data)
+		}
+	}
+	frame = AppendRecord(frame, KeyStdin, stdin)
+
+	data, cerr := exchange(conf.socket, frame, conf.timeout)
+	if cerr == nil && !strings.HasPrefix(string(data), Magic) {
+		cerr = &callError{msg: "block-ipam daemon at " + conf.socket + " answered in an older protocol: it predates this plugin; restart it from the block-ipamd installed with this plugin", unreachable: true}
+	}
+	var reply map[string][]byte
+	if cerr == nil {
+		var perr error
+		if reply, perr = ParseFrame(data); perr != nil {
+			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": undecodable reply: " + perr.Error()}
+		}
+	}
+	if cerr != nil {
+		code := ErrInternal
+		if cerr.unreachable {
+			code = ErrTryAgainLater
+			if cmd == "STATUS" {
+				code = ErrPluginNotAvailable
+			}
+		}
+		e := &Error{Code: code, Msg: cerr.msg}
+		conf.logFailure(cmd, e)
+		return fail(e)
+	}
+	if line := reply[KeyLog]; len(line) > 0 {
+		appendLog(string(reply[KeyLogFile]), line)
+	}
+	writeAll(1, reply[KeyStdout])
+	if string(reply[KeyExit]) == "0" {
+		return 0
+	}
+	return 1
+}
+
+// getenv is syscall.Getenv without its second result.
+func getenv(name string) string {
+	v, _ := syscall.Getenv(name)
+	return v
+}
+
+// fail prints a CNI error as skel does and returns the exit code.
+func fail(e *Error) int {
+	writeAll(1, e.JSON())
+	return 1
+}
+
+// conf is what the plugin reads of the network configuration.
+type conf struct {
+	network    string
+	socket     string
+	timeout    time.Duration
+	resolvConf string
+	logFile    string
+}
+
+// parseConf finds the daemon's socket and what the plugin must read or wait for on the daemon's
+// behalf. It decodes raw values only: what it does not need, and what is wrong in what it does not
+// need, is the daemon's to report, with the same messages as when it is given the whole call. What
+// fails here, with skel's and LoadConfig's messages: JSON that is not JSON, a missing or malformed
+// name, a missing ipam section, a socket that cannot be one.
+func parseConf(stdin []byte, cmd string) (*conf, *Error) {
+	var top struct {
+		Name json.RawMessage `json:"name"`
+		IPAM json.RawMessage `json:"ipam"`
+	}
+	if err := json.Unmarshal(stdin, &top); err != nil {
+		// Not JSON, or not an object: skel's words, which name its own target.
+		var skel struct {
+			Name string `json:"name"`
+		}
+		if serr := json.Unmarshal(stdin, &skel); serr != nil {
+			err = serr
+		}
+		return nil, &Error{Code: ErrDecodingFailure, Msg: "error unmarshall network config: " + err.Error()}
+	}
+	// skel's checks of the name, and block-ipam's of its section, which need no daemon.
+	name, ok := unquote(top.Name)
+	if !ok && len(top.Name) > 0 && string(top.Name) != "null" {
+		var skel struct {
+			Name string `json:"name"`
+		}
+		return nil, &Error{Code: ErrDecodingFailure, Msg: "error unmarshall network config: " + json.Unmarshal(stdin, &skel).Error()}
+	}
+	switch {
+	case name == "":
+		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "missing network name"}
+	case !ValidName(name):
+		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "invalid characters found in network name", Details: name}
+	case len(top.IPAM) == 0 || string(top.IPAM) == "null":
+		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam: missing: block-ipam reads its settings from the ipam section"}
+	}
+	var im struct {
+		Socket     json.RawMessage `json:"socket"`
+		ResolvConf json.RawMessage `json:"resolvConf"`
+		DNS        json.RawMessage `json:"dns"`
+		Timeout    json.RawMessage `json:"timeout"`
+		LogFile    json.RawMessage `json:"log_file"`
+	}
+	// An ipam that is no object is the daemon's to refuse.
+	_ = json.Unmarshal(top.IPAM, &im)
+	c := &conf{network: name, socket: DefaultSocket, timeout: DefaultTimeout, logFile: str(im.LogFile)}
+	if len(im.Socket) > 0 && string(im.Socket) != "null" {
+		s, ok := unquote(im.Socket)
+		s = strings.TrimSpace(s)
+		switch {
+		case !ok:
+			return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam.socket: " + string(im.Socket) + " is not a string"}
+		case s == "":
+		case !strings.HasPrefix(s, "/") || strings.ContainsRune(s, 0):
+			return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam.socket: " + strconv.Quote(str(im.Socket)) + " is not an absolute path"}
+		default:
+			c.socket = s
+		}
+	}
+	if d, err := time.ParseDuration(str(im.Timeout)); err == nil && d > 0 {
+		c.timeout = d
+	}
+	if cmd == "STATUS" {
+		c.timeout = StatusTimeout
+	}
+	if len(im.DNS) == 0 || string(im.DNS) == "null" {
+		c.resolvConf = str(im.ResolvConf)
+	}
+	return c, nil
+}
+
+// unquote returns the string a raw JSON value holds; ok is false when it holds no string.
+func unquote(raw json.RawMessage) (s string, ok bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
+func str(raw json.RawMessage) string {
+	s, _ := unquote(raw)
+	return s
+}
+
+// netnsOf tells whether path is the plugin's own network namespace, as skel's ns.CheckNetNS does
+// after ADD and DEL: a path that cannot be read is not. The daemon reports "own" as error 8.
+func netnsOf(path string) string {
+	var target, self syscall.Stat_t
+	if path == "" || syscall.Stat(path, &target) != nil {
+		return NetNSOther
+	}
+	if err := syscall.Stat("/proc/self/ns/net", &self); err != nil {
+		return "get plugin's netns failed: " + err.Error()
+	}
+	if self.Dev == target.Dev && self.Ino == target.Ino {
+		return NetNSOwn
+	}
+	return NetNSOther
+}
+
+// readResolvConf reads the resolvConf file: a regular file of at most MaxResolvConf bytes, opened
+// without blocking (a FIFO would hang the ADD) and checked before it is read.
+func readResolvConf(path string) ([]byte, error) {
+	fd, err := open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, errors.New("stat " + path + ": " + err.Error())
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, errors.New(path + " is not a regular file (" + fileType(st.Mode) + ")")
+	}
+	if st.Size > MaxResolvConf {
+		return nil, errors.New(path + " is " + strconv.FormatInt(st.Size, 10) + " bytes, more than a resolv.conf (" + strconv.Itoa(MaxResolvConf) + ")")
+	}
+	data, err := readAll(fd, MaxResolvConf)
+	if err != nil {
+		return nil, errors.New("read " + path + ": " + err.Error())
+	}
+	return data, nil
+}
+
+// fileType names a file type as Go's fs.FileMode.Type().String() does.
+func fileType(mode uint32) string {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return "d---------"
+	case syscall.S_IFIFO:
+		return "p---------"
+	case syscall.S_IFCHR:
+		return "Dc---------"
+	case syscall.S_IFBLK:
+		return "D---------"
+	case syscall.S_IFSOCK:
+		return "S---------"
+	case syscall.S_IFLNK:
+		return "L---------"
+	}
+	return "?---------"
+}
+
+// open is syscall.Open with os.OpenFile's error text.
+func open(path string, flags int, perm uint32) (int, error) {
+	for {
+		fd, err := syscall.Open(path, flags, perm)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, errors.New("open " + path + ": " + err.Error())
+		}
+		return fd, nil
+	}
+}
+
+// readAll reads fd to its end, at most limit bytes.
+func readAll(fd, limit int) ([]byte, error) {
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err != nil:
+			return buf, err
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+		if len(buf) > limit {
+			return buf, errors.New("more than " + strconv.Itoa(limit) + " bytes")
+		}
+	}
+}
+
+// writeAll writes b to fd.
+func writeAll(fd int, b []byte) {
+	for len(b) > 0 {
+		n, err := syscall.Write(fd, b)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		b = b[n:]
+	}
+}
+
+// callError is a failed exchange with the daemon; unreachable marks one whose outcome is unknown
+// (the daemon could not be asked or did not answer): the runtime's retry is idempotent.
+type callError struct {
+	msg         string
+	unreachable bool
+}
+
+// exchange sends frame to the daemon at socket and returns its reply, within timeout: one
+// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes.
+func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *callError) {
+	unreachable := func(what string, err error) *callError {
+		if err == syscall.EAGAIN {
+			return &callError{msg: "block-ipam daemon unreachable at " + socket + ": " + what + ": no answer within " + timeout.String(), unreachable: true}
+		}
+		return &callError{msg: "block-ipam daemon unreachable at " + socket + ": " + what + ": " + err.Error(), unreachable: true}
+	}
+	deadline := time.Now().Add(timeout)
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, unreachable("socket", err)
+	}
+	defer syscall.Close(fd)
+	tv := syscall.NsecToTimeval(timeout.Nanoseconds())
+	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
+	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	for {
+		err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: socket})
+		if err != syscall.EINTR || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, unreachable("dial unix "+socket+": connect", err)
+	}
+	for b := frame; len(b) > 0; {
+		n, err := syscall.SendmsgN(fd, b, nil, nil, syscall.MSG_NOSIGNAL)
+		if err == syscall.EINTR && time.Now().Before(deadline) {
+			continue
+		}
+		if err != nil {
+			return nil, unreachable("sending the request", err)
+		}
+		b = b[n:]
+	}
+	if err := syscall.Shutdown(fd, syscall.SHUT_WR); err != nil {
+		return nil, unreachable("sending the request", err)
+	}
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		if err == syscall.EINTR && time.Now().Before(deadline) {
+			continue
+		}
+		if err != nil {
+			return nil, unreachable("waiting for the reply", err)
+		}
+		if n == 0 {
+			break
+		}
+		buf = buf[:len(buf)+n]
+		if len(buf) > MaxFrame {
+			return nil, &callError{msg: "block-ipam daemon at " + socket + ": reply larger than " + strconv.Itoa(MaxFrame) + " bytes"}
+		}
+	}
+	if len(buf) == 0 {
+		return nil, &callError{msg: "block-ipam daemon unreachable at " + socket + ": the daemon closed the connection without a reply", unreachable: true}
+	}
+	return buf, nil
+}
+
+// appendLog appends the daemon's log line for this call to the log file, or to stderr without one
+// or when it cannot be opened.
+func appendLog(path string, line []byte) {
+	if path != "" {
+		fd, err := open(path, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_APPEND|syscall.O_CLOEXEC, 0o600)
+		if err == nil {
+			writeAll(fd, line)
+			syscall.Close(fd)
+			return
+		}
+		writeAll(2, []byte("block-ipam: log_file "+path+": "+err.Error()+"; logging to stderr\n"))
+	}
+	writeAll(2, line)
+}
+
+// logFailure logs a call the daemon did not answer, in the daemon's log format (slog's text).
+func (c *conf) logFailure(cmd string, e *Error) {
+	var b []byte
+	b = append(b, "time="...)
+	b = time.Now().AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
+	for _, kv := range [][2]string{{"level", "ERROR"}, {"msg", cmd + " failed"}, {"pid", strconv.Itoa(syscall.Getpid())},
+		{"container", getenv("CNI_CONTAINERID")}, {"ifname", getenv("CNI_IFNAME")}, {"network", c.network}, {"err", e.Msg}} {
+		b = append(b, ' ')
+		b = append(b, kv[0]...)
+		b = append(b, '=')
+		b = appendLogValue(b, kv[1])
+	}
+	appendLog(c.logFile, append(b, '\n'))
+}
+
+// appendLogValue appends a value as slog's text handler does: quoted when it is empty or holds a
+// space, '=', '"', a control or a non-ASCII character.
+func appendLogValue(b []byte, v string) []byte {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c == '=' || c == '"' || c >= 0x7f {
+			return strconv.AppendQuote(b, v)
+		}
+	}
+	if v == "" {
+		return append(b, `""`...)
+	}
+	return append(b, v...)
+}

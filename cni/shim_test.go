@@ -1,0 +1,273 @@
+package cni_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+)
+
+var (
+	skelOnce sync.Once
+	skelBin  string
+	skelErr  error
+)
+
+// skelPlugin builds testdata/skelplugin, block-ipam's plugin as it was before the thin shim (skel and
+// the configuration in the plugin, the JSON request the daemon still answers): the reference the
+// shim's output is compared with.
+func skelPlugin(t *testing.T) string {
+	t.Helper()
+	skelOnce.Do(func() {
+		cmd := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", pluginDir+"/", "./testdata/skelplugin")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			skelErr = fmt.Errorf("build skelplugin: %v\n%s", err, out)
+			return
+		}
+		skelBin = filepath.Join(pluginDir, "skelplugin")
+	})
+	if skelErr != nil {
+		t.Fatal(skelErr)
+	}
+	return skelBin
+}
+
+// outcome is what a runtime sees of one plugin call.
+type outcome struct {
+	stdout, stderr string
+	exit           int
+}
+
+func runBinary(t *testing.T, bin string, envv []string, stdin []byte) outcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env, cmd.Stdin = envv, bytes.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	o := outcome{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		o.exit = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("exec %s: %v", bin, err)
+	}
+	return o
+}
+
+// TestShimVersionWithoutDaemon: VERSION and the about text need no daemon, and read as skel's.
+func TestShimVersionWithoutDaemon(t *testing.T) {
+	var want bytes.Buffer
+	if err := version.PluginSupports(shim.Versions...).Encode(&want); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"CNI_COMMAND=VERSION"}
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), env, []byte("not even json"))
+	if got.exit != 0 || got.stdout != want.String() {
+		t.Fatalf("VERSION: exit %d, %q; want 0, %q", got.exit, got.stdout, want.String())
+	}
+	// No CNI_COMMAND: the about text on stderr, exit 0, as skel prints it.
+	got = runBinary(t, filepath.Join(pluginDir, "block-ipam"), nil, nil)
+	ref := runBinary(t, skelPlugin(t), nil, nil)
+	if got != ref || got.exit != 0 || !strings.Contains(got.stderr, "CNI protocol versions supported: 0.3.1, 0.4.0, 1.0.0, 1.1.0") {
+		t.Fatalf("about: got %+v, skel's plugin %+v", got, ref)
+	}
+}
+
+// TestShimMatchesSkel runs the shim and the skel-based plugin it replaces against one daemon, across
+// CNI versions, into success and every error, and compares what a runtime sees: stdout and the exit
+// code, byte for byte. ADD and DEL are idempotent, so both plugins giving the same container the same
+// address is part of what is compared.
+func TestShimMatchesSkel(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	e.putPool("p6", "fd00:10::/48", 122)
+	skelBin := skelPlugin(t)
+	shimBin := filepath.Join(pluginDir, "block-ipam")
+
+	resolv := filepath.Join(e.tmp, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 10.96.0.10\nsearch svc.cluster.local cluster.local\noptions ndots:5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(e.tmp, "fifo")
+	if err := exec.Command("mkfifo", fifo).Run(); err != nil {
+		t.Fatal(err)
+	}
+	conf := func(ver string, ipam map[string]any, top map[string]any) []byte {
+		return pluginConf(t, e.list(netOpts{cniVersion: ver, ipam: e.ipam("node1", ipam), top: top}))
+	}
+	rich := map[string]any{"assign_ipv6": "true", "ipv6_pools": []string{"fd00:10::/48"}, "gateway": "10.244.0.1",
+		"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "192.0.2.0/24", "gw": "10.244.0.1"}}, "resolvConf": resolv}
+	prev := map[string]any{"prevResult": map[string]any{"cniVersion": "1.0.0", "ips": []map[string]string{{"address": "10.244.0.200/32"}}}}
+	ownNetns := "/proc/self/ns/net"
+
+	type tc struct {
+		name  string
+		env   []string
+		stdin []byte
+	}
+	var cases []tc
+	for _, ver := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		cid := "v" + strings.ReplaceAll(ver, ".", "")
+		cases = append(cases,
+			tc{ver + " ADD", cniEnv("ADD", cid, "eth0", "/var/run/netns/x", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1"), conf(ver, nil, nil)},
+			tc{ver + " ADD dual stack, routes, gateway, resolvConf", cniEnv("ADD", cid+"r", "eth0", "/var/run/netns/x", ""), conf(ver, rich, nil)},
+			tc{ver + " ADD result_prefix block", cniEnv("ADD", cid+"b", "eth0", "/var/run/netns/x", ""), conf(ver, map[string]any{"result_prefix": "block"}, nil)},
+			tc{ver + " CHECK", cniEnv("CHECK", cid, "eth0", "/var/run/netns/x", ""), conf(ver, nil, prev)},
+			tc{ver + " GC", cniEnv("GC", "", "", "", ""), conf(ver, nil, map[string]any{"cni.dev/valid-attachments": []any{}})},
+			tc{ver + " STATUS", cniEnv("STATUS", "", "", "", ""), conf(ver, nil, nil)},
+			tc{ver + " DEL", cniEnv("DEL", cid, "eth0", "", ""), conf(ver, nil, nil)},
+			tc{ver + " bad assign_ipv4", cniEnv("ADD", cid, "eth0", "/x", ""), conf(ver, map[string]any{"assign_ipv4": "maybe"}, nil)},
+			tc{ver + " nodename of another node", cniEnv("ADD", cid, "eth0", "/x", ""), conf(ver, map[string]any{"nodename": "node9"}, nil)},
+		)
+	}
+	cases = append(cases,
+		tc{"not JSON", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte("{not json")},
+		tc{"JSON but not an object", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`["a"]`)},
+		tc{"name of the wrong type", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":5,"cniVersion":"1.0.0"}`)},
+		tc{"no name", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"cniVersion":"1.0.0","ipam":{}}`)},
+		tc{"bad name", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"a b","cniVersion":"1.0.0"}`)},
+		tc{"no ipam", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":"1.0.0"}`)},
+		tc{"unsupported cniVersion", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("0.2.0", nil, nil)},
+		tc{"bogus cniVersion", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.x", nil, nil)},
+		tc{"newer cniVersion", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.2.0", nil, nil)},
+		tc{"no CNI_CONTAINERID", cniEnv("ADD", "", "eth0", "/x", ""), conf("1.1.0", nil, nil)},
+		tc{"no CNI_CONTAINERID nor CNI_NETNS", cniEnv("ADD", "", "eth0", "", ""), conf("1.1.0", nil, nil)},
+		tc{"bad CNI_CONTAINERID", cniEnv("ADD", "-c1", "eth0", "/x", ""), conf("1.1.0", nil, nil)},
+		tc{"long CNI_IFNAME", cniEnv("ADD", "c1", "eth0123456789abc", "/x", ""), conf("1.1.0", nil, nil)},
+		tc{"CNI_IFNAME with a space", cniEnv("ADD", "c1", "eth 0", "/x", ""), conf("1.1.0", nil, nil)},
+		tc{"unknown CNI_COMMAND", cniEnv("FROB", "c1", "eth0", "/x", ""), conf("1.1.0", nil, nil)},
+		tc{"malformed CNI_ARGS", cniEnv("ADD", "c1", "eth0", "/x", "K8S_POD_NAME"), conf("1.1.0", nil, nil)},
+		tc{"IP= with a prefix length", cniEnv("ADD", "c1", "eth0", "/x", "IP=10.244.0.9/24"), conf("1.1.0", nil, nil)},
+		tc{"resolvConf missing", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"resolvConf": "/nonexistent/resolv.conf"}, nil)},
+		tc{"resolvConf a directory", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"resolvConf": e.tmp}, nil)},
+		tc{"resolvConf a FIFO", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"resolvConf": fifo}, nil)},
+		tc{"socket not absolute", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "rel.sock"}, nil)},
+		tc{"ADD in the plugin's own netns", cniEnv("ADD", "own", "eth0", ownNetns, ""), conf("1.1.0", nil, nil)},
+		tc{"DEL in the plugin's own netns", cniEnv("DEL", "own", "eth0", ownNetns, ""), conf("1.1.0", nil, nil)},
+		tc{"ADD in the plugin's own netns, overridden", append(cniEnv("ADD", "own2", "eth0", ownNetns, ""), "CNI_NETNS_OVERRIDE=1"), conf("1.1.0", nil, nil)},
+		tc{"daemon unreachable: ADD", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
+		tc{"daemon unreachable: DEL", cniEnv("DEL", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
+		tc{"daemon unreachable: STATUS", cniEnv("STATUS", "", "", "", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
+	)
+	for _, c := range cases {
+		// The reference first: the shim repeats its ADD and DEL, which are idempotent.
+		ref := runBinary(t, skelBin, c.env, c.stdin)
+		got := runBinary(t, shimBin, c.env, c.stdin)
+		if got.stdout != ref.stdout || got.exit != ref.exit {
+			t.Errorf("%s: the shim printed (exit %d)\n%s\nthe skel-based plugin (exit %d)\n%s", c.name, got.exit, got.stdout, ref.exit, ref.stdout)
+			continue
+		}
+		t.Logf("%s: exit %d, %.100q", c.name, got.exit, got.stdout)
+	}
+}
+
+// TestShimOlderDaemon: a daemon that answers in the JSON protocol of block-ipam before the shim (the
+// plugin was upgraded first) is reported as such, with 11: the runtime retries once the daemon is.
+func TestShimOlderDaemon(t *testing.T) {
+	dir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "old.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 64<<10)
+			c.Read(buf)
+			c.Write([]byte(`{"code":6,"msg":"decoding the request: invalid character 'b' looking for beginning of value","node":"n"}`))
+			c.Close()
+		}
+	}()
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","socket":"` + sock + `"}}`)
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+	if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "older protocol") {
+		t.Fatalf("against an older daemon: exit %d, %s", got.exit, got.stdout)
+	}
+}
+
+// TestServeFrameChecksFirst: the daemon refuses a call whose environment or configuration is wrong
+// before it serves the request (no etcd work), naming what is wrong.
+func TestServeFrameChecksFirst(t *testing.T) {
+	frame := func(env map[string]string, stdin string) []byte {
+		f := []byte(shim.Magic)
+		for k, v := range env {
+			f = shim.AppendRecord(f, k, []byte(v))
+		}
+		return shim.AppendRecord(f, shim.KeyStdin, []byte(stdin))
+	}
+	add := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/opt/cni/bin"}
+	good := `{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam"}}`
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		served bool
+		want   string
+	}{
+		{"good", frame(add, good), true, ""},
+		{"not a frame", []byte(shim.Magic + "\xff"), false, `"code": 6`},
+		{"no CNI_PATH", frame(map[string]string{"CNI_COMMAND": "GC"}, good), false, "CNI_PATH"},
+		{"not JSON", frame(add, "{"), false, "error unmarshall network config"},
+		{"bad field", frame(add, `{"cniVersion":"1.1.0","name":"n","ipam":{"exclude":["x"]}}`), false, "ipam.exclude[0]"},
+		{"CHECK at 0.3.1", frame(map[string]string{"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p"},
+			`{"cniVersion":"0.3.1","name":"n","ipam":{}}`), false, "config version does not allow CHECK"},
+		{"own netns", frame(map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p", shim.KeyNetNS: shim.NetNSOwn}, good),
+			false, "own network namespace"},
+	} {
+		served := false
+		out := cni.ServeFrame(c.frame, func(*cni.Request) *cni.Reply {
+			served = true
+			return &cni.Reply{Node: "n", Allocations: []cni.Allocation{}}
+		})
+		rec, err := shim.ParseFrame(out)
+		if err != nil {
+			t.Fatalf("%s: reply: %v", c.name, err)
+		}
+		if served != c.served || !strings.Contains(string(rec[shim.KeyStdout]), c.want) || (string(rec[shim.KeyExit]) == "0") != c.served {
+			t.Errorf("%s: served %v, exit %s, printed %s; want served %v, %q", c.name, served, rec[shim.KeyExit], rec[shim.KeyStdout], c.served, c.want)
+		}
+	}
+}
+
+// TestValidNameMatchesCNI: the shim's check of container IDs (no regexp: it costs the plugin's start)
+// accepts exactly what the CNI library's does.
+func TestValidNameMatchesCNI(t *testing.T) {
+	alphabet := []byte("aZ09_.-/ :\x00\xff\n")
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 20000 {
+		b := make([]byte, i%6)
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		s := string(b)
+		want := utils.ValidateNetworkName(s) == nil
+		if got := shim.ValidName(s); got != want {
+			t.Fatalf("ValidName(%q) = %v, the CNI library says %v", s, got, want)
+		}
+	}
+}
