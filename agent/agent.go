@@ -181,6 +181,7 @@ type Agent struct {
 	// the table was dumped while that list went on (programmed and foreign are that dump and this
 	// agent's acknowledged adds since), for the first full resync to use.
 	listedRev     int64
+	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool
 	foreign       map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
@@ -301,7 +302,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 			a.dumpedListing = false
 			a.desired.reset(snap, pools)
 		}
-		a.listedRev = 0
+		a.listedRev, a.listedTotal = 0, 0
 		a.pools = pools
 		a.trackPeers()
 		reason := snap.RelistReason
@@ -341,9 +342,9 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 	if part.Revision != a.listedRev {
 		// The first part of the list, or of a list retried at a new revision.
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
-		a.desired.begin(part.Peers, a.pools, 0)
+		a.desired.begin(part.Peers, a.pools, part.Total)
 		a.trackPeers()
-		a.listedRev = part.Revision
+		a.listedRev, a.listedTotal = part.Revision, part.Total
 	}
 	a.programListed(ctx, a.desired.addBlocks(part.Blocks))
 }
@@ -617,7 +618,8 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
 // the managed pools (which it must never touch).
 func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
-	owned := make(map[netip.Prefix]vppapi.Route)
+	// Room for every entry, or while the first list goes on, for the routes it will add.
+	owned := make(map[netip.Prefix]vppapi.Route, max(len(entries), a.listedTotal))
 	foreign := make(map[netip.Prefix]struct{})
 	for _, e := range entries {
 		if e.TableID != a.cfg.TableID || !inPools(a.pools, e.Prefix) {

@@ -116,6 +116,15 @@ func (s *blockSet) writable(cidr netip.Prefix) map[netip.Prefix]*Block {
 	return s.shards[i]
 }
 
+// grow makes room for about n blocks in the shards not created yet.
+func (s *blockSet) grow(n int) {
+	for i := range s.shards {
+		if s.shards[i] == nil {
+			s.shards[i] = make(map[netip.Prefix]*Block, n/numShards+n/numShards/4+1)
+		}
+	}
+}
+
 func (s *blockSet) set(cidr netip.Prefix, b *Block) {
 	m := s.writable(cidr)
 	if _, ok := m[cidr]; !ok {

@@ -100,13 +100,22 @@ func waitRoutes(b *testing.B, sim *vppsim.Sim, p *proc, n int, interval, within 
 // BenchmarkColdStart100k measures the time from exec of the daemon to all 100,000 routes of 100,000
 // remote blocks of 1,000 nodes in VPP's FIB (etcd already holds the blocks and the peers, VPP is up and empty), next
 // to the time a bare blockwatch.List of the same etcd takes. With VPP_TEST_BACKEND=real the VPP is a
-// real one (VPP_PKG). It prints where the cold start's time
-// goes, from the daemon's log.
+// real one (VPP_PKG). It prints where the cold start's time goes, from the daemon's log.
+//
+// With VPP_ROUTE_AGENT_BENCH_COMPARE naming another build of the daemon, every iteration also starts
+// that one (the two in turns, each first every other iteration), on the same etcd, and reports its
+// figures as cmp-*: a before/after comparison under the same conditions of a noisy machine.
 func BenchmarkColdStart100k(b *testing.B) {
 	const n, nodes = 100000, 1000
 	c := benchCluster(b, n, nodes)
-	var raw, list, cold time.Duration
-	var cpu float64
+	bins := []string{agentBin}
+	if other := os.Getenv("VPP_ROUTE_AGENT_BENCH_COMPARE"); other != "" {
+		bins = append(bins, other)
+	}
+	var raw, list time.Duration
+	cold := make([]time.Duration, len(bins))
+	cpu := make([]float64, len(bins))
+	iter := 0
 	for b.Loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		t0 := time.Now()
@@ -125,41 +134,60 @@ func BenchmarkColdStart100k(b *testing.B) {
 			b.Fatalf("listed %d blocks, want %d", snap.Blocks.Len(), n)
 		}
 		snap = nil
-
-		var p *proc
-		var done time.Time
-		if vpptest.Real() {
-			// A real VPP: its uplink exists before the daemon starts; done is when the daemon logged its
-			// first full resync complete (every add acknowledged by VPP), then checked with a dump.
-			v := vpptest.New(b, vpptest.Options{})
-			cfg := benchAgent(c, v.Socket())
-			cfg.uplinkIf = v.Uplink()
-			p = startProc(b, "agent", agentBin, profileEnv(), nil, cfg.args()...)
-			done = p.waitLog("full resync done", time.Minute).time()
-			if got := len(v.APIRoutes(pool)); got != n {
-				b.Fatalf("%d routes in VPP's FIB after the first resync, want %d", got, n)
-			}
-		} else {
-			sim, sock := startSim(b)
-			p = startProc(b, "agent", agentBin, profileEnv(), nil, benchAgent(c, sock).args()...)
-			done = waitRoutes(b, sim, p, n, time.Millisecond, time.Minute)
+		for j := range bins {
+			i := (j + iter) % len(bins)
+			d, used := coldStart(b, c, bins[i], n)
+			cold[i] += d
+			cpu[i] += used
 		}
-		cold += done.Sub(p.started)
-		b.StopTimer()
-		used := procCPU(b, p.cmd.Process.Pid)
-		cpu += used
-		b.Logf("%s; the agent used %.2fs of CPU by then", coldStartBreakdown(p, done), used)
-		p.stop()
-		b.StartTimer()
+		iter++
 	}
-	coldS, listS, rawS := cold.Seconds()/float64(b.N), list.Seconds()/float64(b.N), raw.Seconds()/float64(b.N)
-	b.ReportMetric(coldS, "coldstart-s")
+	listS, rawS := list.Seconds()/float64(b.N), raw.Seconds()/float64(b.N)
 	b.ReportMetric(listS, "list-s")
 	b.ReportMetric(rawS, "raw-list-s")
-	b.ReportMetric(coldS/rawS, "x-raw-list")
-	b.ReportMetric(cpu/float64(b.N), "agent-cpu-s")
-	b.Logf("exec -> %d routes in the FIB %.3fs; the raw etcd list of the same data %.3fs (%.2fx, target <= 1.5x); blockwatch.List (list and decode) %.3fs",
-		n, coldS, rawS, coldS/rawS, listS)
+	for i, bin := range bins {
+		unit := ""
+		if i > 0 {
+			unit = "cmp-"
+		}
+		coldS := cold[i].Seconds() / float64(b.N)
+		b.ReportMetric(coldS, unit+"coldstart-s")
+		b.ReportMetric(coldS/rawS, unit+"x-raw-list")
+		b.ReportMetric(cpu[i]/float64(b.N), unit+"agent-cpu-s")
+		b.Logf("%s: exec -> %d routes in the FIB %.3fs; the raw etcd list of the same data %.3fs (%.2fx, target <= 1.5x); blockwatch.List (list and decode) %.3fs",
+			bin, n, coldS, rawS, coldS/rawS, listS)
+	}
+}
+
+// coldStart starts the daemon bin against c and an empty VPP, and returns the time from its exec to
+// all n routes in VPP's FIB and the CPU it used by then.
+func coldStart(b *testing.B, c *cluster, bin string, n int) (time.Duration, float64) {
+	var p *proc
+	var done time.Time
+	if vpptest.Real() {
+		// A real VPP: its uplink exists before the daemon starts; done is when the daemon logged its
+		// first full resync complete (every add acknowledged by VPP), then checked with a dump.
+		v := vpptest.New(b, vpptest.Options{})
+		defer v.Stop()
+		cfg := benchAgent(c, v.Socket())
+		cfg.uplinkIf = v.Uplink()
+		p = startProc(b, "agent", bin, profileEnv(), nil, cfg.args()...)
+		done = p.waitLog("full resync done", time.Minute).time()
+		if got := len(v.APIRoutes(pool)); got != n {
+			b.Fatalf("%d routes in VPP's FIB after the first resync, want %d", got, n)
+		}
+	} else {
+		sim, sock := startSim(b)
+		defer sim.Close()
+		p = startProc(b, "agent", bin, profileEnv(), nil, benchAgent(c, sock).args()...)
+		done = waitRoutes(b, sim, p, n, time.Millisecond, time.Minute)
+	}
+	b.StopTimer()
+	defer b.StartTimer()
+	used := procCPU(b, p.cmd.Process.Pid)
+	b.Logf("%s: %s; the agent used %.2fs of CPU by then", bin, coldStartBreakdown(p, done), used)
+	p.stop()
+	return done.Sub(p.started), used
 }
 
 // profileEnv passes VPP_ROUTE_AGENT_STARTUP_CPUPROFILE on to the daemon: with it set, the daemon of
