@@ -105,7 +105,13 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		}
 	}
 	ch := changes{received: received}
-	next.diff(prev, &ch)
+	if first {
+		// Nothing to diff against: everything is new, and the consumer builds its state from the
+		// whole view (and the parts it was handed) anyway.
+		ch.pools = len(next.pools) > 0
+	} else {
+		next.diff(prev, &ch)
+	}
 	w.view = next
 	w.metrics.setOwnership(next.ownership)
 	if p := next.problem(); p != "" {

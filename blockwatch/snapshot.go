@@ -61,11 +61,13 @@ type Snapshot struct {
 	// RelistReason says why a Full snapshot was listed (Reason* constants); "" when not Full.
 	RelistReason string
 	// ChangedBlocks lists, sorted, the blocks created, updated or deleted since the previous snapshot
-	// (for a Full snapshot: the difference between the previous view and the relisted one). Only
+	// (for a Full snapshot: the difference between the previous view and the relisted one; none for
+	// a Watcher's first list, which has no previous view: everything in it is new). Only
 	// changes of routing data count: most IPAM writes (a pod address allocated in its node's own
 	// block) change no route and produce no snapshot.
 	ChangedBlocks []netip.Prefix
-	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot.
+	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot (none
+	// for a Watcher's first list).
 	ChangedPeers []string
 	// PoolsChanged says whether any pool changed since the previous snapshot.
 	PoolsChanged bool
