@@ -27,7 +27,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -323,7 +325,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
-	ops := a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	ops := a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
 	if ops > 0 && !snap.ReceivedAt.IsZero() {
 		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
 	}
@@ -552,14 +554,20 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 
 // reconcileAll brings every programmed and every desired route prefix to its target.
 func (a *Agent) reconcileAll(ctx context.Context) error {
-	dirty := make(map[netip.Prefix]struct{}, len(a.programmed)+len(a.desired.targets))
-	for p := range a.programmed {
-		dirty[p] = struct{}{}
+	// Each prefix once, without building the union (200,000 inserts at 100,000 routes).
+	all := func(yield func(netip.Prefix) bool) {
+		for p := range a.programmed {
+			if !yield(p) {
+				return
+			}
+		}
+		for p := range a.desired.targets {
+			if _, done := a.programmed[p]; !done && !yield(p) {
+				return
+			}
+		}
 	}
-	for p := range a.desired.targets {
-		dirty[p] = struct{}{}
-	}
-	a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	a.applyDirty(ctx, all, a.src.Status().Synced)
 	if n := a.conflicts(); n > 0 {
 		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
 	}
@@ -661,9 +669,10 @@ func inPools(pools []netip.Prefix, p netip.Prefix) bool {
 	return false
 }
 
-// applyDirty brings the given prefixes to their targets and returns the number of FIB operations done.
-// Deletes wait for a fresh view (allowDelete) and for the peer-loss grace of a vanished owner.
-func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{}, allowDelete bool) int {
+// applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of
+// FIB operations done. Deletes wait for a fresh view (allowDelete) and for the peer-loss grace of a
+// vanished owner. It changes programmed only after dirty is exhausted.
+func (a *Agent) applyDirty(ctx context.Context, dirty iter.Seq[netip.Prefix], allowDelete bool) int {
 	var adds, dels []vppapi.Route
 	now := time.Now()
 	for p := range dirty {
@@ -814,7 +823,7 @@ func (a *Agent) expireGrace(ctx context.Context) {
 	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
-		a.applyDirty(ctx, dirty, a.src.Status().Synced)
+		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
 	}
 }
 
