@@ -62,7 +62,8 @@ type Snapshot struct {
 	RelistReason string
 	// ChangedBlocks lists, sorted, the blocks created, updated or deleted since the previous snapshot
 	// (for a Full snapshot: the difference between the previous view and the relisted one; none for
-	// a Watcher's first list, which has no previous view: everything in it is new). Only
+	// a Watcher's first list, which has no previous view: everything in it is new, and none for a
+	// snapshot that folds it in). Only
 	// changes of routing data count: most IPAM writes (a pod address allocated in its node's own
 	// block) change no route and produce no snapshot.
 	ChangedBlocks []netip.Prefix
@@ -123,8 +124,10 @@ type Peer struct {
 
 // coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and
 // so may still be changed: s keeps its (newer) state and takes the union of both change sets, the
-// earliest ReceivedAt, and Full from either.
+// earliest ReceivedAt, and Full from either. Folded into the first list's snapshot, which has no
+// change sets (everything is new), s has none either.
 func coalesce(old, s *Snapshot) *Snapshot {
+	initial := old.Full && old.RelistReason == ReasonInitial
 	if old.Full {
 		if !s.Full {
 			s.RelistReason = old.RelistReason
@@ -133,6 +136,9 @@ func coalesce(old, s *Snapshot) *Snapshot {
 	}
 	s.ChangedBlocks = mergeSorted(old.ChangedBlocks, s.ChangedBlocks, netip.Prefix.Compare)
 	s.ChangedPeers = mergeSorted(old.ChangedPeers, s.ChangedPeers, strings.Compare)
+	if initial {
+		s.ChangedBlocks, s.ChangedPeers = nil, nil
+	}
 	s.PoolsChanged = s.PoolsChanged || old.PoolsChanged
 	if !old.ReceivedAt.IsZero() && (s.ReceivedAt.IsZero() || old.ReceivedAt.Before(s.ReceivedAt)) {
 		s.ReceivedAt = old.ReceivedAt
