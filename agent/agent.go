@@ -27,7 +27,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -181,6 +183,7 @@ type Agent struct {
 	// the table was dumped while that list went on (programmed and foreign are that dump and this
 	// agent's acknowledged adds since), for the first full resync to use.
 	listedRev     int64
+	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool
 	foreign       map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
@@ -301,7 +304,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 			a.dumpedListing = false
 			a.desired.reset(snap, pools)
 		}
-		a.listedRev = 0
+		a.listedRev, a.listedTotal = 0, 0
 		a.pools = pools
 		a.trackPeers()
 		reason := snap.RelistReason
@@ -322,7 +325,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
-	ops := a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	ops := a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
 	if ops > 0 && !snap.ReceivedAt.IsZero() {
 		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
 	}
@@ -341,9 +344,9 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 	if part.Revision != a.listedRev {
 		// The first part of the list, or of a list retried at a new revision.
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
-		a.desired.begin(part.Peers, a.pools, 0)
+		a.desired.begin(part.Peers, a.pools, part.Total)
 		a.trackPeers()
-		a.listedRev = part.Revision
+		a.listedRev, a.listedTotal = part.Revision, part.Total
 	}
 	a.programListed(ctx, a.desired.addBlocks(part.Blocks))
 }
@@ -551,14 +554,20 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 
 // reconcileAll brings every programmed and every desired route prefix to its target.
 func (a *Agent) reconcileAll(ctx context.Context) error {
-	dirty := make(map[netip.Prefix]struct{}, len(a.programmed)+len(a.desired.targets))
-	for p := range a.programmed {
-		dirty[p] = struct{}{}
+	// Each prefix once, without building the union (200,000 inserts at 100,000 routes).
+	all := func(yield func(netip.Prefix) bool) {
+		for p := range a.programmed {
+			if !yield(p) {
+				return
+			}
+		}
+		for p := range a.desired.targets {
+			if _, done := a.programmed[p]; !done && !yield(p) {
+				return
+			}
+		}
 	}
-	for p := range a.desired.targets {
-		dirty[p] = struct{}{}
-	}
-	a.applyDirty(ctx, dirty, a.src.Status().Synced)
+	a.applyDirty(ctx, all, a.src.Status().Synced)
 	if n := a.conflicts(); n > 0 {
 		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
 	}
@@ -617,7 +626,8 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
 // the managed pools (which it must never touch).
 func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
-	owned := make(map[netip.Prefix]vppapi.Route)
+	// Room for every entry, or while the first list goes on, for the routes it will add.
+	owned := make(map[netip.Prefix]vppapi.Route, max(len(entries), a.listedTotal))
 	foreign := make(map[netip.Prefix]struct{})
 	for _, e := range entries {
 		if e.TableID != a.cfg.TableID || !inPools(a.pools, e.Prefix) {
@@ -659,9 +669,10 @@ func inPools(pools []netip.Prefix, p netip.Prefix) bool {
 	return false
 }
 
-// applyDirty brings the given prefixes to their targets and returns the number of FIB operations done.
-// Deletes wait for a fresh view (allowDelete) and for the peer-loss grace of a vanished owner.
-func (a *Agent) applyDirty(ctx context.Context, dirty map[netip.Prefix]struct{}, allowDelete bool) int {
+// applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of
+// FIB operations done. Deletes wait for a fresh view (allowDelete) and for the peer-loss grace of a
+// vanished owner. It changes programmed only after dirty is exhausted.
+func (a *Agent) applyDirty(ctx context.Context, dirty iter.Seq[netip.Prefix], allowDelete bool) int {
 	var adds, dels []vppapi.Route
 	now := time.Now()
 	for p := range dirty {
@@ -812,7 +823,7 @@ func (a *Agent) expireGrace(ctx context.Context) {
 	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
-		a.applyDirty(ctx, dirty, a.src.Status().Synced)
+		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
 	}
 }
 

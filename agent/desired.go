@@ -422,13 +422,13 @@ func (d *desiredSet) removeSource(p, cidr netip.Prefix, dirty map[netip.Prefix]s
 // recompute picks the target of route prefix p among its candidates, deterministically: a resolved
 // candidate beats an unresolved one, a block route beats a borrowed address, then the lower block CIDR.
 func (d *desiredSet) recompute(p netip.Prefix) {
-	var best *target
+	var best target // best.route == nil: no candidate yet
 	consider := func(r blockResult) {
 		for i := range r.routes {
 			if r.routes[i].Prefix == p {
 				t := target{route: &r.routes[i], resolved: true}
-				if best == nil || betterTarget(t, *best) {
-					best = &t
+				if best.route == nil || betterTarget(t, best) {
+					best = t
 				}
 			}
 		}
@@ -438,8 +438,8 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 				if u.MissingPeer {
 					t.missingPeer = peerFamily{node: u.Owner, ipv6: u.Prefix.Addr().Is6()}
 				}
-				if best == nil || betterTarget(t, *best) {
-					best = &t
+				if best.route == nil || betterTarget(t, best) {
+					best = t
 				}
 			}
 		}
@@ -455,11 +455,11 @@ func (d *desiredSet) recompute(p netip.Prefix) {
 	if old, ok := d.targets[p]; ok && old.resolved {
 		d.resolved--
 	}
-	if best == nil {
+	if best.route == nil {
 		delete(d.targets, p)
 		return
 	}
-	d.targets[p] = *best
+	d.targets[p] = best
 	if best.resolved {
 		d.resolved++
 	}

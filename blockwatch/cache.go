@@ -80,6 +80,14 @@ func newCache() *cache {
 	}
 }
 
+// grow makes room for about n blocks in a cache that has none yet.
+func (c *cache) grow(n int) {
+	if len(c.blockRevs) == 0 {
+		c.blockRevs = make(map[netip.Prefix]int64, n)
+	}
+	c.blocks.grow(n)
+}
+
 // intern replaces the node names of b, a block not yet in any view, with the cache's copies.
 func (c *cache) intern(b *Block) {
 	b.Owner.Node = c.name(b.Owner.Node)

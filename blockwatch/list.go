@@ -61,6 +61,7 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	next := newCache()
 	next.ownership = w.source
 	var received time.Time
+	total := 0 // the number of block (or affinity) keys etcd counted with their first page
 	complete := false
 	for p := range pages {
 		if p.err != nil {
@@ -73,6 +74,11 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		if next.rev == 0 {
 			next.rev, received = p.rev, p.received
 		}
+		if (p.src == srcBlocks || p.src == srcAffinities) && total == 0 {
+			// etcd counts the whole range with the first page: room for every block at once.
+			total = int(p.resp.Count)
+			next.grow(total)
+		}
 		var listed []*Block
 		for _, d := range w.decodePage(p) {
 			w.install(next, lastGood, &d, nil)
@@ -83,7 +89,7 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 			}
 		}
 		if len(listed) > 0 {
-			w.emitListed(next, listed)
+			w.emitListed(next, listed, total)
 		}
 	}
 	if !complete {
@@ -99,7 +105,13 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 		}
 	}
 	ch := changes{received: received}
-	next.diff(prev, &ch)
+	if first {
+		// Nothing to diff against: everything is new, and the consumer builds its state from the
+		// whole view (and the parts it was handed) anyway.
+		ch.pools = len(next.pools) > 0
+	} else {
+		next.diff(prev, &ch)
+	}
 	w.view = next
 	w.metrics.setOwnership(next.ownership)
 	if p := next.problem(); p != "" {

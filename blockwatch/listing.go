@@ -16,6 +16,10 @@ type Listed struct {
 	Revision int64
 	// Blocks are blocks present at Revision, with their routing data (as Snapshot.Blocks holds them).
 	Blocks []*Block
+	// Total is the number of keys the list reads for the blocks at Revision (block keys, or affinity
+	// keys when ownership comes from them), as etcd counted them: a size to make room for, not a
+	// promise (some keys may be malformed or deleted blocks).
+	Total int
 	// Peers and Pools are all the peers and pools at Revision.
 	Peers map[string]Peer
 	Pools map[string]calico.IPPool
@@ -31,9 +35,9 @@ func (w *Watcher) Listing() <-chan *Listed { return w.listing }
 // emitListed hands a part of the first list out without blocking, merged with the part the consumer
 // has not taken yet, if it is of the same revision. c is the view being listed: its peers and pools
 // are complete, and from now on shared.
-func (w *Watcher) emitListed(c *cache, blocks []*Block) {
+func (w *Watcher) emitListed(c *cache, blocks []*Block, total int) {
 	c.peersShared, c.poolsShared = true, true
-	l := &Listed{Revision: c.rev, Blocks: blocks, Peers: c.peers, Pools: c.pools}
+	l := &Listed{Revision: c.rev, Blocks: blocks, Total: total, Peers: c.peers, Pools: c.pools}
 	merge := func(old, l *Listed) *Listed {
 		if old.Revision == l.Revision {
 			l.Blocks = append(old.Blocks, l.Blocks...)

@@ -61,11 +61,14 @@ type Snapshot struct {
 	// RelistReason says why a Full snapshot was listed (Reason* constants); "" when not Full.
 	RelistReason string
 	// ChangedBlocks lists, sorted, the blocks created, updated or deleted since the previous snapshot
-	// (for a Full snapshot: the difference between the previous view and the relisted one). Only
+	// (for a Full snapshot: the difference between the previous view and the relisted one; none for
+	// a Watcher's first list, which has no previous view: everything in it is new, and none for a
+	// snapshot that folds it in). Only
 	// changes of routing data count: most IPAM writes (a pod address allocated in its node's own
 	// block) change no route and produce no snapshot.
 	ChangedBlocks []netip.Prefix
-	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot.
+	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot (none
+	// for a Watcher's first list).
 	ChangedPeers []string
 	// PoolsChanged says whether any pool changed since the previous snapshot.
 	PoolsChanged bool
@@ -121,8 +124,10 @@ type Peer struct {
 
 // coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and
 // so may still be changed: s keeps its (newer) state and takes the union of both change sets, the
-// earliest ReceivedAt, and Full from either.
+// earliest ReceivedAt, and Full from either. Folded into the first list's snapshot, which has no
+// change sets (everything is new), s has none either.
 func coalesce(old, s *Snapshot) *Snapshot {
+	initial := old.Full && old.RelistReason == ReasonInitial
 	if old.Full {
 		if !s.Full {
 			s.RelistReason = old.RelistReason
@@ -131,6 +136,9 @@ func coalesce(old, s *Snapshot) *Snapshot {
 	}
 	s.ChangedBlocks = mergeSorted(old.ChangedBlocks, s.ChangedBlocks, netip.Prefix.Compare)
 	s.ChangedPeers = mergeSorted(old.ChangedPeers, s.ChangedPeers, strings.Compare)
+	if initial {
+		s.ChangedBlocks, s.ChangedPeers = nil, nil
+	}
 	s.PoolsChanged = s.PoolsChanged || old.PoolsChanged
 	if !old.ReceivedAt.IsZero() && (s.ReceivedAt.IsZero() || old.ReceivedAt.Before(s.ReceivedAt)) {
 		s.ReceivedAt = old.ReceivedAt

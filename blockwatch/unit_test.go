@@ -298,6 +298,12 @@ func TestCoalesce(t *testing.T) {
 	if got.RelistReason != ReasonRequested {
 		t.Errorf("reason %q", got.RelistReason)
 	}
+	// Folded into the first list's snapshot, whose every block and peer is new, a change set means
+	// nothing: there is none.
+	got = coalesce(&Snapshot{Full: true, RelistReason: ReasonInitial}, &Snapshot{ChangedBlocks: p("10.0.0.64/26"), ChangedPeers: []string{"b"}})
+	if !got.Full || got.RelistReason != ReasonInitial || got.ChangedBlocks != nil || got.ChangedPeers != nil {
+		t.Errorf("coalesced into the first list's = %+v", got)
+	}
 	got = coalesce(&Snapshot{}, &Snapshot{})
 	if got.Full || got.ChangedBlocks != nil || got.ChangedPeers != nil {
 		t.Errorf("empty coalesce = %+v", got)

@@ -14,7 +14,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -100,6 +102,9 @@ type daemonConfig struct {
 	log              *slog.Logger
 	// gcPercent is the Go GC target (debug.SetGCPercent); 0 leaves the runtime's (GOGC).
 	gcPercent int
+	// startupCPUProfile, when set, is a file the daemon writes a CPU profile of its cold start to:
+	// from its start to its first full resync done (the benchmarks' VPP_ROUTE_AGENT_STARTUP_CPUPROFILE).
+	startupCPUProfile string
 }
 
 // parseDaemonFlags parses and validates every flag before anything connects. It returns nil, nil when
@@ -169,6 +174,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	if _, fromEnv := getenv("GOGC"); fs.Changed("go-gc-percent") || !fromEnv {
 		cfg.gcPercent = *gcPercent
 	}
+	cfg.startupCPUProfile, _ = getenv(startupCPUProfileEnv)
 	if *vppSocket == "" {
 		return bad(errors.New("--vpp-api-socket is empty"))
 	}
@@ -246,6 +252,14 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	if cfg.gcPercent > 0 {
 		debug.SetGCPercent(max(cfg.gcPercent, startupGCPercent))
 	}
+	stopProfile := func() {}
+	if cfg.startupCPUProfile != "" {
+		var err error
+		if stopProfile, err = startCPUProfile(cfg.startupCPUProfile); err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
 	log.Info("starting vpp-route-agent", "version", buildinfo.Version, "node", cfg.node, "etcd", etcdconfig.Redacted(cfg.etcd.Endpoints),
 		"etcd_user", cfg.etcd.Username, "vpp_socket", cfg.vppSocket, "table", cfg.agent.TableID, "dry_run", cfg.agent.DryRun)
 	reg := prometheus.NewRegistry()
@@ -305,9 +319,15 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	if registrar != nil {
 		g.Go(func() error { return registrar.Run(gctx) })
 	}
-	if cfg.gcPercent > 0 {
-		g.Go(func() error { steadyGC(gctx, a, cfg.gcPercent); return nil })
-	}
+	g.Go(func() error {
+		if waitResynced(gctx, a) {
+			stopProfile()
+			if cfg.gcPercent > 0 {
+				debug.SetGCPercent(cfg.gcPercent)
+			}
+		}
+		return nil
+	})
 	if cfg.metricsAddress != "" {
 		ln, err := net.Listen("tcp", cfg.metricsAddress)
 		if err != nil {
@@ -402,18 +422,46 @@ func signalLoop(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 	}
 }
 
-// steadyGC sets the Go GC target to percent once the agent's first full resync is done.
-func steadyGC(ctx context.Context, a *agent.Agent, percent int) {
+// waitResynced waits until the agent's first full resync is done (true) or ctx is done (false); the
+// cold start ends there: the Go GC target goes to its steady value, a startup CPU profile is written.
+func waitResynced(ctx context.Context, a *agent.Agent) bool {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for !a.Resynced() {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-tick.C:
 		}
 	}
-	debug.SetGCPercent(percent)
+	return true
+}
+
+// startupCPUProfileEnv names a file for a CPU profile of the cold start (see daemonConfig).
+const startupCPUProfileEnv = "VPP_ROUTE_AGENT_STARTUP_CPUPROFILE"
+
+// startCPUProfile starts a CPU profile into file path and returns what stops it, closes the file and
+// writes the allocations so far to path.allocs (pprof -sample_index alloc_space), safe to call more than once.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", startupCPUProfileEnv, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", startupCPUProfileEnv, err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+			if a, err := os.Create(path + ".allocs"); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(a, 0)
+				a.Close()
+			}
+		})
+	}, nil
 }
 
 // notifyLoop tells systemd READY=1 once the first full resync is done, and pets the watchdog while the

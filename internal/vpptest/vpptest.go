@@ -109,6 +109,15 @@ func New(t testing.TB, opts Options) *VPP {
 	return v
 }
 
+// Stop stops VPP before the test ends (it stops with the test anyway); a no-op when already stopped.
+func (v *VPP) Stop() {
+	if v.sim != nil {
+		v.sim.Close()
+		return
+	}
+	v.proc.Stop()
+}
+
 // Socket returns the binary API socket.
 func (v *VPP) Socket() string { return v.sock }
 

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,20 +102,30 @@ func waitRoutes(b *testing.B, sim *vppsim.Sim, p *proc, n int, interval, within 
 // BenchmarkColdStart100k measures the time from exec of the daemon to all 100,000 routes of 100,000
 // remote blocks of 1,000 nodes in VPP's FIB (etcd already holds the blocks and the peers, VPP is up and empty), next
 // to the time a bare blockwatch.List of the same etcd takes. With VPP_TEST_BACKEND=real the VPP is a
-// real one (VPP_PKG). It prints where the cold start's time
-// goes, from the daemon's log.
+// real one (VPP_PKG). It prints where the cold start's time goes, from the daemon's log.
+//
+// With VPP_ROUTE_AGENT_BENCH_COMPARE naming another build of the daemon, every iteration also starts
+// that one (the two in turns, each first every other iteration), on the same etcd, and reports its
+// figures as cmp-*: a before/after comparison under the same conditions of a noisy machine.
 func BenchmarkColdStart100k(b *testing.B) {
 	const n, nodes = 100000, 1000
 	c := benchCluster(b, n, nodes)
-	var raw, list, cold time.Duration
-	var cpu float64
+	bins := []string{agentBin}
+	if other := os.Getenv("VPP_ROUTE_AGENT_BENCH_COMPARE"); other != "" {
+		bins = append(bins, other)
+	}
+	var raw, list time.Duration
+	cold := make([]time.Duration, len(bins))
+	cpu := make([]float64, len(bins))
+	iter := 0
 	for b.Loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), selfCPU(b)
 		if got := rawList(ctx, b, c.cli, calico.BlockPrefix, blockwatch.DefaultHostsPrefix, calico.IPPoolPrefix); got < n {
 			b.Fatalf("raw list read %d keys, want at least %d", got, n)
 		}
 		raw += time.Since(t0)
+		b.Logf("raw list: %.3fs, %.2fs of CPU (etcd serving it and this process reading it)", time.Since(t0).Seconds(), selfCPU(b)-cpu0)
 		t0 = time.Now()
 		snap, err := blockwatch.List(ctx, blockwatch.Config{Client: c.cli, LegacyHostAffinity: true, Logger: slog.New(slog.DiscardHandler)})
 		list += time.Since(t0)
@@ -125,41 +137,79 @@ func BenchmarkColdStart100k(b *testing.B) {
 			b.Fatalf("listed %d blocks, want %d", snap.Blocks.Len(), n)
 		}
 		snap = nil
-
-		var p *proc
-		var done time.Time
-		if vpptest.Real() {
-			// A real VPP: its uplink exists before the daemon starts; done is when the daemon logged its
-			// first full resync complete (every add acknowledged by VPP), then checked with a dump.
-			v := vpptest.New(b, vpptest.Options{})
-			cfg := benchAgent(c, v.Socket())
-			cfg.uplinkIf = v.Uplink()
-			p = startProc(b, "agent", agentBin, nil, nil, cfg.args()...)
-			done = p.waitLog("full resync done", time.Minute).time()
-			if got := len(v.APIRoutes(pool)); got != n {
-				b.Fatalf("%d routes in VPP's FIB after the first resync, want %d", got, n)
-			}
-		} else {
-			sim, sock := startSim(b)
-			p = startProc(b, "agent", agentBin, nil, nil, benchAgent(c, sock).args()...)
-			done = waitRoutes(b, sim, p, n, time.Millisecond, time.Minute)
+		for j := range bins {
+			i := (j + iter) % len(bins)
+			d, used := coldStart(b, c, bins[i], n)
+			cold[i] += d
+			cpu[i] += used
 		}
-		cold += done.Sub(p.started)
-		b.StopTimer()
-		used := procCPU(b, p.cmd.Process.Pid)
-		cpu += used
-		b.Logf("%s; the agent used %.2fs of CPU by then", coldStartBreakdown(p, done), used)
-		p.stop()
-		b.StartTimer()
+		iter++
 	}
-	coldS, listS, rawS := cold.Seconds()/float64(b.N), list.Seconds()/float64(b.N), raw.Seconds()/float64(b.N)
-	b.ReportMetric(coldS, "coldstart-s")
+	listS, rawS := list.Seconds()/float64(b.N), raw.Seconds()/float64(b.N)
 	b.ReportMetric(listS, "list-s")
 	b.ReportMetric(rawS, "raw-list-s")
-	b.ReportMetric(coldS/rawS, "x-raw-list")
-	b.ReportMetric(cpu/float64(b.N), "agent-cpu-s")
-	b.Logf("exec -> %d routes in the FIB %.3fs; the raw etcd list of the same data %.3fs (%.2fx, target <= 1.5x); blockwatch.List (list and decode) %.3fs",
-		n, coldS, rawS, coldS/rawS, listS)
+	for i, bin := range bins {
+		unit := ""
+		if i > 0 {
+			unit = "cmp-"
+		}
+		coldS := cold[i].Seconds() / float64(b.N)
+		b.ReportMetric(coldS, unit+"coldstart-s")
+		b.ReportMetric(coldS/rawS, unit+"x-raw-list")
+		b.ReportMetric(cpu[i]/float64(b.N), unit+"agent-cpu-s")
+		b.Logf("%s: exec -> %d routes in the FIB %.3fs; the raw etcd list of the same data %.3fs (%.2fx, target <= 1.5x); blockwatch.List (list and decode) %.3fs",
+			bin, n, coldS, rawS, coldS/rawS, listS)
+	}
+}
+
+// coldStart starts the daemon bin against c and an empty VPP, and returns the time from its exec to
+// all n routes in VPP's FIB and the CPU it used by then.
+func coldStart(b *testing.B, c *cluster, bin string, n int) (time.Duration, float64) {
+	var p *proc
+	var done time.Time
+	others := "etcd and the simulator"
+	self0, vpp0 := selfCPU(b), 0.0
+	vppCPU := func() float64 { return 0 }
+	if vpptest.Real() {
+		// A real VPP: its uplink exists before the daemon starts; done is when the daemon logged its
+		// first full resync complete (every add acknowledged by VPP), then checked with a dump.
+		v := vpptest.New(b, vpptest.Options{})
+		defer v.Stop()
+		others = "etcd"
+		vppCPU = func() float64 { return procCPU(b, int(v.PID())) }
+		vpp0 = vppCPU()
+		cfg := benchAgent(c, v.Socket())
+		cfg.uplinkIf = v.Uplink()
+		p = startProc(b, "agent", bin, profileEnv(), nil, cfg.args()...)
+		done = p.waitLog("full resync done", time.Minute).time()
+		if got := len(v.APIRoutes(pool)); got != n {
+			b.Fatalf("%d routes in VPP's FIB after the first resync, want %d", got, n)
+		}
+	} else {
+		sim, sock := startSim(b)
+		defer sim.Close()
+		p = startProc(b, "agent", bin, profileEnv(), nil, benchAgent(c, sock).args()...)
+		done = waitRoutes(b, sim, p, n, time.Millisecond, time.Minute)
+	}
+	b.StopTimer()
+	defer b.StartTimer()
+	used := procCPU(b, p.cmd.Process.Pid)
+	peak := procStatus(b, p.cmd.Process.Pid)["VmHWM"]
+	// The CPU the rest used meanwhile, measured after done: an upper bound (a few ms more).
+	self, vpp := selfCPU(b)-self0, vppCPU()-vpp0
+	b.Logf("%s: %s; by then the agent used %.2fs of CPU (peak RSS %.0f MB), this process (%s) %.2fs, VPP %.2fs, in %.2fs on %d CPUs",
+		bin, coldStartBreakdown(p, done), used, peak, others, self, vpp, done.Sub(p.started).Seconds(), runtime.NumCPU())
+	p.stop()
+	return done.Sub(p.started), used
+}
+
+// profileEnv passes VPP_ROUTE_AGENT_STARTUP_CPUPROFILE on to the daemon: with it set, the daemon of
+// BenchmarkColdStart100k writes a CPU profile of its cold start there (the last run's stays).
+func profileEnv() []string {
+	if f := os.Getenv("VPP_ROUTE_AGENT_STARTUP_CPUPROFILE"); f != "" {
+		return []string{"VPP_ROUTE_AGENT_STARTUP_CPUPROFILE=" + f}
+	}
+	return nil
 }
 
 // rawList reads every key of the prefixes in pages of blockwatch.DefaultPageSize, as the agent's list
@@ -411,6 +461,16 @@ func procCPU(b *testing.B, pid int) float64 {
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	return (utime + stime) / 100
+}
+
+// selfCPU returns the CPU seconds this process has used.
+func selfCPU(b *testing.B) float64 {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // procStatus returns the kB fields of /proc/PID/status, in MB.

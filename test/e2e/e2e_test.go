@@ -504,6 +504,16 @@ func TestSIGHUPRelistRepairsDrift(t *testing.T) {
 
 	a.signal(syscall.SIGHUP)
 	eventually(t, 5*time.Second, func() string { return simFIB(sim, want) })
+	// The FIB is repaired as the simulator applies the adds, a moment before the agent has read their
+	// replies and counted the resync.
+	synced := []string{"kind", "relist-requested", "result", "ok"}
+	before, _ := m0.sum("vpp_route_agent_syncs_total", synced...)
+	eventually(t, 5*time.Second, func() string {
+		if v, _ := a.metrics().sum("vpp_route_agent_syncs_total", synced...); v == before {
+			return "the relist's resync is not counted yet"
+		}
+		return ""
+	})
 	m1 := a.metrics()
 	for _, chk := range []struct {
 		name   string
