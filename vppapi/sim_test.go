@@ -1,7 +1,8 @@
 package vppapi_test
 
-// Integration tests: the client against the VPP simulator over a real unix socket, through GoVPP's
-// unmodified socketclient.
+// Integration tests: the client against a VPP over a real unix socket, through GoVPP's unmodified
+// socketclient. Tests that start it with vpptest run against the simulator and, with
+// VPP_TEST_BACKEND=real, a real VPP; those that use startSim need the simulator's faults.
 
 import (
 	"context"
@@ -49,10 +50,10 @@ const (
 )
 
 // startSim starts a simulator listening on a fresh short socket path. Against a real VPP
-// (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's faults or state.
+// (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's faults or its message table.
 func startSim(t testing.TB, cfg vppsim.Config) *vppsim.Sim {
 	t.Helper()
-	vpptest.RequireSim(t, "fault injection or simulator state")
+	vpptest.RequireSim(t, "fault injection or another VPP's message table")
 	dir, err := os.MkdirTemp("", "va")
 	if err != nil {
 		t.Fatal(err)
@@ -186,14 +187,15 @@ func pathStrings(routes []vppsim.Route) map[netip.Prefix]string {
 }
 
 func TestConnect(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Version: "25.10-rc0~sim"})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
 	ev := h.expect(vppapi.Connected)
-	if ev.PID != sim.PID() || ev.Version != "25.10-rc0~sim" || ev.Restarted || ev.Err != nil {
-		t.Errorf("Connected event %+v, want pid %d version 25.10-rc0~sim", ev, sim.PID())
+	version := v.Version()
+	if ev.PID != v.PID() || ev.Version != version || version == "" || ev.Restarted || ev.Err != nil {
+		t.Errorf("Connected event %+v, want pid %d version %q", ev, v.PID(), version)
 	}
 	st := h.c.Status()
-	if !st.Connected || !h.c.Connected() || st.PID != sim.PID() || st.Version != "25.10-rc0~sim" || st.Reconnects != 0 {
+	if !st.Connected || !h.c.Connected() || st.PID != v.PID() || st.Version != version || st.Reconnects != 0 {
 		t.Errorf("Status() = %+v", st)
 	}
 	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_connected"); got != 1 {
@@ -429,53 +431,60 @@ func TestApplyFailuresAttributed(t *testing.T) {
 	}
 }
 
+// setupUplinkLoopbacks are the interfaces of the uplink tests besides loop0 (sw_if_index 1): loop10 (2)
+// and loop1 (3). The uplink's name, loop1, is a substring of the interface before it.
+var setupUplinkLoopbacks = []int{10, 1}
+
 func TestSetupUplink(t *testing.T) {
 	// The uplink's name is a substring of another interface's: only the exact match may be chosen.
-	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName, "loop0"}})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Loopbacks: setupUplinkLoopbacks, CountRequests: true})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	u := vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24"), pfx("2001:db8::7/64")}}
+	u := vppapi.Uplink{Name: "loop1", Addresses: []netip.Prefix{pfx("192.0.2.7/24"), pfx("2001:db8::7/64")}}
 
 	idx, err := h.c.SetupUplink(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idx != 2 {
-		t.Fatalf("SetupUplink returned sw_if_index %d, want 2", idx)
+	if idx != 3 {
+		t.Fatalf("SetupUplink returned sw_if_index %d, want 3", idx)
 	}
-	ifc := findIf(t, sim, 2)
+	ifc := v.Interface(3)
 	if !ifc.AdminUp || !slices.Equal(ifc.Addresses, u.Addresses) {
 		t.Errorf("interface after setup: %+v", ifc)
 	}
-	if other := findIf(t, sim, 1); other.AdminUp || len(other.Addresses) != 0 {
-		t.Errorf("the other interface was touched: %+v", other)
+	for _, i := range []uint32{1, 2} {
+		if other := v.Interface(i); other.AdminUp || len(other.Addresses) != 0 {
+			t.Errorf("another interface was touched: %+v", other)
+		}
 	}
 
 	// Idempotent: the second call only reads.
-	sim.ResetRequests()
-	if idx, err := h.c.SetupUplink(ctx, u); err != nil || idx != 2 {
+	v.ResetRequests()
+	if idx, err := h.c.SetupUplink(ctx, u); err != nil || idx != 3 {
 		t.Fatalf("second SetupUplink = %d, %v", idx, err)
 	}
+	counts := v.RequestCounts()
 	for _, w := range []string{"sw_interface_set_flags", "sw_interface_add_del_address"} {
-		if n := sim.CountRequests(w); n != 0 {
+		if n := counts[w]; n != 0 {
 			t.Errorf("second SetupUplink sent %d %s", n, w)
 		}
 	}
-	if sim.CountRequests("sw_interface_dump") == 0 {
+	if counts["sw_interface_dump"] == 0 {
 		t.Error("second SetupUplink did not even look")
 	}
 
 	// By index, adding one more address.
-	u2 := vppapi.Uplink{SwIfIndex: 3, HasIndex: true, Addresses: []netip.Prefix{pfx("198.51.100.1/24")}}
-	if idx, err := h.c.SetupUplink(ctx, u2); err != nil || idx != 3 {
+	u2 := vppapi.Uplink{SwIfIndex: 1, HasIndex: true, Addresses: []netip.Prefix{pfx("198.51.100.1/24")}}
+	if idx, err := h.c.SetupUplink(ctx, u2); err != nil || idx != 1 {
 		t.Fatalf("SetupUplink by index = %d, %v", idx, err)
 	}
-	if ifc := findIf(t, sim, 3); !ifc.AdminUp || !slices.Equal(ifc.Addresses, u2.Addresses) {
-		t.Errorf("interface 3 after setup: %+v", ifc)
+	if ifc := v.Interface(1); !ifc.AdminUp || !slices.Equal(ifc.Addresses, u2.Addresses) {
+		t.Errorf("interface 1 after setup: %+v", ifc)
 	}
 	// Index and name both given must agree.
-	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, SwIfIndex: 3, HasIndex: true}); err == nil {
+	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: "loop1", SwIfIndex: 1, HasIndex: true}); err == nil {
 		t.Error("SetupUplink accepted an index whose name differs")
 	}
 
@@ -498,21 +507,22 @@ func TestSetupUplink(t *testing.T) {
 }
 
 func TestLookupUplinkWritesNothing(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName}})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Loopbacks: setupUplinkLoopbacks, CountRequests: true})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	sim.ResetRequests()
-	idx, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
-	if err != nil || idx != 2 {
-		t.Fatalf("LookupUplink = %d, %v; want 2", idx, err)
+	v.ResetRequests()
+	idx, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: "loop1", Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil || idx != 3 {
+		t.Fatalf("LookupUplink = %d, %v; want 3", idx, err)
 	}
+	counts := v.RequestCounts()
 	for _, w := range []string{"sw_interface_set_flags", "sw_interface_add_del_address"} {
-		if n := sim.CountRequests(w); n != 0 {
+		if n := counts[w]; n != 0 {
 			t.Errorf("LookupUplink sent %d %s", n, w)
 		}
 	}
-	if ifc := findIf(t, sim, 2); ifc.AdminUp || len(ifc.Addresses) != 0 {
+	if ifc := v.Interface(3); ifc.AdminUp || len(ifc.Addresses) != 0 {
 		t.Errorf("LookupUplink changed the interface: %+v", ifc)
 	}
 	if _, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: "nope0"}); !errors.Is(err, vppapi.ErrNoInterface) {
@@ -520,30 +530,17 @@ func TestLookupUplinkWritesNothing(t *testing.T) {
 	}
 }
 
-func findIf(t *testing.T, sim *vppsim.Sim, idx uint32) vppsim.Interface {
-	t.Helper()
-	for _, i := range sim.Interfaces() {
-		if i.SwIfIndex == idx {
-			return i
-		}
-	}
-	t.Fatalf("sim has no interface %d", idx)
-	return vppsim.Interface{}
-}
-
 func TestDumpRoutesAllSources(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("172.16.0.1/24")}}); err != nil {
+	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("172.16.0.1/24")}}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := vppsim.Route{Prefix: pfx("10.99.0.0/16"), Source: vppsim.SourceAPI,
 		Paths: []vppsim.Path{{NextHop: addr("172.16.0.254"), SwIfIndex: 1}, {NextHop: addr("172.16.0.253"), SwIfIndex: 1}}}
-	if err := sim.AddRoute(foreign); err != nil {
-		t.Fatal(err)
-	}
+	v.AddRoute(foreign)
 	own := vppapi.Route{Prefix: pfx("10.244.3.0/26"), NextHop: addr("172.16.0.2"), SwIfIndex: 1}
 	own6 := vppapi.Route{Prefix: pfx("fd00:244::/80"), NextHop: addr("fe80::2"), SwIfIndex: 1}
 	if res := h.c.Apply(ctx, []vppapi.Route{own, own6}, nil); res.Err() != nil {
@@ -590,8 +587,8 @@ func TestDumpRoutesAllSources(t *testing.T) {
 	if ps := got[pfx("172.16.0.1/32")]; len(ps) > 0 && ps[0].Type != vppapi.PathLocal {
 		t.Errorf("172.16.0.1/32 = %v, want a local path", ps)
 	}
-	if len(fib) != len(sim.Routes(0, false))+len(sim.Routes(0, true)) {
-		t.Errorf("dumped %d entries, sim has %d+%d", len(fib), len(sim.Routes(0, false)), len(sim.Routes(0, true)))
+	if all := v.Routes(0); len(fib) != len(all) {
+		t.Errorf("dumped %d entries, VPP has %d", len(fib), len(all))
 	}
 
 	// A table that does not exist has no routes.

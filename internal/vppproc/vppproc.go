@@ -86,6 +86,9 @@ type Options struct {
 	// Setup are the CLI commands of startup-config, run 2 s after VPP starts; nil means
 	// {"create loopback interface"} (loop0).
 	Setup []string
+	// APITrace records every API message VPP receives from the start (startup.conf's api-trace), for
+	// `api trace dump`.
+	APITrace bool
 }
 
 // VPP is one running (or stopped) VPP process.
@@ -155,6 +158,9 @@ memory { main-heap-size 256M main-heap-page-size 4k }
 buffers { buffers-per-numa 4096 page-size 4k }
 plugins { plugin default { disable } }
 `, dir, prefix)
+	if v.opts.APITrace {
+		conf += "api-trace { on }\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "startup.conf"), []byte(conf), 0o644); err != nil {
 		return err
 	}
