@@ -160,15 +160,10 @@ func blockRoutes(n int, nh string, table uint32) []vppapi.Route {
 	return out
 }
 
-// apiRoutes returns the simulator's API routes of a table as prefix -> "nexthop@swifindex".
-func apiRoutes(sim *vppsim.Sim, table uint32) map[netip.Prefix]string {
-	return pathStrings(sim.APIRoutes(table))
-}
-
-// vppAPIRoutes returns the API routes of table 0 of a VPP of either backend as prefix -> "nexthop@swifindex".
-func vppAPIRoutes(v *vpptest.VPP) map[netip.Prefix]string {
+// vppAPIRoutes returns the API routes of a table of a VPP of either backend as prefix -> "nexthop@swifindex".
+func vppAPIRoutes(v *vpptest.VPP, table uint32) map[netip.Prefix]string {
 	var rs []vppsim.Route
-	for _, r := range v.Routes(vppsim.SourceAPI) {
+	for _, r := range v.TableRoutes(table, vppsim.SourceAPI) {
 		rs = append(rs, vppsim.Route{Prefix: r.Prefix, Paths: r.Paths})
 	}
 	return pathStrings(rs)
@@ -293,7 +288,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != len(adds) {
 				t.Fatalf("add: %+v: %v", res, res.Err())
 			}
-			got := vppAPIRoutes(v)
+			got := vppAPIRoutes(v, 0)
 			if len(got) != len(adds) {
 				t.Fatalf("sim has %d API routes, want %d", len(got), len(adds))
 			}
@@ -310,7 +305,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != 10 || res.Deleted != 10 {
 				t.Fatalf("replace+delete: %+v: %v", res, res.Err())
 			}
-			got = vppAPIRoutes(v)
+			got = vppAPIRoutes(v, 0)
 			if len(got) != len(adds)-10 {
 				t.Errorf("sim has %d API routes after deleting 10, want %d", len(got), len(adds)-10)
 			}
@@ -359,8 +354,8 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 }
 
 func TestApplyFailuresAttributed(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 4 })
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), func(c *vppapi.Config) { c.Window = 4 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 
@@ -409,9 +404,9 @@ func TestApplyFailuresAttributed(t *testing.T) {
 		t.Errorf("api_errors_total{msg=ip_route_add_del} = %v, want 3", got)
 	}
 	// The good routes went in; the failed ones did not.
-	got := apiRoutes(sim, 0)
+	got := vppAPIRoutes(v, 0)
 	if len(got) != len(good)-1 {
-		t.Errorf("sim has %d routes, want %d", len(got), len(good)-1)
+		t.Errorf("VPP has %d routes, want %d", len(got), len(good)-1)
 	}
 
 	// After EnsureTable, table 7 works; EnsureTable is idempotent.
@@ -426,7 +421,7 @@ func TestApplyFailuresAttributed(t *testing.T) {
 	if res := h.c.ApplySync(ctx, []vppapi.Route{noTable}, nil); res.Err() != nil {
 		t.Errorf("add in created table: %v", res.Err())
 	}
-	if got := apiRoutes(sim, 7); got[noTable.Prefix] != "192.0.2.7@1" {
+	if got := vppAPIRoutes(v, 7); got[noTable.Prefix] != "192.0.2.7@1" {
 		t.Errorf("table 7 = %v", got)
 	}
 }
@@ -620,12 +615,12 @@ func TestRestart(t *testing.T) {
 	if st := h.c.Status(); st.Reconnects != 1 || st.PID != v.PID() || st.LastError == "" {
 		t.Errorf("Status() = %+v", st)
 	}
-	if n := len(vppAPIRoutes(v)); n != 0 {
+	if n := len(vppAPIRoutes(v, 0)); n != 0 {
 		t.Fatalf("%d API routes after restart, want an empty FIB", n)
 	}
 	v.WaitUplink(10 * time.Second)
 	res := h.c.Apply(ctx, blockRoutes(10, "192.0.2.7", 0), nil)
-	if n := len(vppAPIRoutes(v)); res.Err() != nil || n != 10 {
+	if n := len(vppAPIRoutes(v, 0)); res.Err() != nil || n != 10 {
 		t.Errorf("Apply after restart: %v, VPP has %d routes", res.Err(), n)
 	}
 	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_reconnects_total"); got != 1 {
@@ -802,8 +797,8 @@ func TestIncompatible(t *testing.T) {
 
 func TestRunStopsWithoutLeaks(t *testing.T) {
 	before := goroutines()
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	if res := h.c.Apply(ctxT(t), blockRoutes(100, "192.0.2.7", 0), nil); res.Err() != nil {
 		t.Fatal(res.Err())
@@ -816,9 +811,9 @@ func TestRunStopsWithoutLeaks(t *testing.T) {
 	if took := time.Since(t0); took > time.Second {
 		t.Errorf("Run took %v to stop", took)
 	}
-	sim.Close()
+	v.Stop()
 	// Run also stops while it waits to reconnect to a VPP that is gone.
-	h2 := start(t, sim.SocketPath(), nil)
+	h2 := start(t, v.Socket(), nil)
 	time.Sleep(100 * time.Millisecond)
 	h2.stop()
 

@@ -156,6 +156,16 @@ func (v *VPP) Socket() string { return v.sock }
 // Uplink returns the uplink's name; its sw_if_index is 1.
 func (v *VPP) Uplink() string { return v.uplink }
 
+// Stop stops VPP for good: its socket stays behind, as a real VPP's does, with nobody answering.
+func (v *VPP) Stop() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.Close()
+		return
+	}
+	v.proc.Stop()
+}
+
 // PID returns VPP's pid as control_ping reports it.
 func (v *VPP) PID() uint32 {
 	if v.sim != nil {
@@ -421,12 +431,18 @@ type Route struct {
 // ip_route_v2_dump over a connection of its own.
 func (v *VPP) Routes(src vppsim.Source) []Route {
 	v.t.Helper()
+	return v.TableRoutes(0, src)
+}
+
+// TableRoutes is Routes for table id table.
+func (v *VPP) TableRoutes(table uint32, src vppsim.Source) []Route {
+	v.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []Route
 	if v.sim != nil {
 		for _, ip6 := range []bool{false, true} {
-			for _, r := range v.sim.Routes(0, ip6) {
+			for _, r := range v.sim.Routes(table, ip6) {
 				if src == 0 || r.Source == src {
 					out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 				}
@@ -434,13 +450,13 @@ func (v *VPP) Routes(src vppsim.Source) []Route {
 		}
 		if src == vppsim.SourceAPI { // shadowed API routes too, as ip_route_v2_dump returns them
 			out = out[:0]
-			for _, r := range v.sim.APIRoutes(0) {
+			for _, r := range v.sim.APIRoutes(table) {
 				out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 			}
 		}
 		return out
 	}
-	routes, err := v.proc.Routes(ctx, uint8(src))
+	routes, err := v.proc.TableRoutes(ctx, table, uint8(src))
 	if err != nil {
 		v.t.Fatalf("vpptest: %v", err)
 	}
