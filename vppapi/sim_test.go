@@ -50,10 +50,10 @@ const (
 )
 
 // startSim starts a simulator listening on a fresh short socket path. Against a real VPP
-// (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's faults or its message table.
-func startSim(t testing.TB, cfg vppsim.Config) *vppsim.Sim {
+// (VPP_TEST_BACKEND=real) the test is skipped, saying why it needs the simulator.
+func startSim(t testing.TB, why string, cfg vppsim.Config) *vppsim.Sim {
 	t.Helper()
-	vpptest.RequireSim(t, "fault injection or another VPP's message table")
+	vpptest.RequireSim(t, why)
 	dir, err := os.MkdirTemp("", "va")
 	if err != nil {
 		t.Fatal(err)
@@ -629,7 +629,7 @@ func TestRestart(t *testing.T) {
 }
 
 func TestNoReplyTimesOut(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects unanswered requests", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 16; c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
@@ -668,7 +668,7 @@ func TestNoReplyTimesOut(t *testing.T) {
 }
 
 func TestContextDeadlineHonoured(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects slow replies", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{ReplyDelay: 2 * testReplyTimeout})
@@ -695,7 +695,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 }
 
 func TestNoPingReplyDisconnects(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects unanswered pings", vppsim.Config{})
 	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{NoPingReply: true})
@@ -720,7 +720,7 @@ func TestNoPingReplyDisconnects(t *testing.T) {
 }
 
 func TestHangUpMidApply(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects a hang-up", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 8 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
@@ -764,7 +764,7 @@ func TestHangUpMidApply(t *testing.T) {
 }
 
 func TestIncompatible(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
+	sim := startSim(t, "it plays a VPP with other CRCs", vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
 	var logs logging.Buffer
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	for i := range 2 { // reported, then reported again after the backoff: it keeps retrying
@@ -866,7 +866,7 @@ func firstLine(s string) string {
 // order differ from the default build's: nothing may depend on an id.
 func TestShuffledMessageIDs(t *testing.T) {
 	for _, seed := range []int64{1, 42} {
-		sim := startSim(t, vppsim.Config{MessageOrderSeed: seed})
+		sim := startSim(t, "it plays a VPP with other message ids", vppsim.Config{MessageOrderSeed: seed})
 		h := start(t, sim.SocketPath(), nil)
 		h.expect(vppapi.Connected)
 		ctx := ctxT(t)
@@ -893,7 +893,7 @@ func TestShuffledMessageIDs(t *testing.T) {
 // TestRestartDuringApply restarts VPP while a large Apply is in flight: Apply must account for every
 // route, fail the rest with a connection error, not hang, and work again after the reconnect.
 func TestRestartDuringApply(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it restarts VPP at once in the middle of an Apply; a real VPP takes 2 s to stop", vppsim.Config{})
 	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
