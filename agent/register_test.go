@@ -15,6 +15,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/metricstest"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // registrar runs a registrar for node with peer IP ip until the returned stop is called.
@@ -218,5 +219,65 @@ func TestRegistrationWrittenByHandIsNotOverwritten(t *testing.T) {
 	r.stop()
 	if resp, _ := cli.Get(context.Background(), key); len(resp.Kvs) != 0 {
 		t.Errorf("deregistration left %s", resp.Kvs[0].Value)
+	}
+}
+
+// TestRegistrationWriteIsConditional: another agent registers the node name between the registrar's
+// read of the keys (which found them absent) and its write. The interleaving is deterministic: the
+// registrar's etcd client runs the other agent's write from a gRPC interceptor just before its first
+// transaction reaches etcd. The write must then fail its condition: the other registration stays as it
+// was written, the registrar reads again and reports the conflict instead.
+func TestRegistrationWriteIsConditional(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	key := hosts + "n1/peerip/ipv4/1"
+	theirLease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var theirs *clientv3.PutResponse
+	raced := make(chan struct{})
+	interleave := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" {
+			once.Do(func() {
+				defer close(raced)
+				var err error
+				if theirs, err = cli.Put(ctx, key, "192.0.2.9", clientv3.WithLease(theirLease.ID)); err != nil {
+					t.Errorf("the other agent's write: %v", err)
+				}
+			})
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	racy, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(interleave)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { racy.Close() })
+
+	r := startRegistrar(t, racy, "n1", "192.0.2.1", false)
+	select {
+	case <-raced:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registrar sent no transaction within 10s")
+	}
+	changes := valueChanges(t, cli, key)
+	waitUntil(t, "settled", 5*time.Second, func() bool { return r.Up() || r.Problem() != "" })
+	time.Sleep(500 * time.Millisecond) // a few check intervals: the registrar reads again, writes nothing
+	resp, err := cli.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "192.0.2.9" || clientv3.LeaseID(resp.Kvs[0].Lease) != theirLease.ID ||
+		resp.Kvs[0].ModRevision != theirs.Header.Revision {
+		t.Fatalf("the registrar overwrote a registration written between its read and its write: %v", resp.Kvs)
+	}
+	if got := changes(); len(got) != 0 {
+		t.Errorf("the registration changed after the other agent's write: %q", got)
+	}
+	if r.Up() || !strings.Contains(r.Problem(), "192.0.2.9") {
+		t.Errorf("up %v, Problem() = %q; want the conflict with 192.0.2.9 reported", r.Up(), r.Problem())
 	}
 }

@@ -39,6 +39,9 @@ func TestUnreadableBlockIsHeldAcrossRestarts(t *testing.T) {
 	c.putBlock("10.244.2.0/26", "b", map[int]string{5: "c"})
 	want := c.want(map[string]string{"10.244.2.0/26": "b", "10.244.2.5/32": "c"})
 	c.eventually("a", want, settle)
+	if v := c.metric("a", "vpp_route_agent_blocks_held"); v != 0 {
+		t.Errorf("blocks_held = %v with every block readable", v)
+	}
 
 	c.stop("a")
 	key := calico.BlockKey(netip.MustParsePrefix("10.244.2.0/26"))
@@ -48,6 +51,7 @@ func TestUnreadableBlockIsHeldAcrossRestarts(t *testing.T) {
 	if d.Held[0].Block != netip.MustParsePrefix("10.244.2.0/26") || d.Held[0].LastGood || !strings.Contains(d.Held[0].Reason, "JSON") {
 		t.Errorf("held: %+v", d.Held)
 	}
+	c.metricUntil("a", "vpp_route_agent_blocks_held", 1)
 	waitResynced(t, c, "a")
 	time.Sleep(time.Second) // several periodic resyncs
 	if got := c.fib("a"); !slices.Equal(got, want) {
@@ -58,6 +62,23 @@ func TestUnreadableBlockIsHeldAcrossRestarts(t *testing.T) {
 	c.putBlock("10.244.2.0/26", "c", map[int]string{5: "c"})
 	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "c"}), settle)
 	c.debugUntil("a", "releasing the block", func(d agent.Debug) bool { return len(d.Held) == 0 })
+	c.metricUntil("a", "vpp_route_agent_blocks_held", 0)
+}
+
+// metricUntil waits until node name's metric (all its series summed) has the value want.
+func (c *cluster) metricUntil(name, metric string, want float64) {
+	c.t.Helper()
+	deadline := time.Now().Add(settle)
+	for {
+		v := c.metric(name, metric)
+		if v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %s: %s = %v after %s, want %v", name, metric, v, settle, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func waitResynced(t *testing.T, c *cluster, name string) {
@@ -78,6 +99,9 @@ func TestInvalidPeerIPsAreRefused(t *testing.T) {
 		rb, _ := b.agent.Ready()
 		return ra && rb
 	})
+	if v := c.metric("a", "vpp_route_agent_peers_invalid"); v != 0 {
+		t.Errorf("peers_invalid = %v with only valid peers", v)
+	}
 	bad := map[string]string{
 		"lo":    "127.0.0.1",
 		"ll":    "169.254.10.1",
@@ -117,9 +141,11 @@ func TestInvalidPeerIPsAreRefused(t *testing.T) {
 	if got := c.fib("a"); len(got) != 1 {
 		t.Errorf("routes via refused peers: %q", got)
 	}
+	c.metricUntil("a", "vpp_route_agent_peers_invalid", float64(len(bad)))
 	// A peer that turns valid is routed.
 	c.put(hosts+"lo/peerip/ipv4/1", "192.168.100.77")
 	want := []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1", blocks["lo"] + " via 192.168.100.77@1"}
 	slices.Sort(want)
 	c.eventually("a", want, settle)
+	c.metricUntil("a", "vpp_route_agent_peers_invalid", float64(len(bad)-1))
 }

@@ -144,33 +144,56 @@ func TestUplinkAppearsLate(t *testing.T) {
 // seconds; /healthz (HealthyWithin) and the watchdog must stay fed meanwhile.
 func TestLongResyncKeepsHealth(t *testing.T) {
 	c := newCluster(t, clusterOpts{}, "a", "b")
+	var blocks []netip.Prefix
 	for i := range 8 {
-		c.putBlock(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26).String(), "b", nil)
+		blocks = append(blocks, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26))
+		c.putBlock(blocks[i].String(), "b", nil)
 	}
 	c.waitFor("routes", settle, func() bool { return len(c.fib("a")) == 8 })
+	want := c.fib("a")
 	a := c.nodes["a"]
+	// Some state is published first: from then on DebugRoutes answers at once with the last state the
+	// loop published, which it does at least every 2 s while it turns (every second when idle) and
+	// someone asks. A state older than 3 s shows a loop that did not turn for longer than the health
+	// window.
+	if _, err := a.agent.DebugRoutes(c.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	// Every route drifts behind the agent's back (no etcd event), VPP turns slow, and the relist's
+	// resync repairs them in one turn of the loop: slow dumps, then eight slow writes.
+	for _, b := range blocks {
+		if err := a.sim.AddRoute(vppsim.Route{Prefix: b, Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("192.168.100.99"), SwIfIndex: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	a.sim.SetFaults(vppsim.Faults{ReplyDelay: 300 * time.Millisecond})
 	defer a.sim.SetFaults(vppsim.Faults{})
-	// Replace every route: 8 slow writes after slow dumps, several seconds in one turn of the loop.
-	for i := range 8 {
-		c.putBlock(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26).String(), "", nil)
-	}
 	a.agent.Relist()
-	busySeen := false
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+	const busy = 3 * time.Second
+	var stalest time.Duration
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
 		if !a.agent.HealthyWithin(time.Second) {
 			t.Fatal("unhealthy while a resync was running")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		if _, err := a.agent.DebugRoutes(ctx); err != nil {
-			busySeen = true
-		}
+		d, err := a.agent.DebugRoutes(ctx)
 		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		age := time.Since(d.AsOf)
+		if stalest >= busy && age < time.Second {
+			break // the loop turns again: the resync is over
+		}
+		stalest = max(stalest, age)
 		time.Sleep(50 * time.Millisecond)
 	}
-	if !busySeen {
-		t.Error("the reconcile loop was never busy: the test proved nothing")
+	t.Logf("the loop did not turn for %s", stalest.Round(time.Millisecond))
+	if stalest < busy {
+		t.Errorf("the loop published state at least every %s: it was never busy long enough to test its health", stalest)
 	}
+	a.sim.SetFaults(vppsim.Faults{})
+	c.waitFor("drift repaired", settle, func() bool { return slices.Equal(c.fib("a"), want) })
 }
 
 // TestStalledVPPShows: a VPP that stops answering is reported as not connected, with why.

@@ -2,6 +2,7 @@ package blockwatch
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"runtime"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 )
 
 // TestInitialList lists Calico's real values of both families, peers and pools.
@@ -702,5 +704,53 @@ func TestPeerLeases(t *testing.T) {
 	}
 	if s = h.next(); !s.Peers["live"].IPv6Leased || !s.Peers["live"].IPv4Leased {
 		t.Errorf("watched lease-backed peer: %+v", s.Peers["live"])
+	}
+}
+
+// TestLegacyHostAffinityLoggedOncePerBlock: with LegacyHostAffinity on, a block owned through its
+// hostAffinity field is logged once, when the watcher first sees it owned so: not again when its value
+// is rewritten with the same owner, nor on a relist; another such block gets its own line.
+func TestLegacyHostAffinityLoggedOncePerBlock(t *testing.T) {
+	_, cli := startEtcd(t)
+	legacy := loadTestdata(t)["legacy-hostaffinity"]
+	put(t, cli, legacy.Key, string(legacy.Value))
+	logs := &logging.Buffer{}
+	h := newHarness(t, cli, func(c *Config) {
+		c.LegacyHostAffinity = true
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	h.run()
+	if s := h.next(); s.Blocks.Len() != 1 {
+		t.Fatalf("first snapshot has %d blocks, want the legacy one", s.Blocks.Len())
+	}
+	first := mustPrefix("192.168.45.0/26")
+
+	// The same owner again: a rewrite, then a relist.
+	rev := put(t, cli, legacy.Key, string(legacy.Value))
+	for deadline := time.Now().Add(waitLimit); h.w.Status().Revision < rev; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the rewrite at revision %d not seen within %s", rev, waitLimit)
+		}
+	}
+	h.w.Relist()
+	h.waitFor("the relist", func(s *Snapshot) bool { return s.RelistReason == ReasonRequested })
+
+	// Another legacy block.
+	second := mustPrefix("192.168.46.0/26")
+	v := strings.Replace(string(legacy.Value), first.String(), second.String(), 1)
+	rev = put(t, cli, calico.BlockKey(second), v)
+	h.waitFor("the second block", func(s *Snapshot) bool { return s.Revision >= rev && s.Blocks.Len() == 2 })
+
+	const msg = "block owned through its legacy hostAffinity field"
+	for _, b := range []netip.Prefix{first, second} {
+		n := 0
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, msg) && strings.Contains(l, "block="+b.String()+" ") && strings.Contains(l, "node=node-old") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%q logged %d times for %s, want once:\n%s", msg, n, b, logs.String())
+		}
 	}
 }

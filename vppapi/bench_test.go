@@ -19,7 +19,7 @@ const benchRoutes = 20000
 //
 //	go test -run '^$' -bench Apply -benchtime 1x ./vppapi/
 func BenchmarkApply(b *testing.B) {
-	sim := startSim(b, vppsim.Config{})
+	sim := startSim(b, "it measures the client against the simulator", vppsim.Config{})
 	h := start(b, sim.SocketPath(), func(c *vppapi.Config) {
 		c.ReplyTimeout = vppapi.DefaultReplyTimeout
 		c.HealthInterval = vppapi.DefaultHealthInterval

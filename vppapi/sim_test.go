@@ -1,7 +1,8 @@
 package vppapi_test
 
-// Integration tests: the client against the VPP simulator over a real unix socket, through GoVPP's
-// unmodified socketclient.
+// Integration tests: the client against a VPP over a real unix socket, through GoVPP's unmodified
+// socketclient. Tests that start it with vpptest run against the simulator and, with
+// VPP_TEST_BACKEND=real, a real VPP; those that use startSim need the simulator's faults.
 
 import (
 	"context"
@@ -49,10 +50,10 @@ const (
 )
 
 // startSim starts a simulator listening on a fresh short socket path. Against a real VPP
-// (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's faults or state.
-func startSim(t testing.TB, cfg vppsim.Config) *vppsim.Sim {
+// (VPP_TEST_BACKEND=real) the test is skipped, saying why it needs the simulator.
+func startSim(t testing.TB, why string, cfg vppsim.Config) *vppsim.Sim {
 	t.Helper()
-	vpptest.RequireSim(t, "fault injection or simulator state")
+	vpptest.RequireSim(t, why)
 	dir, err := os.MkdirTemp("", "va")
 	if err != nil {
 		t.Fatal(err)
@@ -159,15 +160,10 @@ func blockRoutes(n int, nh string, table uint32) []vppapi.Route {
 	return out
 }
 
-// apiRoutes returns the simulator's API routes of a table as prefix -> "nexthop@swifindex".
-func apiRoutes(sim *vppsim.Sim, table uint32) map[netip.Prefix]string {
-	return pathStrings(sim.APIRoutes(table))
-}
-
-// vppAPIRoutes returns the API routes of table 0 of a VPP of either backend as prefix -> "nexthop@swifindex".
-func vppAPIRoutes(v *vpptest.VPP) map[netip.Prefix]string {
+// vppAPIRoutes returns the API routes of a table of a VPP of either backend as prefix -> "nexthop@swifindex".
+func vppAPIRoutes(v *vpptest.VPP, table uint32) map[netip.Prefix]string {
 	var rs []vppsim.Route
-	for _, r := range v.Routes(vppsim.SourceAPI) {
+	for _, r := range v.TableRoutes(table, vppsim.SourceAPI) {
 		rs = append(rs, vppsim.Route{Prefix: r.Prefix, Paths: r.Paths})
 	}
 	return pathStrings(rs)
@@ -186,14 +182,15 @@ func pathStrings(routes []vppsim.Route) map[netip.Prefix]string {
 }
 
 func TestConnect(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Version: "25.10-rc0~sim"})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
 	ev := h.expect(vppapi.Connected)
-	if ev.PID != sim.PID() || ev.Version != "25.10-rc0~sim" || ev.Restarted || ev.Err != nil {
-		t.Errorf("Connected event %+v, want pid %d version 25.10-rc0~sim", ev, sim.PID())
+	version := v.Version()
+	if ev.PID != v.PID() || ev.Version != version || version == "" || ev.Restarted || ev.Err != nil {
+		t.Errorf("Connected event %+v, want pid %d version %q", ev, v.PID(), version)
 	}
 	st := h.c.Status()
-	if !st.Connected || !h.c.Connected() || st.PID != sim.PID() || st.Version != "25.10-rc0~sim" || st.Reconnects != 0 {
+	if !st.Connected || !h.c.Connected() || st.PID != v.PID() || st.Version != version || st.Reconnects != 0 {
 		t.Errorf("Status() = %+v", st)
 	}
 	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_connected"); got != 1 {
@@ -291,7 +288,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != len(adds) {
 				t.Fatalf("add: %+v: %v", res, res.Err())
 			}
-			got := vppAPIRoutes(v)
+			got := vppAPIRoutes(v, 0)
 			if len(got) != len(adds) {
 				t.Fatalf("sim has %d API routes, want %d", len(got), len(adds))
 			}
@@ -308,7 +305,7 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 			if res.Err() != nil || res.Added != 10 || res.Deleted != 10 {
 				t.Fatalf("replace+delete: %+v: %v", res, res.Err())
 			}
-			got = vppAPIRoutes(v)
+			got = vppAPIRoutes(v, 0)
 			if len(got) != len(adds)-10 {
 				t.Errorf("sim has %d API routes after deleting 10, want %d", len(got), len(adds)-10)
 			}
@@ -357,8 +354,8 @@ func TestApplyAddReplaceDelete(t *testing.T) {
 }
 
 func TestApplyFailuresAttributed(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 4 })
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), func(c *vppapi.Config) { c.Window = 4 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
 
@@ -407,9 +404,9 @@ func TestApplyFailuresAttributed(t *testing.T) {
 		t.Errorf("api_errors_total{msg=ip_route_add_del} = %v, want 3", got)
 	}
 	// The good routes went in; the failed ones did not.
-	got := apiRoutes(sim, 0)
+	got := vppAPIRoutes(v, 0)
 	if len(got) != len(good)-1 {
-		t.Errorf("sim has %d routes, want %d", len(got), len(good)-1)
+		t.Errorf("VPP has %d routes, want %d", len(got), len(good)-1)
 	}
 
 	// After EnsureTable, table 7 works; EnsureTable is idempotent.
@@ -424,58 +421,65 @@ func TestApplyFailuresAttributed(t *testing.T) {
 	if res := h.c.ApplySync(ctx, []vppapi.Route{noTable}, nil); res.Err() != nil {
 		t.Errorf("add in created table: %v", res.Err())
 	}
-	if got := apiRoutes(sim, 7); got[noTable.Prefix] != "192.0.2.7@1" {
+	if got := vppAPIRoutes(v, 7); got[noTable.Prefix] != "192.0.2.7@1" {
 		t.Errorf("table 7 = %v", got)
 	}
 }
 
+// setupUplinkLoopbacks are the interfaces of the uplink tests besides loop0 (sw_if_index 1): loop10 (2)
+// and loop1 (3). The uplink's name, loop1, is a substring of the interface before it.
+var setupUplinkLoopbacks = []int{10, 1}
+
 func TestSetupUplink(t *testing.T) {
 	// The uplink's name is a substring of another interface's: only the exact match may be chosen.
-	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName, "loop0"}})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Loopbacks: setupUplinkLoopbacks, CountRequests: true})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	u := vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24"), pfx("2001:db8::7/64")}}
+	u := vppapi.Uplink{Name: "loop1", Addresses: []netip.Prefix{pfx("192.0.2.7/24"), pfx("2001:db8::7/64")}}
 
 	idx, err := h.c.SetupUplink(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idx != 2 {
-		t.Fatalf("SetupUplink returned sw_if_index %d, want 2", idx)
+	if idx != 3 {
+		t.Fatalf("SetupUplink returned sw_if_index %d, want 3", idx)
 	}
-	ifc := findIf(t, sim, 2)
+	ifc := v.Interface(3)
 	if !ifc.AdminUp || !slices.Equal(ifc.Addresses, u.Addresses) {
 		t.Errorf("interface after setup: %+v", ifc)
 	}
-	if other := findIf(t, sim, 1); other.AdminUp || len(other.Addresses) != 0 {
-		t.Errorf("the other interface was touched: %+v", other)
+	for _, i := range []uint32{1, 2} {
+		if other := v.Interface(i); other.AdminUp || len(other.Addresses) != 0 {
+			t.Errorf("another interface was touched: %+v", other)
+		}
 	}
 
 	// Idempotent: the second call only reads.
-	sim.ResetRequests()
-	if idx, err := h.c.SetupUplink(ctx, u); err != nil || idx != 2 {
+	v.ResetRequests()
+	if idx, err := h.c.SetupUplink(ctx, u); err != nil || idx != 3 {
 		t.Fatalf("second SetupUplink = %d, %v", idx, err)
 	}
+	counts := v.RequestCounts()
 	for _, w := range []string{"sw_interface_set_flags", "sw_interface_add_del_address"} {
-		if n := sim.CountRequests(w); n != 0 {
+		if n := counts[w]; n != 0 {
 			t.Errorf("second SetupUplink sent %d %s", n, w)
 		}
 	}
-	if sim.CountRequests("sw_interface_dump") == 0 {
+	if counts["sw_interface_dump"] == 0 {
 		t.Error("second SetupUplink did not even look")
 	}
 
 	// By index, adding one more address.
-	u2 := vppapi.Uplink{SwIfIndex: 3, HasIndex: true, Addresses: []netip.Prefix{pfx("198.51.100.1/24")}}
-	if idx, err := h.c.SetupUplink(ctx, u2); err != nil || idx != 3 {
+	u2 := vppapi.Uplink{SwIfIndex: 1, HasIndex: true, Addresses: []netip.Prefix{pfx("198.51.100.1/24")}}
+	if idx, err := h.c.SetupUplink(ctx, u2); err != nil || idx != 1 {
 		t.Fatalf("SetupUplink by index = %d, %v", idx, err)
 	}
-	if ifc := findIf(t, sim, 3); !ifc.AdminUp || !slices.Equal(ifc.Addresses, u2.Addresses) {
-		t.Errorf("interface 3 after setup: %+v", ifc)
+	if ifc := v.Interface(1); !ifc.AdminUp || !slices.Equal(ifc.Addresses, u2.Addresses) {
+		t.Errorf("interface 1 after setup: %+v", ifc)
 	}
 	// Index and name both given must agree.
-	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, SwIfIndex: 3, HasIndex: true}); err == nil {
+	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: "loop1", SwIfIndex: 1, HasIndex: true}); err == nil {
 		t.Error("SetupUplink accepted an index whose name differs")
 	}
 
@@ -498,21 +502,22 @@ func TestSetupUplink(t *testing.T) {
 }
 
 func TestLookupUplinkWritesNothing(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Interfaces: []string{uplinkName + ".100", uplinkName}})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Loopbacks: setupUplinkLoopbacks, CountRequests: true})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	sim.ResetRequests()
-	idx, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
-	if err != nil || idx != 2 {
-		t.Fatalf("LookupUplink = %d, %v; want 2", idx, err)
+	v.ResetRequests()
+	idx, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: "loop1", Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil || idx != 3 {
+		t.Fatalf("LookupUplink = %d, %v; want 3", idx, err)
 	}
+	counts := v.RequestCounts()
 	for _, w := range []string{"sw_interface_set_flags", "sw_interface_add_del_address"} {
-		if n := sim.CountRequests(w); n != 0 {
+		if n := counts[w]; n != 0 {
 			t.Errorf("LookupUplink sent %d %s", n, w)
 		}
 	}
-	if ifc := findIf(t, sim, 2); ifc.AdminUp || len(ifc.Addresses) != 0 {
+	if ifc := v.Interface(3); ifc.AdminUp || len(ifc.Addresses) != 0 {
 		t.Errorf("LookupUplink changed the interface: %+v", ifc)
 	}
 	if _, err := h.c.LookupUplink(ctx, vppapi.Uplink{Name: "nope0"}); !errors.Is(err, vppapi.ErrNoInterface) {
@@ -520,30 +525,17 @@ func TestLookupUplinkWritesNothing(t *testing.T) {
 	}
 }
 
-func findIf(t *testing.T, sim *vppsim.Sim, idx uint32) vppsim.Interface {
-	t.Helper()
-	for _, i := range sim.Interfaces() {
-		if i.SwIfIndex == idx {
-			return i
-		}
-	}
-	t.Fatalf("sim has no interface %d", idx)
-	return vppsim.Interface{}
-}
-
 func TestDumpRoutesAllSources(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
-	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{pfx("172.16.0.1/24")}}); err != nil {
+	if _, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("172.16.0.1/24")}}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := vppsim.Route{Prefix: pfx("10.99.0.0/16"), Source: vppsim.SourceAPI,
 		Paths: []vppsim.Path{{NextHop: addr("172.16.0.254"), SwIfIndex: 1}, {NextHop: addr("172.16.0.253"), SwIfIndex: 1}}}
-	if err := sim.AddRoute(foreign); err != nil {
-		t.Fatal(err)
-	}
+	v.AddRoute(foreign)
 	own := vppapi.Route{Prefix: pfx("10.244.3.0/26"), NextHop: addr("172.16.0.2"), SwIfIndex: 1}
 	own6 := vppapi.Route{Prefix: pfx("fd00:244::/80"), NextHop: addr("fe80::2"), SwIfIndex: 1}
 	if res := h.c.Apply(ctx, []vppapi.Route{own, own6}, nil); res.Err() != nil {
@@ -590,8 +582,8 @@ func TestDumpRoutesAllSources(t *testing.T) {
 	if ps := got[pfx("172.16.0.1/32")]; len(ps) > 0 && ps[0].Type != vppapi.PathLocal {
 		t.Errorf("172.16.0.1/32 = %v, want a local path", ps)
 	}
-	if len(fib) != len(sim.Routes(0, false))+len(sim.Routes(0, true)) {
-		t.Errorf("dumped %d entries, sim has %d+%d", len(fib), len(sim.Routes(0, false)), len(sim.Routes(0, true)))
+	if all := v.Routes(0); len(fib) != len(all) {
+		t.Errorf("dumped %d entries, VPP has %d", len(fib), len(all))
 	}
 
 	// A table that does not exist has no routes.
@@ -623,12 +615,12 @@ func TestRestart(t *testing.T) {
 	if st := h.c.Status(); st.Reconnects != 1 || st.PID != v.PID() || st.LastError == "" {
 		t.Errorf("Status() = %+v", st)
 	}
-	if n := len(vppAPIRoutes(v)); n != 0 {
+	if n := len(vppAPIRoutes(v, 0)); n != 0 {
 		t.Fatalf("%d API routes after restart, want an empty FIB", n)
 	}
 	v.WaitUplink(10 * time.Second)
 	res := h.c.Apply(ctx, blockRoutes(10, "192.0.2.7", 0), nil)
-	if n := len(vppAPIRoutes(v)); res.Err() != nil || n != 10 {
+	if n := len(vppAPIRoutes(v, 0)); res.Err() != nil || n != 10 {
 		t.Errorf("Apply after restart: %v, VPP has %d routes", res.Err(), n)
 	}
 	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_reconnects_total"); got != 1 {
@@ -637,7 +629,7 @@ func TestRestart(t *testing.T) {
 }
 
 func TestNoReplyTimesOut(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects unanswered requests", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 16; c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
@@ -676,7 +668,7 @@ func TestNoReplyTimesOut(t *testing.T) {
 }
 
 func TestContextDeadlineHonoured(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects slow replies", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.HealthInterval = time.Hour })
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{ReplyDelay: 2 * testReplyTimeout})
@@ -703,7 +695,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 }
 
 func TestNoPingReplyDisconnects(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects unanswered pings", vppsim.Config{})
 	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	sim.SetFaults(vppsim.Faults{NoPingReply: true})
@@ -728,7 +720,7 @@ func TestNoPingReplyDisconnects(t *testing.T) {
 }
 
 func TestHangUpMidApply(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it injects a hang-up", vppsim.Config{})
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Window = 8 })
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)
@@ -772,7 +764,7 @@ func TestHangUpMidApply(t *testing.T) {
 }
 
 func TestIncompatible(t *testing.T) {
-	sim := startSim(t, vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
+	sim := startSim(t, "it plays a VPP with other CRCs", vppsim.Config{Version: "21.01-old", CRCOverrides: map[string]string{"ip_route_add_del": "deadbeef"}})
 	var logs logging.Buffer
 	h := start(t, sim.SocketPath(), func(c *vppapi.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	for i := range 2 { // reported, then reported again after the backoff: it keeps retrying
@@ -805,8 +797,8 @@ func TestIncompatible(t *testing.T) {
 
 func TestRunStopsWithoutLeaks(t *testing.T) {
 	before := goroutines()
-	sim := startSim(t, vppsim.Config{})
-	h := start(t, sim.SocketPath(), nil)
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName})
+	h := start(t, v.Socket(), nil)
 	h.expect(vppapi.Connected)
 	if res := h.c.Apply(ctxT(t), blockRoutes(100, "192.0.2.7", 0), nil); res.Err() != nil {
 		t.Fatal(res.Err())
@@ -819,9 +811,9 @@ func TestRunStopsWithoutLeaks(t *testing.T) {
 	if took := time.Since(t0); took > time.Second {
 		t.Errorf("Run took %v to stop", took)
 	}
-	sim.Close()
+	v.Stop()
 	// Run also stops while it waits to reconnect to a VPP that is gone.
-	h2 := start(t, sim.SocketPath(), nil)
+	h2 := start(t, v.Socket(), nil)
 	time.Sleep(100 * time.Millisecond)
 	h2.stop()
 
@@ -874,7 +866,7 @@ func firstLine(s string) string {
 // order differ from the default build's: nothing may depend on an id.
 func TestShuffledMessageIDs(t *testing.T) {
 	for _, seed := range []int64{1, 42} {
-		sim := startSim(t, vppsim.Config{MessageOrderSeed: seed})
+		sim := startSim(t, "it plays a VPP with other message ids", vppsim.Config{MessageOrderSeed: seed})
 		h := start(t, sim.SocketPath(), nil)
 		h.expect(vppapi.Connected)
 		ctx := ctxT(t)
@@ -901,7 +893,7 @@ func TestShuffledMessageIDs(t *testing.T) {
 // TestRestartDuringApply restarts VPP while a large Apply is in flight: Apply must account for every
 // route, fail the rest with a connection error, not hang, and work again after the reconnect.
 func TestRestartDuringApply(t *testing.T) {
-	sim := startSim(t, vppsim.Config{})
+	sim := startSim(t, "it restarts VPP at once in the middle of an Apply; a real VPP takes 2 s to stop", vppsim.Config{})
 	h := start(t, sim.SocketPath(), nil)
 	h.expect(vppapi.Connected)
 	ctx := ctxT(t)

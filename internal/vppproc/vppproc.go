@@ -86,6 +86,9 @@ type Options struct {
 	// Setup are the CLI commands of startup-config, run 2 s after VPP starts; nil means
 	// {"create loopback interface"} (loop0).
 	Setup []string
+	// APITrace records every API message VPP receives from the start (startup.conf's api-trace), for
+	// `api trace dump`.
+	APITrace bool
 }
 
 // VPP is one running (or stopped) VPP process.
@@ -155,6 +158,9 @@ memory { main-heap-size 256M main-heap-page-size 4k }
 buffers { buffers-per-numa 4096 page-size 4k }
 plugins { plugin default { disable } }
 `, dir, prefix)
+	if v.opts.APITrace {
+		conf += "api-trace { on }\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "startup.conf"), []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -263,10 +269,15 @@ const SourceAPI = 8
 // Routes dumps table 0, IPv4 then IPv6, with ip_route_v2_dump for source src (0: every entry with its
 // best source), over a connection of its own.
 func (v *VPP) Routes(ctx context.Context, src uint8) ([]Route, error) {
+	return v.TableRoutes(ctx, 0, src)
+}
+
+// TableRoutes is Routes for table id table (none if it does not exist).
+func (v *VPP) TableRoutes(ctx context.Context, table uint32, src uint8) ([]Route, error) {
 	var out []Route
 	err := v.Call(ctx, func(ch api.Channel) error {
 		for _, ip6 := range []bool{false, true} {
-			req := ch.SendMultiRequest(&ip.IPRouteV2Dump{Src: src, Table: ip.IPTable{IsIP6: ip6}})
+			req := ch.SendMultiRequest(&ip.IPRouteV2Dump{Src: src, Table: ip.IPTable{TableID: table, IsIP6: ip6}})
 			for {
 				d := new(ip.IPRouteV2Details)
 				last, err := req.ReceiveReply(d)

@@ -5,11 +5,14 @@
 package vpptest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_types"
+	"go.fd.io/govpp/binapi/vpe"
 
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
@@ -48,12 +52,23 @@ type Options struct {
 	// ReleaseUplink (UplinkGated), so that the wait for it is seen for sure. Without LateUplink, New
 	// returns once the uplink exists.
 	LateUplink bool
+	// Loopbacks are more interfaces, sw_if_index 2, 3, ... in order: the loopbacks of these instance
+	// numbers, named loop<N> on both backends. New returns once they exist (unless LateUplink).
+	Loopbacks []int
+	// Deferred makes New return a VPP that is not running yet: its socket path is known, and Start
+	// starts it (a client started first finds nothing there).
+	Deferred bool
+	// CountRequests makes RequestCounts work against a real VPP too (VPP's API trace, on from the start);
+	// the simulator always counts.
+	CountRequests bool
 }
 
 // VPP is one VPP of a test, simulated or real.
 type VPP struct {
 	t      testing.TB
+	opts   Options
 	uplink string
+	dir    string
 	sim    *vppsim.Sim
 	proc   *vppproc.VPP
 	sock   string
@@ -62,60 +77,77 @@ type VPP struct {
 // StartupDelay is how long after a (re)start a real VPP creates its startup-config interfaces.
 const StartupDelay = 2 * time.Second
 
-// New starts a VPP of the selected backend for t; it stops with the test. Against a real VPP without one
-// available, the test fails with how to get one.
+// New starts a VPP of the selected backend for t (or only prepares it, with Deferred); it stops with
+// the test. Against a real VPP without one available, the test fails with how to get one.
 func New(t testing.TB, opts Options) *VPP {
 	t.Helper()
-	if opts.Uplink == "" {
-		opts.Uplink = vppproc.Uplink
+	if opts.Uplink == "" || Real() {
+		opts.Uplink = vppproc.Uplink // a real VPP's is always loop0, made by its startup-config
 	}
 	dir, err := os.MkdirTemp("", "vt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	v := &VPP{t: t, uplink: opts.Uplink}
-	if !Real() {
-		cfg := vppsim.Config{Interfaces: []string{opts.Uplink}, Version: "26.06-sim"}
-		cfg.InterfacesOnDemand = opts.LateUplink
-		sim, err := vppsim.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v.sock = dir + "/api.sock"
-		if err := sim.Listen(v.sock); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sim.Close() })
-		v.sim = sim
-		return v
-	}
-	v.uplink = vppproc.Uplink
-	bin, err := vppproc.Find()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	v.proc, v.sock = p, p.Socket()
-	if !opts.LateUplink {
-		v.WaitUplink(10 * time.Second)
+	v := &VPP{t: t, opts: opts, uplink: opts.Uplink, dir: dir, sock: filepath.Join(dir, "api.sock")}
+	if !opts.Deferred {
+		v.Start()
 	}
 	return v
 }
 
-// Stop stops VPP before the test ends (it stops with the test anyway); a no-op when already stopped.
-func (v *VPP) Stop() {
-	if v.sim != nil {
-		v.sim.Close()
+// Start starts a VPP made with Deferred.
+func (v *VPP) Start() {
+	v.t.Helper()
+	if v.sim != nil || v.proc != nil {
+		v.t.Fatal("vpptest: VPP already started")
+	}
+	if !Real() {
+		cfg := vppsim.Config{Interfaces: v.interfaces(), Version: "26.06-sim", InterfacesOnDemand: v.opts.LateUplink}
+		sim, err := vppsim.New(cfg)
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		if err := sim.Listen(v.sock); err != nil {
+			v.t.Fatal(err)
+		}
+		v.t.Cleanup(func() { sim.Close() })
+		v.sim = sim
 		return
 	}
-	v.proc.Stop()
+	bin, err := vppproc.Find()
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	setup := []string{"create loopback interface"}
+	for _, n := range v.opts.Loopbacks {
+		setup = append(setup, fmt.Sprintf("create loopback interface instance %d", n))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: v.dir, Setup: setup, APITrace: v.opts.CountRequests})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	v.t.Cleanup(p.Stop)
+	v.proc = p
+	if p.Socket() != v.sock {
+		v.t.Fatalf("vpptest: VPP's socket is %s, not %s", p.Socket(), v.sock)
+	}
+	if !v.opts.LateUplink {
+		for _, name := range v.interfaces() {
+			v.waitInterface(name, 10*time.Second)
+		}
+	}
+}
+
+// interfaces are the names of sw_if_index 1, 2, ...
+func (v *VPP) interfaces() []string {
+	names := []string{v.uplink}
+	for _, n := range v.opts.Loopbacks {
+		names = append(names, fmt.Sprintf("loop%d", n))
+	}
+	return names
 }
 
 // Socket returns the binary API socket.
@@ -123,6 +155,16 @@ func (v *VPP) Socket() string { return v.sock }
 
 // Uplink returns the uplink's name; its sw_if_index is 1.
 func (v *VPP) Uplink() string { return v.uplink }
+
+// Stop stops VPP for good: its socket stays behind, as a real VPP's does, with nobody answering.
+func (v *VPP) Stop() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.Close()
+		return
+	}
+	v.proc.Stop()
+}
 
 // PID returns VPP's pid as control_ping reports it.
 func (v *VPP) PID() uint32 {
@@ -168,36 +210,143 @@ func (v *VPP) ReleaseUplink() {
 // HasUplink reports whether the uplink exists now.
 func (v *VPP) HasUplink() bool {
 	v.t.Helper()
-	if v.sim != nil {
-		return slices.ContainsFunc(v.sim.Interfaces(), func(i vppsim.Interface) bool { return i.Name == v.uplink })
-	}
-	found := false
-	v.with(func(ch api.Channel) error {
-		req := ch.SendMultiRequest(&interfaces.SwInterfaceDump{SwIfIndex: ^interface_types.InterfaceIndex(0),
-			NameFilterValid: true, NameFilter: v.uplink})
-		for {
-			d := new(interfaces.SwInterfaceDetails)
-			last, err := req.ReceiveReply(d)
-			if err != nil || last {
-				return err
-			}
-			found = found || d.InterfaceName == v.uplink
-		}
-	})
-	return found
+	return slices.ContainsFunc(v.Interfaces(), func(i vppsim.Interface) bool { return i.Name == v.uplink })
 }
 
 // WaitUplink waits until the uplink exists and returns when it was first seen.
 func (v *VPP) WaitUplink(within time.Duration) time.Time {
 	v.t.Helper()
+	return v.waitInterface(v.uplink, within)
+}
+
+func (v *VPP) waitInterface(name string, within time.Duration) time.Time {
+	v.t.Helper()
 	deadline := time.Now().Add(within)
-	for !v.HasUplink() {
+	for !slices.ContainsFunc(v.Interfaces(), func(i vppsim.Interface) bool { return i.Name == name }) {
 		if time.Now().After(deadline) {
-			v.t.Fatalf("uplink %s did not appear within %s", v.uplink, within)
+			v.t.Fatalf("interface %s did not appear within %s", name, within)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return time.Now()
+}
+
+// Interfaces returns every interface, local0 first, with its admin state and addresses (IPv4 then
+// IPv6 on a real VPP, in the order added in the simulator). LinkUp is left out.
+func (v *VPP) Interfaces() []vppsim.Interface {
+	v.t.Helper()
+	if v.sim != nil {
+		out := v.sim.Interfaces()
+		for i := range out {
+			out[i].LinkUp = false
+		}
+		return out
+	}
+	var out []vppsim.Interface
+	v.with(func(ch api.Channel) error {
+		out = out[:0]
+		req := ch.SendMultiRequest(&interfaces.SwInterfaceDump{SwIfIndex: ^interface_types.InterfaceIndex(0)})
+		for {
+			d := new(interfaces.SwInterfaceDetails)
+			last, err := req.ReceiveReply(d)
+			if err != nil {
+				return err
+			}
+			if last {
+				break
+			}
+			out = append(out, vppsim.Interface{SwIfIndex: uint32(d.SwIfIndex), Name: d.InterfaceName,
+				AdminUp: d.Flags&interface_types.IF_STATUS_API_FLAG_ADMIN_UP != 0})
+		}
+		for i := range out {
+			for _, ip6 := range []bool{false, true} {
+				req := ch.SendMultiRequest(&ip.IPAddressDump{SwIfIndex: interface_types.InterfaceIndex(out[i].SwIfIndex), IsIPv6: ip6})
+				for {
+					d := new(ip.IPAddressDetails)
+					last, err := req.ReceiveReply(d)
+					if err != nil {
+						return err
+					}
+					if last {
+						break
+					}
+					a := netip.AddrFrom4(d.Prefix.Address.Un.GetIP4())
+					if d.Prefix.Address.Af == ip_types.ADDRESS_IP6 {
+						a = netip.AddrFrom16(d.Prefix.Address.Un.GetIP6())
+					}
+					out[i].Addresses = append(out[i].Addresses, netip.PrefixFrom(a, int(d.Prefix.Len)))
+				}
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b vppsim.Interface) int { return cmp.Compare(a.SwIfIndex, b.SwIfIndex) })
+	return out
+}
+
+// Interface returns the interface of index idx; it fails the test if there is none.
+func (v *VPP) Interface(idx uint32) vppsim.Interface {
+	v.t.Helper()
+	for _, i := range v.Interfaces() {
+		if i.SwIfIndex == idx {
+			return i
+		}
+	}
+	v.t.Fatalf("vpptest: no interface with sw_if_index %d", idx)
+	return vppsim.Interface{}
+}
+
+// Version returns the version VPP reports in show_version.
+func (v *VPP) Version() string {
+	v.t.Helper()
+	if v.sim != nil {
+		return "26.06-sim"
+	}
+	var version string
+	v.with(func(ch api.Channel) error {
+		reply := new(vpe.ShowVersionReply)
+		err := ch.SendRequest(&vpe.ShowVersion{}).ReceiveReply(reply)
+		version = reply.Version
+		return err
+	})
+	return version
+}
+
+// RequestCounts returns how many API messages of each name VPP received (from every client, the
+// test's own included) since the start or the last ResetRequests. A real VPP needs
+// Options.CountRequests: it counts with its API trace.
+func (v *VPP) RequestCounts() map[string]int {
+	v.t.Helper()
+	if v.sim != nil {
+		return v.sim.RequestCounts()
+	}
+	if !v.opts.CountRequests {
+		v.t.Fatal("vpptest: RequestCounts on a real VPP needs Options.CountRequests")
+	}
+	out := map[string]int{}
+	for _, l := range strings.Split(v.CLI("api trace dump"), "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimRight(l, "\r"), "vl_api_"); ok && strings.HasSuffix(name, "_t:") {
+			out[strings.TrimSuffix(name, "_t:")]++
+		}
+	}
+	return out
+}
+
+// CountRequests returns how many API messages with this name VPP received (see RequestCounts).
+func (v *VPP) CountRequests(name string) int {
+	v.t.Helper()
+	return v.RequestCounts()[name]
+}
+
+// ResetRequests starts counting requests from zero.
+func (v *VPP) ResetRequests() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.ResetRequests()
+		return
+	}
+	v.CLI("api trace free") // also turns the trace off
+	v.CLI("api trace on")
 }
 
 // CLI runs a vppctl command against a real VPP; it fails the test against the simulator.
@@ -217,22 +366,44 @@ func (v *VPP) CLI(command string) string {
 // recursive-resolution /32 (/128) for nh, dumped with the paths of nh's cover.
 func (v *VPP) AddRecursiveRoute(prefix netip.Prefix, nh netip.Addr) {
 	v.t.Helper()
+	v.AddRoute(vppsim.Route{Prefix: prefix, Paths: []vppsim.Path{{NextHop: nh, SwIfIndex: ^uint32(0)}}})
+}
+
+// AddRoute adds r to table 0 as another API client would (replacing that prefix's API paths): a
+// route the agent did not write, or one it wrote, changed behind its back. A path's Type is "" or
+// "drop".
+func (v *VPP) AddRoute(r vppsim.Route) {
+	v.t.Helper()
 	if v.sim != nil {
-		if err := v.sim.AddRoute(vppsim.Route{Prefix: prefix, Paths: []vppsim.Path{{NextHop: nh, SwIfIndex: ^uint32(0)}}}); err != nil {
+		if err := v.sim.AddRoute(r); err != nil {
 			v.t.Fatal(err)
 		}
 		return
 	}
-	path := fib_types.FibPath{SwIfIndex: ^uint32(0), Weight: 1, Proto: fib_types.FIB_API_PATH_NH_PROTO_IP4}
-	if nh.Is6() {
-		path.Proto = fib_types.FIB_API_PATH_NH_PROTO_IP6
+	route := ip.IPRoute{Prefix: ip_types.Prefix{Address: apiAddress(r.Prefix.Addr()), Len: uint8(r.Prefix.Bits())}}
+	proto := fib_types.FIB_API_PATH_NH_PROTO_IP4
+	if r.Prefix.Addr().Is6() {
+		proto = fib_types.FIB_API_PATH_NH_PROTO_IP6
 	}
-	path.Nh.Address = apiAddress(nh).Un
-	req := &ip.IPRouteAddDel{IsAdd: true, Route: ip.IPRoute{Prefix: ip_types.Prefix{Address: apiAddress(prefix.Addr()),
-		Len: uint8(prefix.Bits())}, NPaths: 1, Paths: []fib_types.FibPath{path}}}
+	for _, p := range r.Paths {
+		path := fib_types.FibPath{SwIfIndex: p.SwIfIndex, Weight: 1, Proto: proto}
+		switch p.Type {
+		case "":
+			path.Nh.Address = apiAddress(p.NextHop).Un
+		case "drop":
+			path.Type, path.SwIfIndex = fib_types.FIB_API_PATH_TYPE_DROP, ^uint32(0)
+		default:
+			v.t.Fatalf("vpptest: AddRoute: path type %q", p.Type)
+		}
+		route.Paths = append(route.Paths, path)
+	}
+	route.NPaths = uint8(len(route.Paths))
 	v.with(func(ch api.Channel) error {
 		reply := new(ip.IPRouteAddDelReply)
-		return ch.SendRequest(req).ReceiveReply(reply)
+		if err := ch.SendRequest(&ip.IPRouteAddDel{IsAdd: true, Route: route}).ReceiveReply(reply); err != nil {
+			return fmt.Errorf("add %v: %w", r.Prefix, err)
+		}
+		return nil
 	})
 }
 
@@ -260,12 +431,18 @@ type Route struct {
 // ip_route_v2_dump over a connection of its own.
 func (v *VPP) Routes(src vppsim.Source) []Route {
 	v.t.Helper()
+	return v.TableRoutes(0, src)
+}
+
+// TableRoutes is Routes for table id table.
+func (v *VPP) TableRoutes(table uint32, src vppsim.Source) []Route {
+	v.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []Route
 	if v.sim != nil {
 		for _, ip6 := range []bool{false, true} {
-			for _, r := range v.sim.Routes(0, ip6) {
+			for _, r := range v.sim.Routes(table, ip6) {
 				if src == 0 || r.Source == src {
 					out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 				}
@@ -273,13 +450,13 @@ func (v *VPP) Routes(src vppsim.Source) []Route {
 		}
 		if src == vppsim.SourceAPI { // shadowed API routes too, as ip_route_v2_dump returns them
 			out = out[:0]
-			for _, r := range v.sim.APIRoutes(0) {
+			for _, r := range v.sim.APIRoutes(table) {
 				out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 			}
 		}
 		return out
 	}
-	routes, err := v.proc.Routes(ctx, uint8(src))
+	routes, err := v.proc.TableRoutes(ctx, table, uint8(src))
 	if err != nil {
 		v.t.Fatalf("vpptest: %v", err)
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
 
@@ -137,17 +138,18 @@ func (h *healthPoller) finish() (int, []string) {
 	return h.n, h.bad
 }
 
-// TestStartBeforeVPP starts the daemon before VPP (the vppsim binary): /readyz says 503 and what is
-// missing, then 200 once the simulator is up and the routes are in; /healthz is 200 throughout; after
-// a few etcd events every metric is exported; a VPP restart is repaired; SIGTERM exits 0.
+// TestStartBeforeVPP starts the daemon before VPP: /readyz says 503 and what is missing, then 200 once
+// VPP is up and the routes are in; /healthz is 200 throughout; after a few etcd events every metric is
+// exported; a VPP restart is repaired; SIGTERM exits 0.
 func TestStartBeforeVPP(t *testing.T) {
 	c := newCluster(t)
 	const nodes = 3
 	blocks := remoteCluster(c, nodes, 12)
 	c.putBlock(100, "node-unregistered") // owner without a peer IP: unresolved
-	sock := filepath.Join(shortDir(t), "api.sock")
+	v := vpptest.New(t, vpptest.Options{Deferred: true})
+	sock := v.Socket()
 
-	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr, uplinkIf: v.Uplink()})
 	health := pollHealth(a)
 
 	// Without VPP, readiness lists exactly what is missing once etcd has been read and the node is
@@ -174,10 +176,10 @@ func TestStartBeforeVPP(t *testing.T) {
 		t.Errorf("not exported before the first resync: %v", missing)
 	}
 
-	sim := startSimProc(t, sock)
+	v.Start()
 	a.waitReady(15 * time.Second)
 	want := wantRoutes(blocks, nodes)
-	if got := sim.apiRoutes(pool); !maps.Equal(got, want) {
+	if got := v.APIRoutes(pool); !maps.Equal(got, want) {
 		t.Fatalf("FIB once ready:\n got %v\nwant %v", got, want)
 	}
 
@@ -186,7 +188,7 @@ func TestStartBeforeVPP(t *testing.T) {
 	added := c.putBlock(200, remoteNode(0))
 	want[added] = remotePeer(0)
 	eventually(t, 5*time.Second, func() string {
-		if got := sim.apiRoutes(pool); !maps.Equal(got, want) {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
 			return fmt.Sprintf("FIB after a new block:\n got %v\nwant %v", got, want)
 		}
 		return ""
@@ -197,7 +199,7 @@ func TestStartBeforeVPP(t *testing.T) {
 	delete(want, blocks[0])
 	c.put(calico.BlockPrefix+"ipv4/block/10.255.0.0-26", "{not json")
 	eventually(t, 5*time.Second, func() string {
-		if got := sim.apiRoutes(pool); !maps.Equal(got, want) {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
 			return fmt.Sprintf("FIB after a deleted block:\n got %v\nwant %v", got, want)
 		}
 		return ""
@@ -264,13 +266,10 @@ func TestStartBeforeVPP(t *testing.T) {
 		t.Errorf("/debug/routes unresolved: %+v", u)
 	}
 
-	// A VPP restart (vppsim's SIGHUP) empties the FIB; the agent reconnects and programs it again.
-	sim.signal(syscall.SIGHUP)
-	if l := sim.line(); !strings.HasPrefix(l, "vppsim restarted pid=") {
-		t.Fatalf("vppsim after SIGHUP: %q", l)
-	}
-	eventually(t, 10*time.Second, func() string {
-		if got := sim.apiRoutes(pool); !maps.Equal(got, want) {
+	// A VPP restart empties the FIB; the agent reconnects and programs it again.
+	v.Restart()
+	eventually(t, 15*time.Second, func() string {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
 			return fmt.Sprintf("FIB after the VPP restart: %d routes, want %d", len(got), len(want))
 		}
 		return ""
@@ -287,15 +286,18 @@ func TestStartBeforeVPP(t *testing.T) {
 	a.stop()
 }
 
-// simFIB compares the simulator's routes in the pool with want (prefix -> next hop via the uplink).
-func simFIB(sim *vppsim.Sim, want map[netip.Prefix]netip.Addr) string {
+// vppFIB compares VPP's API routes in the pool with want (prefix -> next hop via the uplink).
+func vppFIB(v *vpptest.VPP, want map[netip.Prefix]netip.Addr) string {
 	got := map[netip.Prefix]netip.Addr{}
-	for p, paths := range fibIn(sim, pool) {
-		if len(paths) != 1 || paths[0].SwIfIndex != 1 {
-			got[p] = netip.Addr{} // not a route the agent would program
+	for _, r := range v.Routes(vppsim.SourceAPI) {
+		if pool.Bits() > r.Prefix.Bits() || !pool.Contains(r.Prefix.Addr()) {
 			continue
 		}
-		got[p] = paths[0].NextHop
+		if len(r.Paths) != 1 || r.Paths[0].SwIfIndex != 1 {
+			got[r.Prefix] = netip.Addr{} // not a route the agent would program
+			continue
+		}
+		got[r.Prefix] = r.Paths[0].NextHop
 	}
 	if maps.Equal(got, want) {
 		return ""
@@ -331,25 +333,25 @@ func TestRegistrationOutlivesRestart(t *testing.T) {
 	c := newCluster(t)
 	blocks := remoteCluster(c, 2, 6)
 	want := wantRoutes(blocks, 2)
-	sim, sock := startSim(t)
-	cfg := agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr}
+	v := vpptest.New(t, vpptest.Options{CountRequests: true})
+	cfg := agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr, uplinkIf: v.Uplink()}
 	a := startAgent(t, cfg)
 	a.waitReady(10 * time.Second)
-	if msg := simFIB(sim, want); msg != "" {
+	if msg := vppFIB(v, want); msg != "" {
 		t.Fatal(msg)
 	}
 	kv, ttl := c.registration("node-self")
 	if kv == nil || string(kv.Value) != selfAddr.Addr().String() || kv.Lease == 0 || ttl <= 0 || ttl > 10 {
 		t.Fatalf("registration %s = %v with TTL %d; want %s on a live 10s lease", peerKey("node-self"), kv, ttl, selfAddr.Addr())
 	}
-	writes := sim.CountRequests("ip_route_add_del")
+	writes := v.CountRequests("ip_route_add_del")
 
 	a.signal(syscall.SIGTERM)
 	stopped := time.Now()
 	if code, took := a.wait(8 * time.Second); code != 0 || took > 3*time.Second {
 		t.Fatalf("SIGTERM: exit status %d after %s, want 0 within 3s", code, took)
 	}
-	if msg := simFIB(sim, want); msg != "" {
+	if msg := vppFIB(v, want); msg != "" {
 		t.Fatalf("after SIGTERM: %s", msg)
 	}
 	kv2, ttl := c.registration("node-self")
@@ -375,7 +377,7 @@ func TestRegistrationOutlivesRestart(t *testing.T) {
 		t.Fatalf("after the restart the registration is %v with TTL %d; want it adopted on lease %x", kv3, ttl, kv.Lease)
 	}
 	a.waitReady(10 * time.Second)
-	if n := sim.CountRequests("ip_route_add_del"); n != writes {
+	if n := v.CountRequests("ip_route_add_del"); n != writes {
 		t.Errorf("the restarted agent sent %d ip_route_add_del for a FIB that was already right", n-writes)
 	}
 	a.stop()
@@ -386,9 +388,9 @@ func TestRegistrationOutlivesRestart(t *testing.T) {
 func TestDeregisterOnExit(t *testing.T) {
 	c := newCluster(t)
 	blocks := remoteCluster(c, 2, 4)
-	sim, sock := startSim(t)
-	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr,
-		extra: []string{"--deregister-on-exit"}})
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink(), extra: []string{"--deregister-on-exit"}})
 	a.waitReady(10 * time.Second)
 	kv, _ := c.registration("node-self")
 	if kv == nil {
@@ -402,7 +404,7 @@ func TestDeregisterOnExit(t *testing.T) {
 	if err != nil || ttl.TTL != -1 {
 		t.Errorf("lease %x after deregistration: TTL %v, %v; want revoked (-1)", kv.Lease, ttl, err)
 	}
-	if msg := simFIB(sim, wantRoutes(blocks, 2)); msg != "" {
+	if msg := vppFIB(v, wantRoutes(blocks, 2)); msg != "" {
 		t.Errorf("deregistration withdrew routes: %s", msg)
 	}
 }
@@ -412,43 +414,55 @@ func TestDeregisterOnExit(t *testing.T) {
 func TestWithdrawOnExit(t *testing.T) {
 	c := newCluster(t)
 	blocks := remoteCluster(c, 2, 6)
-	sim, sock := startSim(t)
+	v := vpptest.New(t, vpptest.Options{})
 	foreign := []vppsim.Route{
 		{Prefix: netip.MustParsePrefix("10.200.0.0/26"), Paths: []vppsim.Path{{SwIfIndex: ^uint32(0), Type: "drop"}}},
 		{Prefix: netip.MustParsePrefix("172.16.0.0/16"), Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("192.168.0.1"), SwIfIndex: 1}}},
 	}
 	for _, r := range foreign {
-		if err := sim.AddRoute(r); err != nil {
-			t.Fatal(err)
-		}
+		v.AddRoute(r)
 	}
-	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr,
-		extra: []string{"--withdraw-on-exit"}})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink(), extra: []string{"--withdraw-on-exit"}})
 	a.waitReady(10 * time.Second)
 	want := wantRoutes(blocks, 2)
 	want[foreign[0].Prefix] = netip.Addr{}
-	if msg := simFIB(sim, want); msg != "" {
+	if msg := vppFIB(v, want); msg != "" {
 		t.Fatal(msg)
 	}
-	interfaceRoutes := len(sim.Routes(0, false)) - len(sim.APIRoutes(0))
+	otherRoutes := nonAPIRoutes(v)
 
 	a.stop()
 	var left []string
-	for _, r := range sim.APIRoutes(0) {
+	for _, r := range v.Routes(vppsim.SourceAPI) {
 		left = append(left, r.Prefix.String())
 	}
+	slices.Sort(left)
 	if want := []string{"10.200.0.0/26", "172.16.0.0/16"}; !slices.Equal(left, want) {
 		t.Errorf("API routes after SIGTERM with --withdraw-on-exit: %v, want only the foreign %v", left, want)
 	}
-	if n := len(sim.Routes(0, false)) - len(sim.APIRoutes(0)); n != interfaceRoutes {
-		t.Errorf("%d non-API routes after the withdrawal, %d before", n, interfaceRoutes)
+	if after := nonAPIRoutes(v); !slices.Equal(after, otherRoutes) {
+		t.Errorf("the withdrawal changed VPP's other entries:\n got %v\nwant %v", after, otherRoutes)
 	}
 	if kv, _ := c.registration("node-self"); kv == nil {
 		t.Error("--withdraw-on-exit alone removed the registration")
 	}
 }
 
-// vppClient is a second GoVPP client of the simulator: VPP's CLI or another agent, writing behind the
+// nonAPIRoutes returns the prefixes of VPP's entries whose best source is not the API (interface
+// routes, VPP's own), sorted.
+func nonAPIRoutes(v *vpptest.VPP) []netip.Prefix {
+	var out []netip.Prefix
+	for _, r := range v.Routes(0) {
+		if r.Source != vppsim.SourceAPI {
+			out = append(out, r.Prefix)
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
+}
+
+// vppClient is a second GoVPP client of VPP: VPP's CLI or another agent, writing behind the
 // agent's back.
 func vppClient(t *testing.T, sock string) api.Channel {
 	t.Helper()
@@ -473,10 +487,11 @@ func TestSIGHUPRelistRepairsDrift(t *testing.T) {
 	c := newCluster(t)
 	blocks := remoteCluster(c, 2, 8)
 	want := wantRoutes(blocks, 2)
-	sim, sock := startSim(t)
-	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock, uplink: selfAddr})
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink()})
 	a.waitReady(10 * time.Second)
-	if msg := simFIB(sim, want); msg != "" {
+	if msg := vppFIB(v, want); msg != "" {
 		t.Fatal(msg)
 	}
 	m0 := a.metrics()
@@ -487,25 +502,23 @@ func TestSIGHUPRelistRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	reply := &ip.IPRouteAddDelReply{}
-	if err := vppClient(t, sock).SendRequest(&ip.IPRouteAddDel{IsAdd: false, Route: ip.IPRoute{Prefix: pfx}}).ReceiveReply(reply); err != nil || reply.Retval != 0 {
+	if err := vppClient(t, v.Socket()).SendRequest(&ip.IPRouteAddDel{IsAdd: false, Route: ip.IPRoute{Prefix: pfx}}).ReceiveReply(reply); err != nil || reply.Retval != 0 {
 		t.Fatalf("delete %s behind the agent's back: %v, retval %d", blocks[0], err, reply.Retval)
 	}
 	wrong := netip.MustParseAddr("192.168.77.77")
-	if err := sim.AddRoute(vppsim.Route{Prefix: blocks[1], Paths: []vppsim.Path{{NextHop: wrong, SwIfIndex: 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	v.AddRoute(vppsim.Route{Prefix: blocks[1], Paths: []vppsim.Path{{NextHop: wrong, SwIfIndex: 1}}})
 	drifted := maps.Clone(want)
 	delete(drifted, blocks[0])
 	drifted[blocks[1]] = wrong
 	time.Sleep(300 * time.Millisecond)
-	if msg := simFIB(sim, drifted); msg != "" {
+	if msg := vppFIB(v, drifted); msg != "" {
 		t.Fatalf("drift repaired before SIGHUP (%s)", msg)
 	}
 
 	a.signal(syscall.SIGHUP)
-	eventually(t, 5*time.Second, func() string { return simFIB(sim, want) })
-	// The FIB is repaired as the simulator applies the adds, a moment before the agent has read their
-	// replies and counted the resync.
+	eventually(t, 5*time.Second, func() string { return vppFIB(v, want) })
+	// The FIB is repaired as VPP applies the adds, a moment before the agent has read their replies
+	// and counted the resync.
 	synced := []string{"kind", "relist-requested", "result", "ok"}
 	before, _ := m0.sum("vpp_route_agent_syncs_total", synced...)
 	eventually(t, 5*time.Second, func() string {
@@ -542,12 +555,12 @@ func TestSIGHUPRelistRepairsDrift(t *testing.T) {
 func TestDryRun(t *testing.T) {
 	c := newCluster(t)
 	blocks := remoteCluster(c, 2, 5)
-	sim, sock := startSim(t)
+	v := vpptest.New(t, vpptest.Options{CountRequests: true})
 	stale := vppsim.Route{Prefix: calicotest.BlockCIDR(900), Paths: []vppsim.Path{{NextHop: remotePeer(0), SwIfIndex: 1}}}
-	if err := sim.AddRoute(stale); err != nil {
-		t.Fatal(err)
-	}
-	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: sock,
+	v.AddRoute(stale)
+	interfacesBefore := v.Interfaces()
+	v.ResetRequests()
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplinkIf: v.Uplink(),
 		extra: []string{"--dry-run", "--withdraw-on-exit", "--deregister-on-exit"}})
 	a.waitReady(10 * time.Second)
 	added := c.putBlock(50, remoteNode(1)) // an incremental change is not written either
@@ -590,7 +603,7 @@ func TestDryRun(t *testing.T) {
 	}
 	a.stop()
 
-	counts := sim.RequestCounts()
+	counts := v.RequestCounts()
 	for _, msg := range []string{"ip_route_add_del", "sw_interface_set_flags", "sw_interface_add_del_address", "ip_table_add_del"} {
 		if counts[msg] != 0 {
 			t.Errorf("a dry run sent %d %s", counts[msg], msg)
@@ -599,8 +612,13 @@ func TestDryRun(t *testing.T) {
 	if counts["ip_route_v2_dump"] == 0 || counts["sw_interface_dump"] == 0 {
 		t.Errorf("a dry run did not read VPP: requests %v", counts)
 	}
-	if got := sim.APIRoutes(0); len(got) != 1 || got[0].Prefix != stale.Prefix {
+	if got := v.Routes(vppsim.SourceAPI); len(got) != 1 || got[0].Prefix != stale.Prefix {
 		t.Errorf("FIB after the dry run: %v, want only the stale route", got)
+	}
+	if got := v.Interfaces(); !slices.EqualFunc(got, interfacesBefore, func(a, b vppsim.Interface) bool {
+		return a.Name == b.Name && a.AdminUp == b.AdminUp && slices.Equal(a.Addresses, b.Addresses)
+	}) {
+		t.Errorf("interfaces after the dry run: %+v, before %+v", got, interfacesBefore)
 	}
 }
 

@@ -42,10 +42,10 @@ const (
 	buildVersion = "e2e-test"
 )
 
-// The binaries TestMain builds.
-var agentBin, simBin string
+// agentBin is the daemon's binary, built by TestMain.
+var agentBin string
 
-// TestMain builds the daemon and the simulator once (with the race detector when the tests have it, so
+// TestMain builds the daemon once (with the race detector when the tests have it, so
 // that a race in the real process fails the test that provoked it), then runs the tests.
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -63,7 +63,7 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	agentBin, simBin = filepath.Join(dir, "vpp-route-agent"), filepath.Join(dir, "vppsim")
+	agentBin = filepath.Join(dir, "vpp-route-agent")
 	core.SetLogLevel(logrus.ErrorLevel) // the test's own GoVPP clients
 	return m.Run()
 }
@@ -80,7 +80,7 @@ func build(dir string) error {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	args = append(args, modulePath+"/cmd/vpp-route-agent", modulePath+"/cmd/vppsim")
+	args = append(args, modulePath+"/cmd/vpp-route-agent")
 	start := time.Now()
 	out, err := exec.Command(goTool, args...).CombinedOutput()
 	if err != nil {
@@ -530,11 +530,11 @@ func remotePeer(i int) netip.Addr {
 // remoteNode names the i-th remote node.
 func remoteNode(i int) string { return fmt.Sprintf("node-%03d", i) }
 
-// startSim starts an in-process VPP simulator with the uplink interface and returns it and its socket.
-// Against real VPP (VPP_TEST_BACKEND=real) the test is skipped: it needs the simulator's state or faults.
+// startSim starts an in-process VPP simulator with the uplink interface and returns it and its socket,
+// for the benchmarks. Against real VPP (VPP_TEST_BACKEND=real) they are skipped.
 func startSim(t testing.TB) (*vppsim.Sim, string) {
 	t.Helper()
-	vpptest.RequireSim(t, "simulator state or faults")
+	vpptest.RequireSim(t, "a benchmark of the simulator's FIB")
 	sim, err := vppsim.New(vppsim.Config{Interfaces: []string{uplinkName}})
 	if err != nil {
 		t.Fatal(err)
@@ -595,88 +595,5 @@ func eventually(t testing.TB, within time.Duration, cond func() string) {
 			t.Fatalf("after %s: %s", within, msg)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// simProc is the cmd/vppsim binary, with its HTTP view of the FIB.
-type simProc struct {
-	*proc
-	url   string
-	lines chan string // stdout
-}
-
-// startSimProc runs cmd/vppsim on sock and waits for its ready line.
-func startSimProc(t testing.TB, sock string) *simProc {
-	t.Helper()
-	vpptest.RequireSim(t, "the vppsim binary")
-	pr, pw := io.Pipe()
-	p := startProc(t, "vppsim", simBin, nil, pw, "--socket", sock, "--http", "127.0.0.1:0", "--interface", uplinkName)
-	s := &simProc{proc: p, lines: make(chan string, 16)}
-	go func() {
-		defer close(s.lines)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			s.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() { pw.Close() })
-	line := s.line()
-	if !strings.HasPrefix(line, "vppsim ready socket="+sock+" pid=") {
-		t.Fatalf("vppsim: unexpected first line %q", line)
-	}
-	_, addr, ok := strings.Cut(line, " http=")
-	if !ok {
-		t.Fatalf("vppsim: no http address in %q", line)
-	}
-	s.url = "http://" + addr
-	return s
-}
-
-// line returns the next line the simulator prints on stdout.
-func (s *simProc) line() string {
-	s.t.Helper()
-	select {
-	case l, ok := <-s.lines:
-		if !ok {
-			s.t.Fatal("vppsim: stdout closed")
-		}
-		return l
-	case <-time.After(10 * time.Second):
-		s.t.Fatal("vppsim: no line on stdout within 10s")
-	}
-	return ""
-}
-
-// simRoute is a route of vppsim's GET /fib.
-type simRoute struct {
-	TableID uint32        `json:"table_id"`
-	Prefix  netip.Prefix  `json:"prefix"`
-	Source  string        `json:"source"`
-	Paths   []vppsim.Path `json:"paths"`
-}
-
-// apiRoutes returns the API routes in table 0 inside pool, as prefix -> next hop of the first path.
-func (s *simProc) apiRoutes(pool netip.Prefix) map[netip.Prefix]netip.Addr {
-	s.t.Helper()
-	var routes []simRoute
-	s.getJSON("/fib?source=api", &routes)
-	out := map[netip.Prefix]netip.Addr{}
-	for _, r := range routes {
-		if r.TableID == 0 && pool.Bits() <= r.Prefix.Bits() && pool.Contains(r.Prefix.Addr()) && len(r.Paths) > 0 {
-			out[r.Prefix] = r.Paths[0].NextHop
-		}
-	}
-	return out
-}
-
-func (s *simProc) getJSON(path string, v any) {
-	s.t.Helper()
-	resp, err := httpClient.Get(s.url + path)
-	if err != nil {
-		s.t.Fatalf("vppsim GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		s.t.Fatalf("vppsim GET %s: %v", path, err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
-	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 )
 
 // strictCluster writes what Calico writes with strict affinity on: the IPAM config, the pool, the
@@ -71,24 +71,13 @@ func routesJSON(t *testing.T, c *cluster, ownership string) (map[netip.Prefix]ne
 	return out, stdout, stderr
 }
 
-// simRoutes returns the simulator's routes in the pool via the uplink (prefix -> next hop).
-func simRoutes(sim *vppsim.Sim) map[netip.Prefix]netip.Addr {
-	out := map[netip.Prefix]netip.Addr{}
-	for p, paths := range fibIn(sim, pool) {
-		if len(paths) == 1 {
-			out[p] = paths[0].NextHop
-		}
-	}
-	return out
-}
-
-// waitFIB waits until the simulator's routes in the pool are want.
-func waitFIB(t *testing.T, sim *vppsim.Sim, want map[netip.Prefix]netip.Addr, within time.Duration) {
+// waitFIB waits until VPP's API routes in the pool are want.
+func waitFIB(t *testing.T, v *vpptest.VPP, want map[netip.Prefix]netip.Addr, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
-	for simFIB(sim, want) != "" {
+	for vppFIB(v, want) != "" {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", within, simFIB(sim, want))
+			t.Fatalf("after %s: %s", within, vppFIB(v, want))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -107,19 +96,19 @@ func TestOwnershipModesAgree(t *testing.T) {
 	want := wantRoutes(blocks, nodes)
 
 	modes := []string{"blocks", "affinities", "auto"}
-	sims := map[string]*vppsim.Sim{}
+	vpps := map[string]*vpptest.VPP{}
 	agents := map[string]*agent{}
 	var firstJSON string
 	for i, mode := range modes {
-		sim, sock := startSim(t)
+		v := vpptest.New(t, vpptest.Options{})
 		self := netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 168, 100, byte(1 + i)}), 16)
-		a := startAgent(t, agentConfig{node: fmt.Sprintf("node-self-%s", mode), etcd: c.etcd.Endpoint(), socket: sock,
-			uplink: self, extra: []string{"--ownership", mode}})
+		a := startAgent(t, agentConfig{node: fmt.Sprintf("node-self-%s", mode), etcd: c.etcd.Endpoint(), socket: v.Socket(),
+			uplink: self, uplinkIf: v.Uplink(), extra: []string{"--ownership", mode}})
 		a.waitReady(20 * time.Second)
-		waitFIB(t, sim, want, 10*time.Second)
+		waitFIB(t, v, want, 10*time.Second)
 		routes, out, stderr := routesJSON(t, c, mode)
-		if !maps.Equal(routes, simRoutes(sim)) {
-			t.Errorf("--ownership %s: routes says %v, the agent's FIB holds %v", mode, routes, simRoutes(sim))
+		if fib := v.APIRoutes(pool); !maps.Equal(routes, fib) {
+			t.Errorf("--ownership %s: routes says %v, the agent's FIB holds %v", mode, routes, fib)
 		}
 		if stderr != "" {
 			t.Errorf("--ownership %s: routes wrote to stderr: %s", mode, stderr)
@@ -129,7 +118,7 @@ func TestOwnershipModesAgree(t *testing.T) {
 		} else if out != firstJSON {
 			t.Errorf("routes --ownership %s differs from --ownership %s:\n%s\n%s", mode, modes[0], out, firstJSON)
 		}
-		sims[mode], agents[mode] = sim, a
+		vpps[mode], agents[mode] = v, a
 	}
 	if v := agents["auto"].metrics().value(t, "vpp_route_agent_ownership_source", "source", "affinities"); v != 1 {
 		t.Errorf("auto agent with strict affinity on: ownership_source{source=affinities} %v", v)
@@ -150,9 +139,9 @@ func TestOwnershipModesAgree(t *testing.T) {
 	withBorrowed := maps.Clone(want)
 	withBorrowed[borrowed] = remotePeer(1)
 
-	waitFIB(t, sims["blocks"], withBorrowed, 10*time.Second)
+	waitFIB(t, vpps["blocks"], withBorrowed, 10*time.Second)
 	// The auto agent relists from the blocks within its relist spread (5 s for a few nodes).
-	waitFIB(t, sims["auto"], withBorrowed, 20*time.Second)
+	waitFIB(t, vpps["auto"], withBorrowed, 20*time.Second)
 	if routes, _, _ := routesJSON(t, c, "auto"); !maps.Equal(routes, withBorrowed) {
 		t.Errorf("routes --ownership auto with strict affinity off: %v, want %v", routes, withBorrowed)
 	}
@@ -173,7 +162,7 @@ func TestOwnershipModesAgree(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if msg := simFIB(sims["affinities"], want); msg != "" {
+	if msg := vppFIB(vpps["affinities"], want); msg != "" {
 		t.Errorf("affinities agent with strict affinity off: %s", msg)
 	}
 	routes, _, stderr := routesJSON(t, c, "affinities")
@@ -189,6 +178,6 @@ func TestOwnershipModesAgree(t *testing.T) {
 	}
 	agents["affinities"].waitReady(10 * time.Second)
 	for _, mode := range modes {
-		waitFIB(t, sims[mode], want, 20*time.Second)
+		waitFIB(t, vpps[mode], want, 20*time.Second)
 	}
 }
