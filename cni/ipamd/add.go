@@ -132,10 +132,10 @@ func (v *view) addQueued(r *request) error {
 }
 
 // writeSize bounds the compares (the larger part of the transaction) the view's write makes so far:
-// the keys it uses, a listing's range compare, the handles it writes, and for each changed block
-// its compare and put, with the overlap keys of a claim.
+// the keys it uses, a listing's and the reservations' range compares, the handles it writes, and for
+// each changed block its compare and put, with the overlap keys of a claim.
 func (v *view) writeSize() int {
-	n := len(v.uses) + 1 + len(v.handles)
+	n := len(v.uses) + 2 + len(v.handles)
 	for _, c := range v.dirtyCIDRs() {
 		n += 2
 		if e := v.blocks[c]; e != nil && e.created {
