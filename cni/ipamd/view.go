@@ -329,10 +329,9 @@ type plan struct {
 // decided with at their mod revisions (a deleted pool or affinity fails the write), no IPReservation
 // created or modified since the state knew them when the decision passed over reserved addresses,
 // the handle at its mod revision (or exact value when guessed; absent when not read). A block a
-// release left empty
-// and without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
-// v.affinityWrites confirm or delete affinities. A request's newHandle nil or empty deletes its
-// handle.
+// release left empty and without affinity is deleted instead of written
+// (calico.Block.DeleteWhenReleased), and v.affinityWrites confirm or delete affinities. A request's
+// newHandle nil or empty deletes its handle.
 func (v *view) writes() (*plan, error) {
 	p := &plan{blocks: map[netip.Prefix]*blockEntry{}, affinity: map[string][]byte{}}
 	used := maps.Clone(v.uses)
