@@ -1,7 +1,6 @@
 package ipamd
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -22,7 +21,9 @@ import (
 // state's sources, the handles and the blocks, and the next attempt decides on that. Claiming a block
 // adds a keys-only listing of the family's blocks; borrowing reads the family's blocks. The handle is
 // read first when the node's blocks show the container's addresses (a repeated ADD, or a second
-// interface), when an address is requested, and before the decision fails for good.
+// interface) and when an address is requested. A refusal is answered only once it holds on what
+// this operation read at a current revision (recheck): a success is checked by the write's
+// conditions, a refusal by nothing else, and the state may lag behind etcd.
 func (v *view) add(r *request, lead bool) error {
 	if !lead {
 		return v.addQueued(r)
@@ -31,12 +32,8 @@ func (v *view) add(r *request, lead bool) error {
 		return v.needHandle()
 	}
 	got, held, err := v.decideAdd(r.handle, r.ifname, r.attr)
-	var n *needs
-	if err != nil && !v.handleRead && !errors.As(err, &n) {
-		return v.needHandle()
-	}
 	if err != nil {
-		return err
+		return v.recheck(err)
 	}
 	r.allocs = got
 	if held {
@@ -83,6 +80,7 @@ func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute)
 			got = append(got, a)
 		}
 	} else {
+		v.usesReservations = true
 		unselected := v.unselected(auto)
 		for _, f := range v.conf.Families() {
 			a, err := v.assignAuto(f, auto[f], attr)
@@ -123,6 +121,7 @@ func (v *view) addQueued(r *request) error {
 		}
 		use = append(use, e)
 	}
+	v.usesReservations = true
 	for _, e := range use {
 		a, _ := v.assignFrom(e, r.attr)
 		r.allocs = append(r.allocs, a)
@@ -133,10 +132,10 @@ func (v *view) addQueued(r *request) error {
 }
 
 // writeSize bounds the compares (the larger part of the transaction) the view's write makes so far:
-// the keys it uses, a listing's range compare, the handles it writes, and for each changed block
-// its compare and put, with the overlap keys of a claim.
+// the keys it uses, a listing's and the reservations' range compares, the handles it writes, and for
+// each changed block its compare and put, with the overlap keys of a claim.
 func (v *view) writeSize() int {
-	n := len(v.uses) + 1 + len(v.handles)
+	n := len(v.uses) + 2 + len(v.handles)
 	for _, c := range v.dirtyCIDRs() {
 		n += 2
 		if e := v.blocks[c]; e != nil && e.created {

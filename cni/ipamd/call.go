@@ -56,13 +56,15 @@ type call struct {
 
 // opRead is what an operation read besides the node state: keys (its handle, and those GC and a
 // release ask for; nil: absent), blocks that are not the node's (decoded; nil: absent, or in bad),
-// block listings and whole families of blocks.
+// block listings and whole families of blocks; fresh once it has read every source of the state
+// (then the state holds them at a revision no older than the operation).
 type opRead struct {
 	keys     map[string]*kv
 	blocks   map[netip.Prefix]*blockEntry
 	bad      map[netip.Prefix]error
 	listings [2]*listing
 	family   [2]bool
+	fresh    bool
 }
 
 // maxNeeds bounds the reads one decision may ask for before it is taken.
@@ -174,11 +176,20 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 		}
 		ranges = ranges[numSources:]
 		// Listings are as old as the decision that lost: read them again if needed.
-		c.read.listings, c.read.family = [2]*listing{}, [2]bool{}
+		c.read.listings, c.read.family, c.read.fresh = [2]*listing{}, [2]bool{}, true
 	}
 	for _, f := range []Family{V4, V6} {
 		if !n.listing[f] && !n.family[f] {
 			continue
+		}
+		if n.family[f] {
+			// The family read again: a block of it read before and deleted since is gone.
+			for cidr := range c.read.blocks {
+				if familyOf(cidr.Addr()) == f {
+					delete(c.read.blocks, cidr)
+					delete(c.read.bad, cidr)
+				}
+			}
 		}
 		l := &listing{rev: res.Revision}
 		for i := range ranges[0] {

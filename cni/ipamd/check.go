@@ -4,11 +4,19 @@ import "net/netip"
 
 // check decides a CHECK (a batch of one, see serve): the handle exists and holds, for this
 // interface, every prevResult address that lies in the pools. It reads the handle; the blocks it
-// names come from the node state when they are the node's.
+// names come from the node state when they are the node's. A failure is answered on a fresh read
+// (recheck).
 func (v *view) check(r *request, _ bool) error {
 	if !v.handleRead {
 		return v.needHandle()
 	}
+	if err := v.checkHeld(r); err != nil {
+		return v.recheck(err)
+	}
+	return nil
+}
+
+func (v *view) checkHeld(r *request) error {
 	if v.handle == nil {
 		return withCode(ErrCheckFailed, "container %s has no allocation on network %s (no handle %s)", v.conf.ContainerID, v.conf.Network, v.handleID)
 	}

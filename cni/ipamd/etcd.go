@@ -48,6 +48,12 @@ func noneCreatedSince(prefix string, rev int64) compare {
 	return clientv3.Compare(clientv3.CreateRevision(prefix), "<", rev+1).WithPrefix()
 }
 
+// noneChangedSince requires that no key under prefix was created or modified after revision rev (a
+// key deleted since is not seen: the range holds only the keys that exist).
+func noneChangedSince(prefix string, rev int64) compare {
+	return clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()
+}
+
 func getOp(key string) op { return clientv3.OpGet(key) }
 
 func prefixOp(prefix string, keysOnly bool) op {

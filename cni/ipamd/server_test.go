@@ -46,6 +46,14 @@ func startServerKV(t testing.TB, cfg Config, cli **clientv3.Client, wrap func(cl
 	if cli != nil {
 		*cli = c
 	}
+	cfg.Client = c
+	return startServerOn(t, cfg, c, wrap, pools...)
+}
+
+// startServerOn runs a daemon for node1 on cfg.Client, c being a client of the same etcd for the
+// test's own reads and writes (see startServerKV).
+func startServerOn(t testing.TB, cfg Config, c *clientv3.Client, wrap func(clientv3.KV) clientv3.KV, pools ...calico.IPPool) *testServer {
+	t.Helper()
 	if len(pools) == 0 {
 		pools = []calico.IPPool{{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}}
 	}
@@ -55,7 +63,7 @@ func startServerKV(t testing.TB, cfg Config, cli **clientv3.Client, wrap func(cl
 			t.Fatal(err)
 		}
 	}
-	cfg.Node, cfg.Client = "node1", c
+	cfg.Node = "node1"
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

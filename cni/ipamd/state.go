@@ -65,8 +65,10 @@ type decoded struct {
 	pools  []calico.IPPool
 	// poolRevs are the pools' mod revisions by name.
 	poolRevs map[string]int64
-	// reserved are Calico's IPReservations, never handed out by automatic assignment.
-	reserved calico.Reservations
+	// reserved are Calico's IPReservations, never handed out by automatic assignment, as known at
+	// reservedRev: every change of a reservation up to it is in reserved (see reservationsKnownAt).
+	reserved    calico.Reservations
+	reservedRev int64
 	// node is this node's Calico Node resource (for IP pool node selectors; nil when absent), at
 	// nodeRev.
 	node    *calico.Node
@@ -247,7 +249,7 @@ func (s *nodeState) decodeSource(src source) {
 			s.poolRevs[p.Name] = kv.ModRevision
 		}
 	case srcReservations:
-		s.reserved = nil
+		s.reserved, s.reservedRev = nil, s.knownAt(src)
 		for _, k := range slices.Sorted(maps.Keys(s.raw[src])) {
 			rs, err := calico.DecodeIPReservation(s.raw[src][k].Value)
 			if err != nil {
@@ -293,6 +295,17 @@ func (s *nodeState) decodeSource(src source) {
 			}
 		}
 	}
+}
+
+// knownAt returns the revision up to which the state holds every change of a source: its newest
+// read, or the newest change applied since (a follower's watch delivers a prefix's changes in
+// order, and a read of the whole source makes up for any it missed).
+func (s *nodeState) knownAt(src source) int64 {
+	rev := s.listed[src]
+	for _, r := range s.revs[src] {
+		rev = max(rev, r)
+	}
+	return rev
 }
 
 func comparePrefix(a, b netip.Prefix) int {

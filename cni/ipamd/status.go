@@ -12,7 +12,8 @@ import (
 // affinity off) an address it may borrow (else 50). It decides on the node state the followers keep:
 // no round trip while the node's blocks have room and the connection to etcd is up; a read only of
 // what the decision needs (the family's listing to claim, its blocks to borrow), or, when the
-// connection is reported down (etcdLost), one read to see whether etcd answers again. It writes nothing.
+// connection is reported down (etcdLost), one read to see whether etcd answers again; "not ready" is
+// answered only on a fresh read (recheck). It writes nothing.
 func (c *call) status(ctx context.Context, etcdLost bool) error {
 	unreachable := func(err error) error {
 		return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
@@ -25,12 +26,12 @@ func (c *call) status(ctx context.Context, etcdLost bool) error {
 	_, err := c.decide(ctx, "", func(v *view) error {
 		pools, err := v.selectPools(true)
 		if err != nil {
-			return err
+			return v.recheck(err)
 		}
 		for _, f := range v.conf.Families() {
 			// The decision ADD would take, on the view only.
 			if _, err := v.assignAuto(f, pools[f], calico.AllocationAttribute{}); err != nil {
-				return err
+				return v.recheck(err)
 			}
 		}
 		return nil

@@ -1,6 +1,7 @@
 package ipamd
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -103,6 +104,9 @@ type view struct {
 	// uses are the keys the decision depends on, with their mod revisions (0: absent): the write is
 	// conditional on them.
 	uses map[string]int64
+	// usesReservations: the decision passed over reserved addresses (automatic assignment); the
+	// write is conditional on no IPReservation having changed since reservedRev.
+	usesReservations bool
 	// affinityWrites are changes to the node's affinity keys the write makes besides those of the
 	// blocks it creates: confirm a pending affinity of a block it uses, or delete a stale one.
 	affinityWrites map[netip.Prefix]calico.AffinityStep
@@ -168,6 +172,44 @@ func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead) *v
 	}
 	maps.Copy(v.bad, read.bad)
 	return v
+}
+
+// recheck returns err, a decision's failure, once it was taken on what the operation read at a
+// current revision: else the need for it. The node state follows etcd through watches that may lag
+// (the IPAM config, pools, reservations, Node and affinities, the node's blocks), so a refusal taken
+// on it, which no write's conditions check, is taken again on a fresh read of what it depended on,
+// in one round trip: the handle, every source of the state, the node's blocks, the other blocks,
+// listings and families the operation read. Once per operation (opRead.fresh): the success path
+// never gets here, and an operation that lost a race decides on its failure branch's read already.
+func (v *view) recheck(err error) error {
+	var n *needs
+	if errors.As(err, &n) {
+		return err
+	}
+	n = &needs{}
+	if v.handleID != "" && (!v.handleRead || !v.read.fresh) {
+		n.keys = []string{calico.HandleKey(v.handleID)}
+	}
+	if !v.read.fresh {
+		n.sources = true
+		for cidr := range v.affinity {
+			n.blocks = append(n.blocks, cidr)
+		}
+		for cidr := range v.read.blocks {
+			if _, ok := v.affinity[cidr]; !ok && !v.read.family[familyOf(cidr.Addr())] {
+				n.blocks = append(n.blocks, cidr)
+			}
+		}
+		slices.SortFunc(n.blocks, comparePrefix)
+		for f := range n.listing {
+			n.listing[f], n.family[f] = v.read.listings[f] != nil, v.read.family[f]
+		}
+	}
+	if len(n.keys) == 0 && !n.sources {
+		return err
+	}
+	v.log.Debug("reading the datastore again before refusing", "err", err)
+	return n
 }
 
 // needHandle is the need for the view's handle.
@@ -284,11 +326,12 @@ type plan struct {
 // writes turns the view's changes into one transaction, conditional on every key the decision used
 // being as it knew it: an existing block at its mod revision, a new block and every key of a block
 // that would overlap it absent, the pools, affinities, IPAM config and Calico Node resource it
-// decided with at their mod revisions (a deleted pool or affinity fails the write), the handle at its
-// mod revision (or exact value when guessed; absent when not read). A block a release left empty
-// and without affinity is deleted instead of written (calico.Block.DeleteWhenReleased), and
-// v.affinityWrites confirm or delete affinities. A request's newHandle nil or empty deletes its
-// handle.
+// decided with at their mod revisions (a deleted pool or affinity fails the write), no IPReservation
+// created or modified since the state knew them when the decision passed over reserved addresses,
+// the handle at its mod revision (or exact value when guessed; absent when not read). A block a
+// release left empty and without affinity is deleted instead of written
+// (calico.Block.DeleteWhenReleased), and v.affinityWrites confirm or delete affinities. A request's
+// newHandle nil or empty deletes its handle.
 func (v *view) writes() (*plan, error) {
 	p := &plan{blocks: map[netip.Prefix]*blockEntry{}, affinity: map[string][]byte{}}
 	used := maps.Clone(v.uses)
@@ -379,6 +422,13 @@ func (v *view) writes() (*plan, error) {
 		if _, ok := used[k]; !ok {
 			p.cmps = append(p.cmps, absent(k))
 		}
+	}
+	if v.usesReservations && len(p.blocks) > 0 {
+		// A reservation created or changed after the state's copy could cover an address this write
+		// hands out; the lost write's failure branch reads them all (sources). A deleted one only
+		// frees addresses: deciding without knowing of it is safe, and the range compare does not
+		// see it.
+		p.cmps = append(p.cmps, noneChangedSince(calico.IPReservationPrefix, v.reservedRev))
 	}
 	return p, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -121,7 +122,8 @@ func TestAddDecision(t *testing.T) {
 			}
 			blk := netip.PrefixFrom(got[0].Addr, 30).Masked()
 			wants := []compare{modRevisionIs(calico.HandleKey("net1.c1"), 0), modRevisionIs(calico.IPAMConfigKey, 0),
-				modRevisionIs(calico.NodeKey("node1"), 0), modRevisionIs(calico.IPPoolKey("p"), 3)}
+				modRevisionIs(calico.NodeKey("node1"), 0), modRevisionIs(calico.IPPoolKey("p"), 3),
+				noneChangedSince(calico.IPReservationPrefix, 10)}
 			if tt.wantClaim {
 				wants = append(wants, absent(calico.BlockKey(blk)), modRevisionIs(calico.HostAffinityKey("node1", blk), 0))
 			} else {
@@ -149,6 +151,54 @@ func TestAddDecision(t *testing.T) {
 				t.Errorf("the pool's deletion at 15 was dropped after a write at 20: %+v", s.pools)
 			}
 		})
+	}
+}
+
+// TestRefusalNeedsFreshRead: a refusal taken on the state is first a need for the handle, every
+// source and the node's blocks (with the listing the decision read); taken again on that read, it is
+// the answer.
+func TestRefusalNeedsFreshRead(t *testing.T) {
+	cidr := netip.MustParsePrefix("10.244.0.0/30")
+	s := testState(t, map[string]int{cidr.String(): 4})
+	cfg, _ := calico.EncodeIPAMConfig(calico.IPAMConfig{AutoAllocateBlocks: false})
+	s.replace(srcConfig, []kv{{Key: calico.IPAMConfigKey, Value: cfg, ModRevision: 11}}, 11)
+	c := testCall(s)
+	c.read.listings[V4] = &listing{rev: 11, cidrs: []netip.Prefix{cidr}}
+	r := &request{handle: "net1.c1", ifname: "eth0", attr: attribute(c.conf, "net1.c1", "eth0")}
+	_, err := decideOn(c, (*view).add, r)
+	var n *needs
+	if !errors.As(err, &n) || !n.sources || !n.listing[V4] || !slices.Equal(n.blocks, []netip.Prefix{cidr}) ||
+		!slices.Equal(n.keys, []string{calico.HandleKey("net1.c1")}) {
+		t.Fatalf("refusal on the state: %v %+v, want a need for the handle, the sources, block %s and the listing", err, n, cidr)
+	}
+	// What that read sets: the operation read every source (and the handle, absent).
+	c.read.fresh, c.read.keys = true, map[string]*kv{calico.HandleKey("net1.c1"): nil}
+	r.served, r.err = false, nil
+	if _, err := decideOn(c, (*view).add, r); !errors.As(err, new(*codedError)) || !strings.Contains(err.Error(), "auto_allocate_blocks is off") {
+		t.Fatalf("refusal on a fresh read: %v, want it answered", err)
+	}
+}
+
+// TestReservationsKnownAt: the revision the reservations are known at follows reads and every
+// change applied, a deletion included, and not a change older than what is known.
+func TestReservationsKnownAt(t *testing.T) {
+	s := testState(t, nil)
+	if s.reservedRev != 10 {
+		t.Fatalf("after a read at 10: %d", s.reservedRev)
+	}
+	r := kv{Key: calico.IPReservationKey("r"), Value: []byte(`{"spec":{"reservedCIDRs":["10.244.0.1"]}}`), ModRevision: 12}
+	s.event(srcReservations, []kvEvent{{KV: r, Rev: 12}})
+	if s.reservedRev != 12 || !s.reserved.Contains(netip.MustParseAddr("10.244.0.1")) {
+		t.Fatalf("after a creation at 12: %d %v", s.reservedRev, s.reserved)
+	}
+	s.event(srcReservations, []kvEvent{{KV: kv{Key: r.Key}, Rev: 14, Deleted: true}})
+	s.event(srcReservations, []kvEvent{{KV: r, Rev: 13}}) // older than the deletion: dropped
+	if s.reservedRev != 14 || len(s.reserved) != 0 {
+		t.Fatalf("after a deletion at 14 and a change at 13: %d %v", s.reservedRev, s.reserved)
+	}
+	s.replace(srcReservations, nil, 20)
+	if s.reservedRev != 20 {
+		t.Fatalf("after a read at 20: %d", s.reservedRev)
 	}
 }
 
