@@ -89,7 +89,7 @@ func (c *call) serve(ctx context.Context, reqs []*request, decide decision) erro
 		switch {
 		case lead.err != nil:
 			return lead.err
-		case err == nil || !ended || c.expire(reqs):
+		case err == nil || !ended || c.expire(reqs) || ctx.Err() != nil:
 			return err
 		}
 		// The deadline of a request behind the leader ended the attempts: expire answered it, and
