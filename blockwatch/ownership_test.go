@@ -208,7 +208,14 @@ func TestAffinityOwnership(t *testing.T) {
 	if v := ah.counter("vpp_route_agent_etcd_events_total", "source", "blocks", "type", "put"); v != 0 {
 		t.Errorf("affinity watcher received %v block events", v)
 	}
+	// The block watcher hears the block write. Its watch and the peers' are separate watches, so the
+	// marking peer write may reach it first: wait for the count, then check it stays at one.
 	bh.waitFor("the marking peer write", func(s *Snapshot) bool { return s.Revision >= mark })
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if bh.counter("vpp_route_agent_etcd_events_total", "source", "blocks", "type", "put") >= 1 {
+			break
+		}
+	}
 	if v := bh.counter("vpp_route_agent_etcd_events_total", "source", "blocks", "type", "put"); v != 1 {
 		t.Errorf("block watcher received %v block events, want 1", v)
 	}
