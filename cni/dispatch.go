@@ -29,7 +29,8 @@ func IsFrame(req []byte) bool { return bytes.HasPrefix(req, []byte(shim.Magic)) 
 // It does what skel did in the plugin (the environment, the configuration's name and CNI version, the
 // version each verb needs, the plugin's own netns after ADD and DEL), then what the plugin's verbs did
 // (LoadConfig, the request, the result in the configuration's CNI version), with the same codes and
-// messages: a runtime sees the same bytes. do serves the request; it is called only for a call that
+// messages: a runtime sees the same bytes. A frame over shim.MaxFrame (serveConn reads one byte
+// more) is refused with 7. do serves the request; it is called only for a call that
 // passed every check, so that a bad configuration fails before any etcd work.
 func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 	fc := &frameCall{}
@@ -39,6 +40,10 @@ func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 			out = fc.reply(nil, &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam %s: internal error: %v", fc.env("CNI_COMMAND"), r)})
 		}
 	}()
+	if len(frame) > shim.MaxFrame {
+		return fc.reply(nil, &types.Error{Code: types.ErrInvalidNetworkConfig,
+			Msg: fmt.Sprintf("block-ipam daemon: the plugin's request is larger than %d bytes: the network configuration is too large", shim.MaxFrame)})
+	}
 	rec, err := shim.ParseFrame(frame)
 	if err != nil {
 		return fc.reply(nil, &types.Error{Code: types.ErrDecodingFailure, Msg: "block-ipam daemon: the plugin's request: " + err.Error()})

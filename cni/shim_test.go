@@ -271,3 +271,26 @@ func TestValidNameMatchesCNI(t *testing.T) {
 		}
 	}
 }
+
+// TestShimRefusesOversizedConfig: a configuration that makes a request over the daemon's limit,
+// with the environment and the resolvConf file, or that is itself over it, is error 7 naming the limit,
+// answered by the plugin before it dials: never "daemon unreachable" (11), which the runtime retries for
+// ever.
+func TestShimRefusesOversizedConfig(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	resolv := filepath.Join(e.tmp, "resolv.conf")
+	if err := os.WriteFile(resolv, bytes.Repeat([]byte("search a.example\n"), 3000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := pluginConf(t, e.list(netOpts{cniVersion: "1.1.0", ipam: e.ipam("node1", map[string]any{"resolvConf": resolv})}))
+	// Over with the resolvConf file (51 KB), with the environment, and on its own.
+	for _, size := range []int{shim.MaxFrame - 20000, shim.MaxFrame - 200, shim.MaxFrame + 10} {
+		stdin := append(bytes.Clone(bytes.TrimSuffix(bytes.TrimSpace(base), []byte("}"))), `,"pad":"`...)
+		stdin = append(append(stdin, bytes.Repeat([]byte("x"), size-len(stdin)-2)...), `"}`...)
+		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 7`) || !strings.Contains(got.stdout, fmt.Sprintf("limit of %d bytes", shim.MaxFrame)) {
+			t.Errorf("stdin of %d bytes: exit %d, %s", len(stdin), got.exit, got.stdout)
+		}
+	}
+}

@@ -451,7 +451,14 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 		s.log.Warn("reading a request from the socket", "err", err)
 		return
 	case len(data) > cni.MaxMessage:
-		out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
+		// Read the rest (within the read deadline) before answering: a connection closed with
+		// data unread is reset, and the client would get ECONNRESET instead of the answer.
+		io.Copy(io.Discard, conn)
+		if cni.IsFrame(data) {
+			out = cni.ServeFrame(data, nil)
+		} else {
+			out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
+		}
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()

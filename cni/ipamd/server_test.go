@@ -1,14 +1,17 @@
 package ipamd
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -762,5 +766,36 @@ func TestBatchAnswersEachByItsDeadline(t *testing.T) {
 				t.Fatalf("invariants: %v", err)
 			}
 		})
+	}
+}
+
+// TestOversizedFrameAnsweredAsFrame: a plugin's request over cni.MaxMessage is answered in the
+// plugin's protocol (a frame with error 7 naming the limit), not in the JSON of the plugins before it,
+// and read to its end first, so that the client gets the answer rather than a reset connection.
+func TestOversizedFrameAnsweredAsFrame(t *testing.T) {
+	srv := startServer(t, Config{}, nil)
+	frame := shim.AppendRecord([]byte(shim.Magic), "CNI_COMMAND", []byte("ADD"))
+	frame = shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), cni.MaxMessage))
+	conn, err := net.Dial("unix", srv.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatalf("sending %d bytes: %v", len(frame), err)
+	}
+	conn.(*net.UnixConn).CloseWrite()
+	reply, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatalf("reading the reply: %v", err)
+	}
+	rec, err := shim.ParseFrame(reply)
+	if err != nil {
+		t.Fatalf("reply %.200q: %v", reply, err)
+	}
+	want := fmt.Sprintf("larger than %d bytes", cni.MaxMessage)
+	if string(rec[shim.KeyExit]) != "1" || !strings.Contains(string(rec[shim.KeyStdout]), `"code": 7`) || !strings.Contains(string(rec[shim.KeyStdout]), want) {
+		t.Fatalf("exit %s, printed %s; want error 7 saying %q", rec[shim.KeyExit], rec[shim.KeyStdout], want)
 	}
 }

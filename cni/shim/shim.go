@@ -60,6 +60,9 @@ func Main(about string) int {
 		return 0
 	}
 	stdin, rerr := readAll(0, MaxFrame)
+	if rerr == errTooLarge {
+		return fail(tooLarge(len(stdin)))
+	}
 	if rerr != nil {
 		return fail(&Error{Code: ErrIOFailure, Msg: "error reading from stdin: " + rerr.Error()})
 	}
@@ -89,6 +92,11 @@ func Main(about string) int {
 		}
 	}
 	frame = AppendRecord(frame, KeyStdin, stdin)
+	if len(frame) > MaxFrame {
+		// The daemon would refuse it: say so without asking, and not as an unreachable daemon,
+		// which the runtime retries for ever.
+		return fail(tooLarge(len(frame)))
+	}
 
 	data, cerr := exchange(conf.socket, frame, conf.timeout)
 	if cerr == nil && !strings.HasPrefix(string(data), Magic) {
@@ -263,6 +271,9 @@ func readResolvConf(path string) ([]byte, error) {
 		return nil, errors.New(path + " is " + strconv.FormatInt(st.Size, 10) + " bytes, more than a resolv.conf (" + strconv.Itoa(MaxResolvConf) + ")")
 	}
 	data, err := readAll(fd, MaxResolvConf)
+	if err == errTooLarge {
+		return nil, errors.New(path + " is more than a resolv.conf (" + strconv.Itoa(MaxResolvConf) + " bytes)")
+	}
 	if err != nil {
 		return nil, errors.New("read " + path + ": " + err.Error())
 	}
@@ -302,7 +313,17 @@ func open(path string, flags int, perm uint32) (int, error) {
 	}
 }
 
-// readAll reads fd to its end, at most limit bytes.
+// errTooLarge is readAll's error for more than its limit.
+var errTooLarge = errors.New("too large")
+
+// tooLarge is the error of a call whose request (stdin, the environment and the resolvConf file)
+// would be more than MaxFrame bytes: n, or more when stdin was not read to its end.
+func tooLarge(n int) *Error {
+	return &Error{Code: ErrInvalidNetworkConfig, Msg: "the network configuration is too large: with the call's environment and the resolvConf file it makes a request of " +
+		strconv.Itoa(n) + " bytes or more, over block-ipam's limit of " + strconv.Itoa(MaxFrame) + " bytes"}
+}
+
+// readAll reads fd to its end, at most limit bytes (errTooLarge beyond).
 func readAll(fd, limit int) ([]byte, error) {
 	buf := make([]byte, 0, 4096)
 	for {
@@ -320,7 +341,7 @@ func readAll(fd, limit int) ([]byte, error) {
 		}
 		buf = buf[:len(buf)+n]
 		if len(buf) > limit {
-			return buf, errors.New("more than " + strconv.Itoa(limit) + " bytes")
+			return buf, errTooLarge
 		}
 	}
 }
