@@ -166,7 +166,7 @@ func validateConfig(stdin []byte) *types.Error {
 // run is the plugin's verb: load the configuration, ask the daemon (do), render the result for the
 // configuration's CNI version, and log the call.
 func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([]byte, error) {
-	conf, err := loadConfig(stdin, fc.env("CNI_ARGS"), fc.resolvConf)
+	conf, err := loadConfig(verb, stdin, fc.env("CNI_ARGS"), fc.resolvConf)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([
 		timeout = StatusTimeout
 	}
 	req := conf.Request
-	req.Verb, req.ContainerID, req.IfName, req.Timeout = verb, fc.env("CNI_CONTAINERID"), fc.env("CNI_IFNAME"), timeout
+	req.ContainerID, req.IfName, req.Timeout = fc.env("CNI_CONTAINERID"), fc.env("CNI_IFNAME"), timeout
 
 	start := time.Now()
 	attrs := []any{"container", req.ContainerID, "ifname", req.IfName, "network", conf.Network}

@@ -23,7 +23,7 @@ const (
 	// error message when it could not read its own network namespace. Absent when not checked
 	// (other verbs, CNI_NETNS_OVERRIDE).
 	KeyNetNS = "netns"
-	// KeyResolvConf is the content of ipam.resolvConf, read by the plugin, which runs in the
+	// KeyResolvConf is the content of ipam.resolvConf for ADD, read by the plugin, which runs in the
 	// runtime's mount namespace (the daemon may not); KeyResolvConfErr why it could not be read.
 	KeyResolvConf    = "resolvConf"
 	KeyResolvConfErr = "resolvConf.err"

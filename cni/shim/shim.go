@@ -217,7 +217,8 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 	if cmd == "STATUS" {
 		c.timeout = StatusTimeout
 	}
-	if len(im.DNS) == 0 || string(im.DNS) == "null" {
+	if cmd == "ADD" && (len(im.DNS) == 0 || string(im.DNS) == "null") {
+		// Only ADD prints DNS; DEL must release whatever became of the file.
 		c.resolvConf = str(im.ResolvConf)
 	}
 	return c, nil
