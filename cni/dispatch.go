@@ -12,13 +12,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
-	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
-
-// pluginInfo is what block-ipam answers to VERSION, and what skel checks configurations against.
-var pluginInfo = version.PluginSupports(shim.Versions...)
 
 // IsFrame reports whether a request is the plugin's frame (package shim) rather than the JSON Request
 // of a plugin older than it, which the daemon still answers during a rolling upgrade.
@@ -93,46 +89,8 @@ func (fc *frameCall) pluginMain(do func(*Request) *Reply) ([]byte, *types.Error)
 	if err := validateConfig(stdin); err != nil {
 		return nil, err
 	}
-	var minimum string
-	switch cmd {
-	case "ADD", "DEL":
-	case "CHECK":
-		minimum = "0.4.0"
-	case "GC", "STATUS":
-		minimum = "1.1.0"
-	default:
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
-	}
-	if minimum != "" {
-		configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
-		if err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-		}
-		if ok, err := version.GreaterThanOrEqualTo(configVersion, minimum); err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-		} else if !ok {
-			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
-		}
-		supported := false
-		for _, v := range pluginInfo.SupportedVersions() {
-			ok, err := version.GreaterThanOrEqualTo(v, configVersion)
-			if err != nil {
-				return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-			}
-			if supported = ok; ok {
-				break
-			}
-		}
-		if !supported {
-			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
-		}
-	}
-	configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
-	if err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-	}
-	if verErr := (&version.Reconciler{}).Check(configVersion, pluginInfo); verErr != nil {
-		return nil, types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	if serr := shim.CheckVersion(cmd, stdin); serr != nil {
+		return nil, &types.Error{Code: serr.Code, Msg: serr.Msg, Details: serr.Details}
 	}
 	stdout, err := fc.run(cmd, stdin, do)
 	if err != nil {

@@ -3,6 +3,7 @@ package cni_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -116,6 +118,7 @@ func TestShimMatchesSkel(t *testing.T) {
 		"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "192.0.2.0/24", "gw": "10.244.0.1"}}, "resolvConf": resolv}
 	prev := map[string]any{"prevResult": map[string]any{"cniVersion": "1.0.0", "ips": []map[string]string{{"address": "10.244.0.200/32"}}}}
 	ownNetns := "/proc/self/ns/net"
+	down := map[string]any{"socket": "/nonexistent/x.sock"}
 
 	type tc struct {
 		name  string
@@ -165,6 +168,20 @@ func TestShimMatchesSkel(t *testing.T) {
 		tc{"daemon unreachable: ADD", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
 		tc{"daemon unreachable: DEL", cniEnv("DEL", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
 		tc{"daemon unreachable: STATUS", cniEnv("STATUS", "", "", "", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
+		// What skel answers before the plugin's verb: the plugin answers it without the daemon.
+		tc{"daemon unreachable: unknown CNI_COMMAND", cniEnv("FROB", "c1", "eth0", "/x", ""), conf("1.1.0", down, nil)},
+		tc{"daemon unreachable: CHECK at 0.3.1", cniEnv("CHECK", "c1", "eth0", "/x", ""), conf("0.3.1", down, prev)},
+		tc{"daemon unreachable: GC at 1.0.0", cniEnv("GC", "", "", "", ""), conf("1.0.0", down, nil)},
+		tc{"daemon unreachable: STATUS at 0.4.0", cniEnv("STATUS", "", "", "", ""), conf("0.4.0", down, nil)},
+		tc{"daemon unreachable: unsupported cniVersion", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("0.2.0", down, nil)},
+		tc{"daemon unreachable: newer cniVersion", cniEnv("DEL", "c1", "eth0", "/x", ""), conf("1.2.0", down, nil)},
+		tc{"daemon unreachable: bogus cniVersion, CHECK", cniEnv("CHECK", "c1", "eth0", "/x", ""), conf("1.x", down, nil)},
+		tc{"daemon unreachable: cniVersion not a string", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":5,"ipam":{"socket":"/nonexistent/x.sock"}}`)},
+		// skel checks the version before the plugin reads its section.
+		tc{"unsupported cniVersion and no ipam", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":"0.2.0"}`)},
+		tc{"unsupported cniVersion and a bad socket", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("0.2.0", map[string]any{"socket": "rel.sock"}, nil)},
+		tc{"unknown CNI_COMMAND and no ipam", cniEnv("FROB", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":"1.1.0"}`)},
+		tc{"GC at 1.0.0 and a bad socket", cniEnv("GC", "", "", "", ""), conf("1.0.0", map[string]any{"socket": "rel.sock"}, nil)},
 	)
 	for _, c := range cases {
 		// The reference first: the shim repeats its ADD and DEL, which are idempotent.
@@ -291,6 +308,83 @@ func TestShimRefusesOversizedConfig(t *testing.T) {
 		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
 		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 7`) || !strings.Contains(got.stdout, fmt.Sprintf("limit of %d bytes", shim.MaxFrame)) {
 			t.Errorf("stdin of %d bytes: exit %d, %s", len(stdin), got.exit, got.stdout)
+		}
+	}
+}
+
+// skelCheckVersion is skel's check of the command and the configuration's version
+// (containernetworking/cni v1.3.0 skel.pluginMain and checkVersionAndCall), with the CNI library:
+// the reference shim.CheckVersion is compared with.
+func skelCheckVersion(cmd string, stdin []byte) *types.Error {
+	info := version.PluginSupports(shim.Versions...)
+	var minimum string
+	switch cmd {
+	case "ADD", "DEL":
+	case "CHECK":
+		minimum = "0.4.0"
+	case "GC", "STATUS":
+		minimum = "1.1.0"
+	default:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
+	}
+	configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	if minimum != "" {
+		if ok, err := version.GreaterThanOrEqualTo(configVersion, minimum); err != nil {
+			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		} else if !ok {
+			return types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
+		}
+		supported := false
+		for _, v := range info.SupportedVersions() {
+			ok, err := version.GreaterThanOrEqualTo(v, configVersion)
+			if err != nil {
+				return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+			}
+			if supported = ok; ok {
+				break
+			}
+		}
+		if !supported {
+			return types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
+		}
+	}
+	if verErr := (&version.Reconciler{}).Check(configVersion, info); verErr != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	}
+	return nil
+}
+
+// TestCheckVersionMatchesCNI: the plugin's check of the command and the cniVersion (no CNI library:
+// it costs the plugin's start) gives skel's codes and words, for listed and random versions.
+func TestCheckVersionMatchesCNI(t *testing.T) {
+	versions := []any{nil, 5, true, "", "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.2.0", "2.0.0", "1.x", "x",
+		"1.0.0.0", "01.1.0", "1.1", "1", "-1.0.0", " 1.0.0", "1..0", "1.1.0-rc1", "99999999999999999999.0.0", "+1.1.0", "1.1.0\n", "é"}
+	alphabet := []byte("0149.-+ xé")
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		b := make([]byte, i%7)
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		versions = append(versions, string(b))
+	}
+	for _, v := range versions {
+		conf := map[string]any{"name": "n"}
+		if v != nil {
+			conf["cniVersion"] = v
+		}
+		stdin, err := json.Marshal(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"ADD", "DEL", "CHECK", "GC", "STATUS", "FROB"} {
+			got, want := shim.CheckVersion(cmd, stdin), skelCheckVersion(cmd, stdin)
+			if (got == nil) != (want == nil) || got != nil && (got.Code != want.Code || got.Msg != want.Msg || got.Details != want.Details) {
+				t.Fatalf("%s %s: the plugin says %+v, skel %+v", cmd, stdin, got, want)
+			}
 		}
 	}
 }

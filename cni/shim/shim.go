@@ -3,8 +3,8 @@
 // find the daemon's socket, and hands the whole call (the environment and stdin as the runtime gave
 // them) to the node daemon, which does every other part of CNI's semantics (package cni: skel's
 // checks, the configuration, the result in the configuration's CNI version) and returns the bytes to
-// print, the exit code and the log line. VERSION and the environment checks are answered here, so
-// that they work without the daemon; ADD and DEL fail with 11 (try again later) and STATUS with 50
+// print, the exit code and the log line. VERSION, the environment checks and the command's and
+// cniVersion's (CheckVersion) are answered here, so that they work without the daemon; ADD and DEL fail with 11 (try again later) and STATUS with 50
 // when the daemon cannot be asked.
 //
 // Why so little: a Go program's start is most of what an exec'd plugin costs, and the runtime pays
@@ -155,8 +155,9 @@ type conf struct {
 // parseConf finds the daemon's socket and what the plugin must read or wait for on the daemon's
 // behalf. It decodes raw values only: what it does not need, and what is wrong in what it does not
 // need, is the daemon's to report, with the same messages as when it is given the whole call. What
-// fails here, with skel's and LoadConfig's messages: JSON that is not JSON, a missing or malformed
-// name, a missing ipam section, a socket that cannot be one.
+// fails here, in skel's order and with skel's and LoadConfig's messages: JSON that is not JSON, a
+// missing or malformed name, an unknown command, a cniVersion the verb or the plugin does not
+// allow, a missing ipam section, a socket that cannot be one.
 func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 	var top struct {
 		Name json.RawMessage `json:"name"`
@@ -185,6 +186,11 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "missing network name"}
 	case !ValidName(name):
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "invalid characters found in network name", Details: name}
+	}
+	if err := CheckVersion(cmd, stdin); err != nil {
+		return nil, err
+	}
+	switch {
 	case len(top.IPAM) == 0 || string(top.IPAM) == "null":
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam: missing: block-ipam reads its settings from the ipam section"}
 	}
