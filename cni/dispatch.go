@@ -52,9 +52,8 @@ func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 // frameCall is one call of the plugin.
 type frameCall struct {
 	rec map[string][]byte
-	// log is the call's log line, logFile where the plugin appends it.
-	log     bytes.Buffer
-	logFile string
+	// log is the call's log line, which the plugin appends to its log_file.
+	log bytes.Buffer
 }
 
 func (fc *frameCall) env(name string) string { return string(fc.rec[name]) }
@@ -71,7 +70,6 @@ func (fc *frameCall) reply(stdout []byte, err *types.Error) []byte {
 	out = shim.AppendRecord(out, shim.KeyStdout, stdout)
 	if fc.log.Len() > 0 {
 		out = shim.AppendRecord(out, shim.KeyLog, fc.log.Bytes())
-		out = shim.AppendRecord(out, shim.KeyLogFile, []byte(fc.logFile))
 	}
 	return out
 }
@@ -130,7 +128,6 @@ func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([
 	}
 	pid, _ := strconv.Atoi(fc.env(shim.KeyPID))
 	log := newLogger(&fc.log, conf.LogLevel, pid)
-	fc.logFile = conf.LogFile
 	if verb == "ADD" {
 		// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
 		// allocation: refuse it first.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -386,5 +387,107 @@ func TestCheckVersionMatchesCNI(t *testing.T) {
 				t.Fatalf("%s %s: the plugin says %+v, skel %+v", cmd, stdin, got, want)
 			}
 		}
+	}
+}
+
+// fakeDaemon serves sock with answer, one goroutine per connection, after reading the request,
+// until the test ends.
+func fakeDaemon(t *testing.T, answer func(net.Conn)) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "d.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				io.Copy(io.Discard, c)
+				answer(c)
+			}()
+		}
+	}()
+	return sock
+}
+
+// TestShimIncompleteReply: a reply cut short (the daemon died while answering) is 11, try again
+// later, not 999: the operation's outcome is unknown and the runtime's retry is idempotent.
+func TestShimIncompleteReply(t *testing.T) {
+	whole := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	afterExit := len(whole)
+	whole = shim.AppendRecord(whole, shim.KeyStdout, bytes.Repeat([]byte("r"), 300))
+	for _, cut := range []int{len(shim.Magic) + 3, afterExit, afterExit + 10, len(whole) - 1} {
+		sock := fakeDaemon(t, func(c net.Conn) { c.Write(whole[:cut]) })
+		stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","socket":"` + sock + `"}}`)
+		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "incomplete reply") {
+			t.Errorf("reply cut at %d of %d bytes: exit %d, %s", cut, len(whole), got.exit, got.stdout)
+		}
+	}
+}
+
+// TestShimTimeoutBoundsTheExchange: the configured timeout bounds the whole wait for the reply, not
+// each read: a daemon that trickles its reply a byte at a time is given up on after it (11).
+func TestShimTimeoutBoundsTheExchange(t *testing.T) {
+	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	reply = shim.AppendRecord(reply, shim.KeyStdout, bytes.Repeat([]byte("r"), 400))
+	sock := fakeDaemon(t, func(c net.Conn) {
+		for i := range reply { // 400 bytes at 50 ms: 20 s
+			if _, err := c.Write(reply[i : i+1]); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","timeout":"1s","socket":"` + sock + `"}}`)
+	start := time.Now()
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+	took := time.Since(start)
+	if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "no answer within 1s") {
+		t.Errorf("exit %d, %s", got.exit, got.stdout)
+	}
+	// A bound, not a speed target: without it the plugin waits the whole 20 s of the trickle.
+	if took > 10*time.Second {
+		t.Errorf("the plugin waited %v with a timeout of 1s", took)
+	}
+}
+
+// TestShimLogsWhereItsConfigurationSays: the plugin appends the daemon's log line to the log_file it
+// read itself; it opens no path named by the daemon (the plugin runs as root).
+func TestShimLogsWhereItsConfigurationSays(t *testing.T) {
+	dir := t.TempDir()
+	mine, named := filepath.Join(dir, "plugin.log"), filepath.Join(dir, "daemon-named.log")
+	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	reply = shim.AppendRecord(reply, shim.KeyStdout, nil)
+	reply = shim.AppendRecord(reply, shim.KeyLog, []byte("level=INFO msg=DEL\n"))
+	reply = shim.AppendRecord(reply, "log_file", []byte(named))
+	sock := fakeDaemon(t, func(c net.Conn) { c.Write(reply) })
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","log_file":"` + mine + `","socket":"` + sock + `"}}`)
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("DEL", "c1", "eth0", "", ""), stdin)
+	if got.exit != 0 {
+		t.Fatalf("exit %d, %s", got.exit, got.stdout)
+	}
+	if data, err := os.ReadFile(mine); err != nil || string(data) != "level=INFO msg=DEL\n" {
+		t.Errorf("log_file %s: %q, %v", mine, data, err)
+	}
+	if _, err := os.Stat(named); !os.IsNotExist(err) {
+		t.Errorf("the plugin opened the path the daemon named: %v", err)
 	}
 }

@@ -4,8 +4,9 @@
 // them) to the node daemon, which does every other part of CNI's semantics (package cni: skel's
 // checks, the configuration, the result in the configuration's CNI version) and returns the bytes to
 // print, the exit code and the log line. VERSION, the environment checks and the command's and
-// cniVersion's (CheckVersion) are answered here, so that they work without the daemon; ADD and DEL fail with 11 (try again later) and STATUS with 50
-// when the daemon cannot be asked.
+// cniVersion's (CheckVersion) are answered here, so that they work without the daemon; ADD and DEL
+// fail with 11 (try again later) and STATUS with 50 when the daemon cannot be asked or its answer is
+// cut short.
 //
 // Why so little: a Go program's start is most of what an exec'd plugin costs, and the runtime pays
 // it on every ADD and DEL. This package links no CNI library, no net package (its poller starts
@@ -105,8 +106,12 @@ func Main(about string) int {
 	var reply map[string][]byte
 	if cerr == nil {
 		var perr error
-		if reply, perr = ParseFrame(data); perr != nil {
-			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": undecodable reply: " + perr.Error()}
+		if reply, perr = ParseFrame(data); perr == nil && (reply[KeyExit] == nil || reply[KeyStdout] == nil) {
+			perr = errors.New("no exit code or output")
+		}
+		if perr != nil {
+			// A daemon that dies mid-reply leaves it cut short: the outcome is unknown.
+			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": incomplete reply (" + perr.Error() + "): it may have stopped while answering", unreachable: true}
 		}
 	}
 	if cerr != nil {
@@ -122,7 +127,8 @@ func Main(about string) int {
 		return fail(e)
 	}
 	if line := reply[KeyLog]; len(line) > 0 {
-		appendLog(string(reply[KeyLogFile]), line)
+		// The file is the one this plugin read from the configuration: it opens no path the daemon names.
+		appendLog(conf.logFile, line)
 	}
 	writeAll(1, reply[KeyStdout])
 	if string(reply[KeyExit]) == "0" {
@@ -375,7 +381,9 @@ type callError struct {
 }
 
 // exchange sends frame to the daemon at socket and returns its reply, within timeout: one
-// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes.
+// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes. The
+// kernel's send and receive timeouts bound one system call each, and a retry after EINTR would
+// restart them: before each call they are set to the time left of the whole exchange.
 func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *callError) {
 	unreachable := func(what string, err error) *callError {
 		if err == syscall.EAGAIN {
@@ -389,12 +397,24 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		return nil, unreachable("socket", err)
 	}
 	defer syscall.Close(fd)
-	tv := syscall.NsecToTimeval(timeout.Nanoseconds())
-	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
-	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	// within sets the socket's timeout opt to the time left, or fails with EAGAIN (a timeout) when
+	// none is.
+	within := func(opt int) error {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return syscall.EAGAIN
+		}
+		tv := syscall.NsecToTimeval(left.Nanoseconds())
+		if tv.Sec == 0 && tv.Usec == 0 {
+			tv.Usec = 1 // zero would mean no timeout
+		}
+		return syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, opt, &tv)
+	}
 	for {
-		err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: socket})
-		if err != syscall.EINTR || time.Now().After(deadline) {
+		if err = within(syscall.SO_SNDTIMEO); err == nil {
+			err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: socket})
+		}
+		if err != syscall.EINTR {
 			break
 		}
 	}
@@ -402,8 +422,11 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		return nil, unreachable("dial unix "+socket+": connect", err)
 	}
 	for b := frame; len(b) > 0; {
-		n, err := syscall.SendmsgN(fd, b, nil, nil, syscall.MSG_NOSIGNAL)
-		if err == syscall.EINTR && time.Now().Before(deadline) {
+		n, err := 0, within(syscall.SO_SNDTIMEO)
+		if err == nil {
+			n, err = syscall.SendmsgN(fd, b, nil, nil, syscall.MSG_NOSIGNAL)
+		}
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {
@@ -419,8 +442,11 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
-		if err == syscall.EINTR && time.Now().Before(deadline) {
+		n, err := 0, within(syscall.SO_RCVTIMEO)
+		if err == nil {
+			n, err = syscall.Read(fd, buf[len(buf):cap(buf)])
+		}
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {
