@@ -40,6 +40,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
 
@@ -417,18 +418,25 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// A failed accept (EMFILE in a burst of connections, ...) is waited out, as net/http's Serve
+	// does: the daemon serves again once file descriptors are free.
+	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
 		conn, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept on the socket: %w", err)
 			}
-			return fmt.Errorf("accept on the socket: %w", err)
+			s.log.Warn("accepting a connection on the socket; retrying", "err", err)
+			if !bo.Wait(ctx) {
+				return nil
+			}
+			continue
 		}
+		bo.Reset()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -797,5 +799,50 @@ func TestOversizedFrameAnsweredAsFrame(t *testing.T) {
 	want := fmt.Sprintf("larger than %d bytes", cni.MaxMessage)
 	if string(rec[shim.KeyExit]) != "1" || !strings.Contains(string(rec[shim.KeyStdout]), `"code": 7`) || !strings.Contains(string(rec[shim.KeyStdout]), want) {
 		t.Fatalf("exit %s, printed %s; want error 7 saying %q", rec[shim.KeyExit], rec[shim.KeyStdout], want)
+	}
+}
+
+// failingListener fails its first fails accepts with EMFILE, as a listener does while the process
+// is out of file descriptors.
+type failingListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeOutlivesAcceptErrors: failed accepts (EMFILE) are waited out, and the daemon answers the
+// next connection; only the end of its context (or a closed listener) ends Serve.
+func TestServeOutlivesAcceptErrors(t *testing.T) {
+	srv := startServer(t, Config{}, nil)
+	sock := filepath.Join(t.TempDir(), "f.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &failingListener{Listener: l}
+	fl.fails.Store(5)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, fl) }()
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	r, err := cni.Call(cctx, sock, addRequest("c1", 10*time.Second))
+	if err != nil || r.Code != 0 {
+		t.Errorf("ADD after failed accepts: %+v, %v", r, err)
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned on its own: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("Serve at the end of its context: %v", err)
 	}
 }
