@@ -846,3 +846,31 @@ func TestServeOutlivesAcceptErrors(t *testing.T) {
 		t.Errorf("Serve at the end of its context: %v", err)
 	}
 }
+
+// TestLeaderHangupReleasesStateLoop: when the plugin of the request whose operation leads a batch
+// hangs up while it waits before its write, the operation ends then, not at the request's deadline:
+// the state loop serves the next request at once.
+func TestLeaderHangupReleasesStateLoop(t *testing.T) {
+	var pauses atomic.Int64
+	stuck, release := make(chan struct{}), make(chan struct{})
+	srv := startServer(t, Config{Pause: func(context.Context) {
+		if pauses.Add(1) == 1 {
+			close(stuck)
+			<-release
+		}
+	}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); cni.Call(ctx, srv.sock, addRequest("c1", 10*time.Second)) }()
+	<-stuck
+	cancel() // the runtime kills the plugin
+	<-done
+	time.Sleep(300 * time.Millisecond) // > hangupPoll: the hang-up is noticed
+	close(release)
+	start := time.Now()
+	r, err := cni.Call(context.Background(), srv.sock, addRequest("c2", 20*time.Second))
+	// A bound, not a speed target: a held loop waits out c1's 10 s.
+	if took := time.Since(start); took > 5*time.Second || err != nil || r.Code != 0 {
+		t.Errorf("next ADD after %v: %+v, %v (Pause ran %d times)", took, r, err, pauses.Load())
+	}
+}
