@@ -19,6 +19,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
 var k8sArgs = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "ns1"}, {"K8S_POD_NAME", "pod1"}, {"K8S_POD_INFRA_CONTAINER_ID", "c1"}}
@@ -303,4 +304,65 @@ func decodeError(t *testing.T, out []byte) error {
 		t.Fatalf("plugin failed with output %q, not a CNI error", out)
 	}
 	return &te
+}
+
+// TestResolvConfReadOnlyForADD: only ADD prints DNS, so only ADD reads the resolvConf file, in the
+// plugin and in LoadConfig. Once the file is gone, ADD fails with 7 naming the field, and CHECK, GC,
+// STATUS and DEL still succeed: DEL releases, or the pod would stick in Terminating.
+func TestResolvConfReadOnlyForADD(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	resolv := filepath.Join(e.tmp, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 10.96.0.10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"resolvConf": resolv})})
+	res := e.mustAdd(list, rt("c1", "eth0"))
+	if len(res.DNS.Nameservers) != 1 {
+		t.Fatalf("ADD's DNS %+v, want the file's nameserver", res.DNS)
+	}
+	if err := os.Remove(resolv); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.add(list, rt("c2", "eth0"))
+	wantCode(t, err, types.ErrInvalidNetworkConfig, "ipam.resolvConf")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := e.cni.CheckNetworkList(ctx, list, rt("c1", "eth0")); err != nil {
+		t.Errorf("CHECK without the resolvConf file: %v", err)
+	}
+	if err := e.cni.GetStatusNetworkList(ctx, list); err != nil {
+		t.Errorf("STATUS without the resolvConf file: %v", err)
+	}
+	if err := e.cni.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "c1", IfName: "eth0"}}}); err != nil {
+		t.Errorf("GC without the resolvConf file: %v", err)
+	}
+	e.mustDel(list, rt("c1", "eth0"))
+	if s := e.snapshot(); len(s.Allocations) != 0 {
+		t.Fatalf("after DEL: %+v", s.Allocations)
+	}
+
+	// The daemon alone (a frame whose plugin could not read the file): DEL is served.
+	f := []byte(shim.Magic)
+	for k, v := range map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/p",
+		shim.KeyResolvConfErr: "open /etc/cni/resolv.conf: no such file or directory"} {
+		f = shim.AppendRecord(f, k, []byte(v))
+	}
+	f = shim.AppendRecord(f, shim.KeyStdin, []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"resolvConf":"/etc/cni/resolv.conf"}}`))
+	served := false
+	rec, _ := shim.ParseFrame(cni.ServeFrame(f, func(*cni.Request) *cni.Reply { served = true; return &cni.Reply{} }))
+	if !served || string(rec[shim.KeyExit]) != "0" {
+		t.Errorf("DEL frame not served: exit %s %s", rec[shim.KeyExit], rec[shim.KeyStdout])
+	}
+	// LoadConfig reads the file for ADD only.
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"resolvConf":"` + resolv + `"}}`)
+	for _, verb := range []string{"DEL", "CHECK", "GC", "STATUS"} {
+		if _, err := cni.LoadConfig(verb, stdin, ""); err != nil {
+			t.Errorf("LoadConfig %s: %v", verb, err)
+		}
+	}
+	if _, err := cni.LoadConfig("ADD", stdin, ""); err == nil {
+		t.Error("LoadConfig ADD without the resolvConf file succeeded")
+	}
 }

@@ -160,16 +160,17 @@ type Config struct {
 	Timeout     time.Duration
 }
 
-// LoadConfig parses and validates the network configuration and the CNI_ARGS of one call. It opens
-// no connection and reads no file but resolvConf. Errors are *types.Error with code 7 naming the field
-// (4 for a malformed CNI_ARGS).
-func LoadConfig(stdin []byte, cniArgs string) (*Config, error) {
-	return loadConfig(stdin, cniArgs, readResolvConf)
+// LoadConfig parses and validates the network configuration and the CNI_ARGS of one call of verb
+// (the Config's Verb). It opens no connection and reads no file but resolvConf, for ADD only: the
+// other verbs do not print DNS, and DEL must release whatever became of the file. Errors are
+// *types.Error with code 7 naming the field (4 for a malformed CNI_ARGS).
+func LoadConfig(verb string, stdin []byte, cniArgs string) (*Config, error) {
+	return loadConfig(verb, stdin, cniArgs, readResolvConf)
 }
 
 // loadConfig is LoadConfig with resolvConf read by resolv (the daemon is given the file's content by
 // the plugin, which runs in the runtime's mount namespace).
-func loadConfig(stdin []byte, cniArgs string, resolv func(path string) ([]byte, error)) (*Config, error) {
+func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path string) ([]byte, error)) (*Config, error) {
 	var n NetConf
 	err := json.Unmarshal(stdin, &n)
 	if err != nil {
@@ -183,7 +184,7 @@ func loadConfig(stdin []byte, cniArgs string, resolv func(path string) ([]byte, 
 		return nil, configError("ipam", "missing: block-ipam reads its settings from the ipam section")
 	}
 	im := n.IPAM
-	c := &Config{Request: Request{Network: n.Name}, CNIVersion: n.CNIVersion}
+	c := &Config{Request: Request{Verb: verb, Network: n.Name}, CNIVersion: n.CNIVersion}
 	if c.Network == "" {
 		return nil, configError("name", "missing network name")
 	}
@@ -244,7 +245,7 @@ func loadConfig(stdin []byte, cniArgs string, resolv func(path string) ([]byte, 
 	switch {
 	case im.DNS != nil:
 		c.DNS = *im.DNS
-	case im.ResolvConf != "":
+	case im.ResolvConf != "" && verb == "ADD":
 		data, err := resolv(im.ResolvConf)
 		if err != nil {
 			return nil, configError("ipam.resolvConf", "%v", err)

@@ -98,7 +98,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := cni.LoadConfig(confJSON(t, tc.ipam, tc.top), tc.cniArgs)
+			_, err := cni.LoadConfig("ADD", confJSON(t, tc.ipam, tc.top), tc.cniArgs)
 			var te *types.Error
 			if !errors.As(err, &te) {
 				t.Fatalf("err = %v, want *types.Error", err)
@@ -118,7 +118,7 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	}
 
 	// Defaults: the default socket, no node name (the daemon's), etcd settings ignored.
-	c, err := cni.LoadConfig(confJSON(t, nil, nil), "")
+	c, err := cni.LoadConfig("ADD", confJSON(t, nil, nil), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,17 +128,17 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 		t.Errorf("defaults: %+v", c)
 	}
 	// Calico's nodename: in ipam, else at the top level.
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"socket": "/run/x.sock"}, map[string]any{"nodename": "top-node"}), "")
+	c, _ = cni.LoadConfig("ADD", confJSON(t, map[string]any{"socket": "/run/x.sock"}, map[string]any{"nodename": "top-node"}), "")
 	if c.Node != "top-node" || c.Socket != "/run/x.sock" {
 		t.Errorf("top-level nodename %q, socket %q", c.Node, c.Socket)
 	}
-	c, _ = cni.LoadConfig(confJSON(t, map[string]any{"nodename": "ipam-node"}, map[string]any{"nodename": "top-node"}), "")
+	c, _ = cni.LoadConfig("ADD", confJSON(t, map[string]any{"nodename": "ipam-node"}, map[string]any{"nodename": "top-node"}), "")
 	if c.Node != "ipam-node" {
 		t.Errorf("ipam nodename %q", c.Node)
 	}
 
 	// Calico's string booleans and JSON booleans; pools; exclude; result; requested addresses.
-	c, err = cni.LoadConfig(confJSON(t, map[string]any{
+	c, err = cni.LoadConfig("ADD", confJSON(t, map[string]any{
 		"assign_ipv4": false, "assign_ipv6": "true",
 		"ipv6_pools": []string{"fd00:10::/64", "my-pool"}, "exclude": []string{"fd00:10::/126", "fd00:10::9"},
 		"resolvConf": resolv, "gateways": []string{"fd00:10::1"}, "gateway": "10.0.0.1", "result_prefix": "block",
@@ -178,12 +178,12 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if !c.HaveAttachments || len(c.ValidAttachments) != 0 {
 		t.Errorf("an empty valid-attachments list must be present and empty: %v %v", c.HaveAttachments, c.ValidAttachments)
 	}
-	c, _ = cni.LoadConfig(confJSON(t, nil, nil), "IP=10.0.0.7,10.0.0.8")
+	c, _ = cni.LoadConfig("ADD", confJSON(t, nil, nil), "IP=10.0.0.7,10.0.0.8")
 	if len(c.RequestedIPs) != 2 {
 		t.Errorf("CNI_ARGS IP list: %v", c.RequestedIPs)
 	}
 	// libcni's legacy key is honoured too.
-	c, _ = cni.LoadConfig(confJSON(t, nil, map[string]any{"cni.dev/attachments": []any{map[string]string{"containerID": "a", "ifname": "eth0"}}}), "")
+	c, _ = cni.LoadConfig("ADD", confJSON(t, nil, map[string]any{"cni.dev/attachments": []any{map[string]string{"containerID": "a", "ifname": "eth0"}}}), "")
 	if !c.HaveAttachments || len(c.ValidAttachments) != 1 {
 		t.Errorf("legacy attachments: %v", c.ValidAttachments)
 	}

@@ -12,13 +12,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
-	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
-
-// pluginInfo is what block-ipam answers to VERSION, and what skel checks configurations against.
-var pluginInfo = version.PluginSupports(shim.Versions...)
 
 // IsFrame reports whether a request is the plugin's frame (package shim) rather than the JSON Request
 // of a plugin older than it, which the daemon still answers during a rolling upgrade.
@@ -29,7 +25,8 @@ func IsFrame(req []byte) bool { return bytes.HasPrefix(req, []byte(shim.Magic)) 
 // It does what skel did in the plugin (the environment, the configuration's name and CNI version, the
 // version each verb needs, the plugin's own netns after ADD and DEL), then what the plugin's verbs did
 // (LoadConfig, the request, the result in the configuration's CNI version), with the same codes and
-// messages: a runtime sees the same bytes. do serves the request; it is called only for a call that
+// messages: a runtime sees the same bytes. A frame over shim.MaxFrame (serveConn reads one byte
+// more) is refused with 7. do serves the request; it is called only for a call that
 // passed every check, so that a bad configuration fails before any etcd work.
 func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 	fc := &frameCall{}
@@ -39,6 +36,10 @@ func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 			out = fc.reply(nil, &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam %s: internal error: %v", fc.env("CNI_COMMAND"), r)})
 		}
 	}()
+	if len(frame) > shim.MaxFrame {
+		return fc.reply(nil, &types.Error{Code: types.ErrInvalidNetworkConfig,
+			Msg: fmt.Sprintf("block-ipam daemon: the plugin's request is larger than %d bytes: the network configuration is too large", shim.MaxFrame)})
+	}
 	rec, err := shim.ParseFrame(frame)
 	if err != nil {
 		return fc.reply(nil, &types.Error{Code: types.ErrDecodingFailure, Msg: "block-ipam daemon: the plugin's request: " + err.Error()})
@@ -51,9 +52,8 @@ func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 // frameCall is one call of the plugin.
 type frameCall struct {
 	rec map[string][]byte
-	// log is the call's log line, logFile where the plugin appends it.
-	log     bytes.Buffer
-	logFile string
+	// log is the call's log line, which the plugin appends to its log_file.
+	log bytes.Buffer
 }
 
 func (fc *frameCall) env(name string) string { return string(fc.rec[name]) }
@@ -70,7 +70,6 @@ func (fc *frameCall) reply(stdout []byte, err *types.Error) []byte {
 	out = shim.AppendRecord(out, shim.KeyStdout, stdout)
 	if fc.log.Len() > 0 {
 		out = shim.AppendRecord(out, shim.KeyLog, fc.log.Bytes())
-		out = shim.AppendRecord(out, shim.KeyLogFile, []byte(fc.logFile))
 	}
 	return out
 }
@@ -88,46 +87,8 @@ func (fc *frameCall) pluginMain(do func(*Request) *Reply) ([]byte, *types.Error)
 	if err := validateConfig(stdin); err != nil {
 		return nil, err
 	}
-	var minimum string
-	switch cmd {
-	case "ADD", "DEL":
-	case "CHECK":
-		minimum = "0.4.0"
-	case "GC", "STATUS":
-		minimum = "1.1.0"
-	default:
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
-	}
-	if minimum != "" {
-		configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
-		if err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-		}
-		if ok, err := version.GreaterThanOrEqualTo(configVersion, minimum); err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-		} else if !ok {
-			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
-		}
-		supported := false
-		for _, v := range pluginInfo.SupportedVersions() {
-			ok, err := version.GreaterThanOrEqualTo(v, configVersion)
-			if err != nil {
-				return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-			}
-			if supported = ok; ok {
-				break
-			}
-		}
-		if !supported {
-			return nil, types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
-		}
-	}
-	configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
-	if err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
-	}
-	if verErr := (&version.Reconciler{}).Check(configVersion, pluginInfo); verErr != nil {
-		return nil, types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	if serr := shim.CheckVersion(cmd, stdin); serr != nil {
+		return nil, &types.Error{Code: serr.Code, Msg: serr.Msg, Details: serr.Details}
 	}
 	stdout, err := fc.run(cmd, stdin, do)
 	if err != nil {
@@ -161,13 +122,12 @@ func validateConfig(stdin []byte) *types.Error {
 // run is the plugin's verb: load the configuration, ask the daemon (do), render the result for the
 // configuration's CNI version, and log the call.
 func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([]byte, error) {
-	conf, err := loadConfig(stdin, fc.env("CNI_ARGS"), fc.resolvConf)
+	conf, err := loadConfig(verb, stdin, fc.env("CNI_ARGS"), fc.resolvConf)
 	if err != nil {
 		return nil, err
 	}
 	pid, _ := strconv.Atoi(fc.env(shim.KeyPID))
 	log := newLogger(&fc.log, conf.LogLevel, pid)
-	fc.logFile = conf.LogFile
 	if verb == "ADD" {
 		// skel refuses the plugin's own netns only after ADD has printed its result, leaking the
 		// allocation: refuse it first.
@@ -183,7 +143,7 @@ func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([
 		timeout = StatusTimeout
 	}
 	req := conf.Request
-	req.Verb, req.ContainerID, req.IfName, req.Timeout = verb, fc.env("CNI_CONTAINERID"), fc.env("CNI_IFNAME"), timeout
+	req.ContainerID, req.IfName, req.Timeout = fc.env("CNI_CONTAINERID"), fc.env("CNI_IFNAME"), timeout
 
 	start := time.Now()
 	attrs := []any{"container", req.ContainerID, "ifname", req.IfName, "network", conf.Network}

@@ -25,8 +25,8 @@ import (
 const (
 	// DefaultSocket is where the daemon listens and the shim connects unless ipam.socket says otherwise.
 	DefaultSocket = shim.DefaultSocket
-	// MaxMessage bounds a request or reply.
-	MaxMessage = 1 << 20
+	// MaxMessage bounds a request or reply, in either protocol.
+	MaxMessage = shim.MaxFrame
 )
 
 // Request is one CNI operation the shim hands the daemon: the per-network allocation settings of the

@@ -3,7 +3,9 @@ package cni_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -116,6 +119,7 @@ func TestShimMatchesSkel(t *testing.T) {
 		"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "192.0.2.0/24", "gw": "10.244.0.1"}}, "resolvConf": resolv}
 	prev := map[string]any{"prevResult": map[string]any{"cniVersion": "1.0.0", "ips": []map[string]string{{"address": "10.244.0.200/32"}}}}
 	ownNetns := "/proc/self/ns/net"
+	down := map[string]any{"socket": "/nonexistent/x.sock"}
 
 	type tc struct {
 		name  string
@@ -165,6 +169,20 @@ func TestShimMatchesSkel(t *testing.T) {
 		tc{"daemon unreachable: ADD", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
 		tc{"daemon unreachable: DEL", cniEnv("DEL", "c1", "eth0", "/x", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
 		tc{"daemon unreachable: STATUS", cniEnv("STATUS", "", "", "", ""), conf("1.1.0", map[string]any{"socket": "/nonexistent/x.sock"}, nil)},
+		// What skel answers before the plugin's verb: the plugin answers it without the daemon.
+		tc{"daemon unreachable: unknown CNI_COMMAND", cniEnv("FROB", "c1", "eth0", "/x", ""), conf("1.1.0", down, nil)},
+		tc{"daemon unreachable: CHECK at 0.3.1", cniEnv("CHECK", "c1", "eth0", "/x", ""), conf("0.3.1", down, prev)},
+		tc{"daemon unreachable: GC at 1.0.0", cniEnv("GC", "", "", "", ""), conf("1.0.0", down, nil)},
+		tc{"daemon unreachable: STATUS at 0.4.0", cniEnv("STATUS", "", "", "", ""), conf("0.4.0", down, nil)},
+		tc{"daemon unreachable: unsupported cniVersion", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("0.2.0", down, nil)},
+		tc{"daemon unreachable: newer cniVersion", cniEnv("DEL", "c1", "eth0", "/x", ""), conf("1.2.0", down, nil)},
+		tc{"daemon unreachable: bogus cniVersion, CHECK", cniEnv("CHECK", "c1", "eth0", "/x", ""), conf("1.x", down, nil)},
+		tc{"daemon unreachable: cniVersion not a string", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":5,"ipam":{"socket":"/nonexistent/x.sock"}}`)},
+		// skel checks the version before the plugin reads its section.
+		tc{"unsupported cniVersion and no ipam", cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":"0.2.0"}`)},
+		tc{"unsupported cniVersion and a bad socket", cniEnv("ADD", "c1", "eth0", "/x", ""), conf("0.2.0", map[string]any{"socket": "rel.sock"}, nil)},
+		tc{"unknown CNI_COMMAND and no ipam", cniEnv("FROB", "c1", "eth0", "/x", ""), []byte(`{"name":"n","cniVersion":"1.1.0"}`)},
+		tc{"GC at 1.0.0 and a bad socket", cniEnv("GC", "", "", "", ""), conf("1.0.0", map[string]any{"socket": "rel.sock"}, nil)},
 	)
 	for _, c := range cases {
 		// The reference first: the shim repeats its ADD and DEL, which are idempotent.
@@ -269,5 +287,207 @@ func TestValidNameMatchesCNI(t *testing.T) {
 		if got := shim.ValidName(s); got != want {
 			t.Fatalf("ValidName(%q) = %v, the CNI library says %v", s, got, want)
 		}
+	}
+}
+
+// TestShimRefusesOversizedConfig: a configuration that makes a request over the daemon's limit,
+// with the environment and the resolvConf file, or that is itself over it, is error 7 naming the limit,
+// answered by the plugin before it dials: never "daemon unreachable" (11), which the runtime retries for
+// ever.
+func TestShimRefusesOversizedConfig(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	resolv := filepath.Join(e.tmp, "resolv.conf")
+	if err := os.WriteFile(resolv, bytes.Repeat([]byte("search a.example\n"), 3000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := pluginConf(t, e.list(netOpts{cniVersion: "1.1.0", ipam: e.ipam("node1", map[string]any{"resolvConf": resolv})}))
+	// Over with the resolvConf file (51 KB), with the environment, and on its own.
+	for _, size := range []int{shim.MaxFrame - 20000, shim.MaxFrame - 200, shim.MaxFrame + 10} {
+		stdin := append(bytes.Clone(bytes.TrimSuffix(bytes.TrimSpace(base), []byte("}"))), `,"pad":"`...)
+		stdin = append(append(stdin, bytes.Repeat([]byte("x"), size-len(stdin)-2)...), `"}`...)
+		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 7`) || !strings.Contains(got.stdout, fmt.Sprintf("limit of %d bytes", shim.MaxFrame)) {
+			t.Errorf("stdin of %d bytes: exit %d, %s", len(stdin), got.exit, got.stdout)
+		}
+	}
+}
+
+// skelCheckVersion is skel's check of the command and the configuration's version
+// (containernetworking/cni v1.3.0 skel.pluginMain and checkVersionAndCall), with the CNI library:
+// the reference shim.CheckVersion is compared with.
+func skelCheckVersion(cmd string, stdin []byte) *types.Error {
+	info := version.PluginSupports(shim.Versions...)
+	var minimum string
+	switch cmd {
+	case "ADD", "DEL":
+	case "CHECK":
+		minimum = "0.4.0"
+	case "GC", "STATUS":
+		minimum = "1.1.0"
+	default:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
+	}
+	configVersion, err := (&version.ConfigDecoder{}).Decode(stdin)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	if minimum != "" {
+		if ok, err := version.GreaterThanOrEqualTo(configVersion, minimum); err != nil {
+			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		} else if !ok {
+			return types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
+		}
+		supported := false
+		for _, v := range info.SupportedVersions() {
+			ok, err := version.GreaterThanOrEqualTo(v, configVersion)
+			if err != nil {
+				return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+			}
+			if supported = ok; ok {
+				break
+			}
+		}
+		if !supported {
+			return types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
+		}
+	}
+	if verErr := (&version.Reconciler{}).Check(configVersion, info); verErr != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	}
+	return nil
+}
+
+// TestCheckVersionMatchesCNI: the plugin's check of the command and the cniVersion (no CNI library:
+// it costs the plugin's start) gives skel's codes and words, for listed and random versions.
+func TestCheckVersionMatchesCNI(t *testing.T) {
+	versions := []any{nil, 5, true, "", "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.2.0", "2.0.0", "1.x", "x",
+		"1.0.0.0", "01.1.0", "1.1", "1", "-1.0.0", " 1.0.0", "1..0", "1.1.0-rc1", "99999999999999999999.0.0", "+1.1.0", "1.1.0\n", "é"}
+	alphabet := []byte("0149.-+ xé")
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		b := make([]byte, i%7)
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		versions = append(versions, string(b))
+	}
+	for _, v := range versions {
+		conf := map[string]any{"name": "n"}
+		if v != nil {
+			conf["cniVersion"] = v
+		}
+		stdin, err := json.Marshal(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"ADD", "DEL", "CHECK", "GC", "STATUS", "FROB"} {
+			got, want := shim.CheckVersion(cmd, stdin), skelCheckVersion(cmd, stdin)
+			if (got == nil) != (want == nil) || got != nil && (got.Code != want.Code || got.Msg != want.Msg || got.Details != want.Details) {
+				t.Fatalf("%s %s: the plugin says %+v, skel %+v", cmd, stdin, got, want)
+			}
+		}
+	}
+}
+
+// fakeDaemon serves sock with answer, one goroutine per connection, after reading the request,
+// until the test ends.
+func fakeDaemon(t *testing.T, answer func(net.Conn)) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "d.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				io.Copy(io.Discard, c)
+				answer(c)
+			}()
+		}
+	}()
+	return sock
+}
+
+// TestShimIncompleteReply: a reply cut short (the daemon died while answering) is 11, try again
+// later, not 999: the operation's outcome is unknown and the runtime's retry is idempotent.
+func TestShimIncompleteReply(t *testing.T) {
+	whole := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	afterExit := len(whole)
+	whole = shim.AppendRecord(whole, shim.KeyStdout, bytes.Repeat([]byte("r"), 300))
+	for _, cut := range []int{len(shim.Magic) + 3, afterExit, afterExit + 10, len(whole) - 1} {
+		sock := fakeDaemon(t, func(c net.Conn) { c.Write(whole[:cut]) })
+		stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","socket":"` + sock + `"}}`)
+		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "incomplete reply") {
+			t.Errorf("reply cut at %d of %d bytes: exit %d, %s", cut, len(whole), got.exit, got.stdout)
+		}
+	}
+}
+
+// TestShimTimeoutBoundsTheExchange: the configured timeout bounds the whole wait for the reply, not
+// each read: a daemon that trickles its reply a byte at a time is given up on after it (11).
+func TestShimTimeoutBoundsTheExchange(t *testing.T) {
+	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	reply = shim.AppendRecord(reply, shim.KeyStdout, bytes.Repeat([]byte("r"), 400))
+	sock := fakeDaemon(t, func(c net.Conn) {
+		for i := range reply { // 400 bytes at 50 ms: 20 s
+			if _, err := c.Write(reply[i : i+1]); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","timeout":"1s","socket":"` + sock + `"}}`)
+	start := time.Now()
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), stdin)
+	took := time.Since(start)
+	if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "no answer within 1s") {
+		t.Errorf("exit %d, %s", got.exit, got.stdout)
+	}
+	// A bound, not a speed target: without it the plugin waits the whole 20 s of the trickle.
+	if took > 10*time.Second {
+		t.Errorf("the plugin waited %v with a timeout of 1s", took)
+	}
+}
+
+// TestShimLogsWhereItsConfigurationSays: the plugin appends the daemon's log line to the log_file it
+// read itself; it opens no path named by the daemon (the plugin runs as root).
+func TestShimLogsWhereItsConfigurationSays(t *testing.T) {
+	dir := t.TempDir()
+	mine, named := filepath.Join(dir, "plugin.log"), filepath.Join(dir, "daemon-named.log")
+	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	reply = shim.AppendRecord(reply, shim.KeyStdout, nil)
+	reply = shim.AppendRecord(reply, shim.KeyLog, []byte("level=INFO msg=DEL\n"))
+	reply = shim.AppendRecord(reply, "log_file", []byte(named))
+	sock := fakeDaemon(t, func(c net.Conn) { c.Write(reply) })
+	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","log_file":"` + mine + `","socket":"` + sock + `"}}`)
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("DEL", "c1", "eth0", "", ""), stdin)
+	if got.exit != 0 {
+		t.Fatalf("exit %d, %s", got.exit, got.stdout)
+	}
+	if data, err := os.ReadFile(mine); err != nil || string(data) != "level=INFO msg=DEL\n" {
+		t.Errorf("log_file %s: %q, %v", mine, data, err)
+	}
+	if _, err := os.Stat(named); !os.IsNotExist(err) {
+		t.Errorf("the plugin opened the path the daemon named: %v", err)
 	}
 }

@@ -983,7 +983,7 @@ func TestCNIConfigsLoadInBlockIPAM(t *testing.T) {
 			}
 			p["name"], p["cniVersion"] = conf.Name, conf.CNIVersion
 			stdin, _ := json.Marshal(p)
-			cfg, err := cni.LoadConfig(stdin, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1")
+			cfg, err := cni.LoadConfig("ADD", stdin, "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;IgnoreUnknown=1")
 			if err != nil {
 				t.Errorf("%s: block-ipam rejects the example: %v", f, err)
 				continue

@@ -40,6 +40,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
 
@@ -417,18 +418,25 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// A failed accept (EMFILE in a burst of connections, ...) is waited out, as net/http's Serve
+	// does: the daemon serves again once file descriptors are free.
+	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
 		conn, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept on the socket: %w", err)
 			}
-			return fmt.Errorf("accept on the socket: %w", err)
+			s.log.Warn("accepting a connection on the socket; retrying", "err", err)
+			if !bo.Wait(ctx) {
+				return nil
+			}
+			continue
 		}
+		bo.Reset()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -451,7 +459,14 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 		s.log.Warn("reading a request from the socket", "err", err)
 		return
 	case len(data) > cni.MaxMessage:
-		out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
+		// Read the rest (within the read deadline) before answering: a connection closed with
+		// data unread is reset, and the client would get ECONNRESET instead of the answer.
+		io.Copy(io.Discard, conn)
+		if cni.IsFrame(data) {
+			out = cni.ServeFrame(data, nil)
+		} else {
+			out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
+		}
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()

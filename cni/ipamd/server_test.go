@@ -1,16 +1,21 @@
 package ipamd
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +24,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
@@ -762,5 +768,109 @@ func TestBatchAnswersEachByItsDeadline(t *testing.T) {
 				t.Fatalf("invariants: %v", err)
 			}
 		})
+	}
+}
+
+// TestOversizedFrameAnsweredAsFrame: a plugin's request over cni.MaxMessage is answered in the
+// plugin's protocol (a frame with error 7 naming the limit), not in the JSON of the plugins before it,
+// and read to its end first, so that the client gets the answer rather than a reset connection.
+func TestOversizedFrameAnsweredAsFrame(t *testing.T) {
+	srv := startServer(t, Config{}, nil)
+	frame := shim.AppendRecord([]byte(shim.Magic), "CNI_COMMAND", []byte("ADD"))
+	frame = shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), cni.MaxMessage))
+	conn, err := net.Dial("unix", srv.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatalf("sending %d bytes: %v", len(frame), err)
+	}
+	conn.(*net.UnixConn).CloseWrite()
+	reply, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatalf("reading the reply: %v", err)
+	}
+	rec, err := shim.ParseFrame(reply)
+	if err != nil {
+		t.Fatalf("reply %.200q: %v", reply, err)
+	}
+	want := fmt.Sprintf("larger than %d bytes", cni.MaxMessage)
+	if string(rec[shim.KeyExit]) != "1" || !strings.Contains(string(rec[shim.KeyStdout]), `"code": 7`) || !strings.Contains(string(rec[shim.KeyStdout]), want) {
+		t.Fatalf("exit %s, printed %s; want error 7 saying %q", rec[shim.KeyExit], rec[shim.KeyStdout], want)
+	}
+}
+
+// failingListener fails its first fails accepts with EMFILE, as a listener does while the process
+// is out of file descriptors.
+type failingListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeOutlivesAcceptErrors: failed accepts (EMFILE) are waited out, and the daemon answers the
+// next connection; only the end of its context (or a closed listener) ends Serve.
+func TestServeOutlivesAcceptErrors(t *testing.T) {
+	srv := startServer(t, Config{}, nil)
+	sock := filepath.Join(t.TempDir(), "f.sock")
+	l, err := Listen(sock, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &failingListener{Listener: l}
+	fl.fails.Store(5)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, fl) }()
+	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ccancel()
+	r, err := cni.Call(cctx, sock, addRequest("c1", 10*time.Second))
+	if err != nil || r.Code != 0 {
+		t.Errorf("ADD after failed accepts: %+v, %v", r, err)
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned on its own: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("Serve at the end of its context: %v", err)
+	}
+}
+
+// TestLeaderHangupReleasesStateLoop: when the plugin of the request whose operation leads a batch
+// hangs up while it waits before its write, the operation ends then, not at the request's deadline:
+// the state loop serves the next request at once.
+func TestLeaderHangupReleasesStateLoop(t *testing.T) {
+	var pauses atomic.Int64
+	stuck, release := make(chan struct{}), make(chan struct{})
+	srv := startServer(t, Config{Pause: func(context.Context) {
+		if pauses.Add(1) == 1 {
+			close(stuck)
+			<-release
+		}
+	}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); cni.Call(ctx, srv.sock, addRequest("c1", 10*time.Second)) }()
+	<-stuck
+	cancel() // the runtime kills the plugin
+	<-done
+	time.Sleep(300 * time.Millisecond) // > hangupPoll: the hang-up is noticed
+	close(release)
+	start := time.Now()
+	r, err := cni.Call(context.Background(), srv.sock, addRequest("c2", 20*time.Second))
+	// A bound, not a speed target: a held loop waits out c1's 10 s.
+	if took := time.Since(start); took > 5*time.Second || err != nil || r.Code != 0 {
+		t.Errorf("next ADD after %v: %+v, %v (Pause ran %d times)", took, r, err, pauses.Load())
 	}
 }

@@ -28,13 +28,14 @@ func (e *Error) JSON() []byte {
 
 // CNI error codes the plugin returns on its own.
 const (
-	ErrInvalidEnvironment   uint = 4
-	ErrIOFailure            uint = 5
-	ErrDecodingFailure      uint = 6
-	ErrInvalidNetworkConfig uint = 7
-	ErrTryAgainLater        uint = 11
-	ErrPluginNotAvailable   uint = 50
-	ErrInternal             uint = 999
+	ErrIncompatibleCNIVersion uint = 1
+	ErrInvalidEnvironment     uint = 4
+	ErrIOFailure              uint = 5
+	ErrDecodingFailure        uint = 6
+	ErrInvalidNetworkConfig   uint = 7
+	ErrTryAgainLater          uint = 11
+	ErrPluginNotAvailable     uint = 50
+	ErrInternal               uint = 999
 )
 
 // maxInterfaceNameLength is Linux's IFNAMSIZ less the terminating zero.

@@ -23,7 +23,7 @@ const (
 	// error message when it could not read its own network namespace. Absent when not checked
 	// (other verbs, CNI_NETNS_OVERRIDE).
 	KeyNetNS = "netns"
-	// KeyResolvConf is the content of ipam.resolvConf, read by the plugin, which runs in the
+	// KeyResolvConf is the content of ipam.resolvConf for ADD, read by the plugin, which runs in the
 	// runtime's mount namespace (the daemon may not); KeyResolvConfErr why it could not be read.
 	KeyResolvConf    = "resolvConf"
 	KeyResolvConfErr = "resolvConf.err"
@@ -41,10 +41,9 @@ const (
 	KeyExit = "exit"
 	// KeyStdout is what the plugin prints: the result or the CNI error, rendered as skel prints it.
 	KeyStdout = "stdout"
-	// KeyLog is the plugin's log line (with its newline), KeyLogFile the file it appends it to
-	// (empty: stderr).
-	KeyLog     = "log"
-	KeyLogFile = "log_file"
+	// KeyLog is the plugin's log line (with its newline), which the plugin appends to the log_file
+	// it read from the configuration (stderr without one).
+	KeyLog = "log"
 )
 
 // Env lists the CNI environment variables a request frame carries.

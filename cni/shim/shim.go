@@ -3,9 +3,10 @@
 // find the daemon's socket, and hands the whole call (the environment and stdin as the runtime gave
 // them) to the node daemon, which does every other part of CNI's semantics (package cni: skel's
 // checks, the configuration, the result in the configuration's CNI version) and returns the bytes to
-// print, the exit code and the log line. VERSION and the environment checks are answered here, so
-// that they work without the daemon; ADD and DEL fail with 11 (try again later) and STATUS with 50
-// when the daemon cannot be asked.
+// print, the exit code and the log line. VERSION, the environment checks and the command's and
+// cniVersion's (CheckVersion) are answered here, so that they work without the daemon; ADD and DEL
+// fail with 11 (try again later) and STATUS with 50 when the daemon cannot be asked or its answer is
+// cut short.
 //
 // Why so little: a Go program's start is most of what an exec'd plugin costs, and the runtime pays
 // it on every ADD and DEL. This package links no CNI library, no net package (its poller starts
@@ -60,6 +61,9 @@ func Main(about string) int {
 		return 0
 	}
 	stdin, rerr := readAll(0, MaxFrame)
+	if rerr == errTooLarge {
+		return fail(tooLarge(len(stdin)))
+	}
 	if rerr != nil {
 		return fail(&Error{Code: ErrIOFailure, Msg: "error reading from stdin: " + rerr.Error()})
 	}
@@ -89,6 +93,11 @@ func Main(about string) int {
 		}
 	}
 	frame = AppendRecord(frame, KeyStdin, stdin)
+	if len(frame) > MaxFrame {
+		// The daemon would refuse it: say so without asking, and not as an unreachable daemon,
+		// which the runtime retries for ever.
+		return fail(tooLarge(len(frame)))
+	}
 
 	data, cerr := exchange(conf.socket, frame, conf.timeout)
 	if cerr == nil && !strings.HasPrefix(string(data), Magic) {
@@ -97,8 +106,12 @@ func Main(about string) int {
 	var reply map[string][]byte
 	if cerr == nil {
 		var perr error
-		if reply, perr = ParseFrame(data); perr != nil {
-			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": undecodable reply: " + perr.Error()}
+		if reply, perr = ParseFrame(data); perr == nil && (reply[KeyExit] == nil || reply[KeyStdout] == nil) {
+			perr = errors.New("no exit code or output")
+		}
+		if perr != nil {
+			// A daemon that dies mid-reply leaves it cut short: the outcome is unknown.
+			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": incomplete reply (" + perr.Error() + "): it may have stopped while answering", unreachable: true}
 		}
 	}
 	if cerr != nil {
@@ -114,7 +127,8 @@ func Main(about string) int {
 		return fail(e)
 	}
 	if line := reply[KeyLog]; len(line) > 0 {
-		appendLog(string(reply[KeyLogFile]), line)
+		// The file is the one this plugin read from the configuration: it opens no path the daemon names.
+		appendLog(conf.logFile, line)
 	}
 	writeAll(1, reply[KeyStdout])
 	if string(reply[KeyExit]) == "0" {
@@ -147,8 +161,9 @@ type conf struct {
 // parseConf finds the daemon's socket and what the plugin must read or wait for on the daemon's
 // behalf. It decodes raw values only: what it does not need, and what is wrong in what it does not
 // need, is the daemon's to report, with the same messages as when it is given the whole call. What
-// fails here, with skel's and LoadConfig's messages: JSON that is not JSON, a missing or malformed
-// name, a missing ipam section, a socket that cannot be one.
+// fails here, in skel's order and with skel's and LoadConfig's messages: JSON that is not JSON, a
+// missing or malformed name, an unknown command, a cniVersion the verb or the plugin does not
+// allow, a missing ipam section, a socket that cannot be one.
 func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 	var top struct {
 		Name json.RawMessage `json:"name"`
@@ -177,6 +192,11 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "missing network name"}
 	case !ValidName(name):
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "invalid characters found in network name", Details: name}
+	}
+	if err := CheckVersion(cmd, stdin); err != nil {
+		return nil, err
+	}
+	switch {
 	case len(top.IPAM) == 0 || string(top.IPAM) == "null":
 		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam: missing: block-ipam reads its settings from the ipam section"}
 	}
@@ -209,7 +229,8 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 	if cmd == "STATUS" {
 		c.timeout = StatusTimeout
 	}
-	if len(im.DNS) == 0 || string(im.DNS) == "null" {
+	if cmd == "ADD" && (len(im.DNS) == 0 || string(im.DNS) == "null") {
+		// Only ADD prints DNS; DEL must release whatever became of the file.
 		c.resolvConf = str(im.ResolvConf)
 	}
 	return c, nil
@@ -263,6 +284,9 @@ func readResolvConf(path string) ([]byte, error) {
 		return nil, errors.New(path + " is " + strconv.FormatInt(st.Size, 10) + " bytes, more than a resolv.conf (" + strconv.Itoa(MaxResolvConf) + ")")
 	}
 	data, err := readAll(fd, MaxResolvConf)
+	if err == errTooLarge {
+		return nil, errors.New(path + " is more than a resolv.conf (" + strconv.Itoa(MaxResolvConf) + " bytes)")
+	}
 	if err != nil {
 		return nil, errors.New("read " + path + ": " + err.Error())
 	}
@@ -302,7 +326,17 @@ func open(path string, flags int, perm uint32) (int, error) {
 	}
 }
 
-// readAll reads fd to its end, at most limit bytes.
+// errTooLarge is readAll's error for more than its limit.
+var errTooLarge = errors.New("too large")
+
+// tooLarge is the error of a call whose request (stdin, the environment and the resolvConf file)
+// would be more than MaxFrame bytes: n, or more when stdin was not read to its end.
+func tooLarge(n int) *Error {
+	return &Error{Code: ErrInvalidNetworkConfig, Msg: "the network configuration is too large: with the call's environment and the resolvConf file it makes a request of " +
+		strconv.Itoa(n) + " bytes or more, over block-ipam's limit of " + strconv.Itoa(MaxFrame) + " bytes"}
+}
+
+// readAll reads fd to its end, at most limit bytes (errTooLarge beyond).
 func readAll(fd, limit int) ([]byte, error) {
 	buf := make([]byte, 0, 4096)
 	for {
@@ -320,7 +354,7 @@ func readAll(fd, limit int) ([]byte, error) {
 		}
 		buf = buf[:len(buf)+n]
 		if len(buf) > limit {
-			return buf, errors.New("more than " + strconv.Itoa(limit) + " bytes")
+			return buf, errTooLarge
 		}
 	}
 }
@@ -347,7 +381,9 @@ type callError struct {
 }
 
 // exchange sends frame to the daemon at socket and returns its reply, within timeout: one
-// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes.
+// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes. The
+// kernel's send and receive timeouts bound one system call each, and a retry after EINTR would
+// restart them: before each call they are set to the time left of the whole exchange.
 func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *callError) {
 	unreachable := func(what string, err error) *callError {
 		if err == syscall.EAGAIN {
@@ -361,12 +397,24 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		return nil, unreachable("socket", err)
 	}
 	defer syscall.Close(fd)
-	tv := syscall.NsecToTimeval(timeout.Nanoseconds())
-	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
-	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	// within sets the socket's timeout opt to the time left, or fails with EAGAIN (a timeout) when
+	// none is.
+	within := func(opt int) error {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return syscall.EAGAIN
+		}
+		tv := syscall.NsecToTimeval(left.Nanoseconds())
+		if tv.Sec == 0 && tv.Usec == 0 {
+			tv.Usec = 1 // zero would mean no timeout
+		}
+		return syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, opt, &tv)
+	}
 	for {
-		err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: socket})
-		if err != syscall.EINTR || time.Now().After(deadline) {
+		if err = within(syscall.SO_SNDTIMEO); err == nil {
+			err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: socket})
+		}
+		if err != syscall.EINTR {
 			break
 		}
 	}
@@ -374,8 +422,11 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		return nil, unreachable("dial unix "+socket+": connect", err)
 	}
 	for b := frame; len(b) > 0; {
-		n, err := syscall.SendmsgN(fd, b, nil, nil, syscall.MSG_NOSIGNAL)
-		if err == syscall.EINTR && time.Now().Before(deadline) {
+		n, err := 0, within(syscall.SO_SNDTIMEO)
+		if err == nil {
+			n, err = syscall.SendmsgN(fd, b, nil, nil, syscall.MSG_NOSIGNAL)
+		}
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {
@@ -391,8 +442,11 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
-		if err == syscall.EINTR && time.Now().Before(deadline) {
+		n, err := 0, within(syscall.SO_RCVTIMEO)
+		if err == nil {
+			n, err = syscall.Read(fd, buf[len(buf):cap(buf)])
+		}
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {

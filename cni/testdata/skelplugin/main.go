@@ -40,7 +40,7 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 			err = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam %s: internal error: %v", verb, r)}
 		}
 	}()
-	conf, err := cni.LoadConfig(args.StdinData, args.Args)
+	conf, err := cni.LoadConfig(verb, args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 		timeout = cni.StatusTimeout
 	}
 	req := conf.Request
-	req.Verb, req.ContainerID, req.IfName, req.Timeout = verb, args.ContainerID, args.IfName, timeout
+	req.ContainerID, req.IfName, req.Timeout = args.ContainerID, args.IfName, timeout
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
