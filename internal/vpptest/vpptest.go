@@ -207,12 +207,6 @@ func (v *VPP) ReleaseUplink() {
 	}
 }
 
-// HasUplink reports whether the uplink exists now.
-func (v *VPP) HasUplink() bool {
-	v.t.Helper()
-	return slices.ContainsFunc(v.Interfaces(), func(i vppsim.Interface) bool { return i.Name == v.uplink })
-}
-
 // WaitUplink waits until the uplink exists and returns when it was first seen.
 func (v *VPP) WaitUplink(within time.Duration) time.Time {
 	v.t.Helper()
