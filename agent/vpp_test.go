@@ -196,6 +196,46 @@ func TestLongResyncKeepsHealth(t *testing.T) {
 	c.waitFor("drift repaired", settle, func() bool { return slices.Equal(c.fib("a"), want) })
 }
 
+// TestSlowVPPReconnectsKeepHealth: a VPP so slow (600 ms a request, against a reply timeout of 1 s) that
+// the agent's health probes go unanswered and it reconnects again and again, each time setting up the
+// uplink and dumping the table against the slow VPP. Throughout, sampled every 50 ms over three reconnect
+// cycles, the reconcile loop counts as alive for /healthz and the watchdog within 1.5 s (the idle loop
+// turns every second, so a window of 1 s is missed by scheduling jitter alone); meanwhile /readyz and
+// vpp_connected say that VPP does not answer.
+func TestSlowVPPReconnectsKeepHealth(t *testing.T) {
+	const window = 1500 * time.Millisecond
+	c := newCluster(t, clusterOpts{resync: 200 * time.Millisecond}, "a", "b")
+	for i := range 8 {
+		c.putBlock(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 0}), 26).String(), "b", nil)
+	}
+	c.waitFor("routes", settle, func() bool { return len(c.fib("a")) == 8 })
+	want := c.fib("a")
+	a := c.nodes["a"]
+	a.sim.SetFaults(vppsim.Faults{ReplyDelay: 600 * time.Millisecond})
+	defer a.sim.SetFaults(vppsim.Faults{})
+	reconnects := func() float64 { return c.metric("a", "vpp_route_agent_vpp_reconnects_total") }
+	from := reconnects()
+	const cycles = 3
+	shown := false // /readyz and vpp_connected said VPP did not answer
+	deadline := time.Now().Add(60 * time.Second)
+	for ; reconnects() < from+cycles || !shown; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60 s: %v reconnects, VPP shown as not answering: %v; want %d and true", reconnects()-from, shown, cycles)
+		}
+		if !a.agent.HealthyWithin(window) {
+			t.Fatalf("the reconcile loop neither turned within %s nor was busy on VPP", window)
+		}
+		_, missing := a.agent.Ready()
+		if slices.ContainsFunc(missing, func(m string) bool { return strings.HasPrefix(m, "VPP not connected: VPP not responding") }) &&
+			c.metric("a", "vpp_route_agent_vpp_connected") == 0 {
+			shown = true
+		}
+	}
+	a.sim.SetFaults(vppsim.Faults{})
+	c.waitFor("ready again", settle, func() bool { ok, _ := a.agent.Ready(); return ok })
+	c.eventually("a", want, settle)
+}
+
 // TestStalledVPPShows: a VPP that stops answering is reported as not connected, with why.
 func TestStalledVPPShows(t *testing.T) {
 	c := newCluster(t, clusterOpts{}, "a")

@@ -19,10 +19,15 @@ type Loop struct {
 // Turn records a turn of the loop.
 func (l *Loop) Turn() { l.heartbeat.Store(time.Now().UnixNano()) }
 
-// Busy marks the loop as working until deadline; the returned func ends the mark.
+// Busy marks the loop as working until deadline; the returned func ends the mark and records a turn:
+// the loop that just finished its work is alive, however long ago it last turned, and the work it does
+// before its next turn (unmarked) is measured from here.
 func (l *Loop) Busy(deadline time.Time) (done func()) {
 	l.busyUntil.Store(deadline.UnixNano())
-	return func() { l.busyUntil.Store(0) }
+	return func() {
+		l.Turn()
+		l.busyUntil.Store(0)
+	}
 }
 
 // HealthyWithin reports whether the loop has turned within d, or is doing work whose deadline has

@@ -22,9 +22,14 @@ func TestLoop(t *testing.T) {
 	if !l.HealthyWithin(10 * time.Millisecond) {
 		t.Fatal("busy within its deadline, not healthy")
 	}
+	time.Sleep(20 * time.Millisecond)
 	done()
+	if !l.HealthyWithin(10 * time.Millisecond) {
+		t.Fatal("unhealthy just after its work ended: the end of the work is a turn")
+	}
+	time.Sleep(20 * time.Millisecond)
 	if l.HealthyWithin(10 * time.Millisecond) {
-		t.Fatal("healthy after the work ended without a turn")
+		t.Fatal("healthy 20 ms after its work ended, within 10 ms")
 	}
 	l.Busy(time.Now().Add(-time.Second))
 	if l.HealthyWithin(10 * time.Millisecond) {
