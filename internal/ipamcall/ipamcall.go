@@ -15,7 +15,6 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -42,12 +41,12 @@ func Call(ctx context.Context, socket string, req *cni.Request) (*cni.Reply, err
 }
 
 // Frame returns the CNI environment and the network configuration of a call that makes the daemon
-// serve req: the per-network settings become the ipam section (assign_ipv4 and assign_ipv6 are left
-// to their defaults when req assigns nothing and is not an ADD), the attachments of GC its
-// cni.dev/valid-attachments, Namespace and Pod CNI_ARGS. CHECK's PrevIPs are not supported.
+// serve req: the per-network settings the tests use become the ipam section (assign_ipv4 and
+// assign_ipv6 are left to their defaults when req assigns nothing and is not an ADD), the
+// attachments of GC its cni.dev/valid-attachments. The other settings are refused.
 func Frame(req *cni.Request) (env map[string]string, stdin []byte, err error) {
-	if len(req.PrevIPs) > 0 {
-		return nil, nil, errors.New("ipamcall: PrevIPs are not supported")
+	if len(req.PrevIPs) > 0 || len(req.RequestedIPs) > 0 || len(req.Exclude) > 0 || req.MaxBlocks != 0 || req.Namespace != "" || req.Pod != "" {
+		return nil, nil, errors.New("ipamcall: a request's PrevIPs, RequestedIPs, Exclude, MaxBlocks, Namespace and Pod are not supported")
 	}
 	env = map[string]string{"CNI_COMMAND": req.Verb, "CNI_PATH": "/opt/cni/bin"}
 	if req.ContainerID != "" {
@@ -59,16 +58,6 @@ func Frame(req *cni.Request) (env map[string]string, stdin []byte, err error) {
 	switch req.Verb {
 	case "ADD", "DEL", "CHECK":
 		env["CNI_NETNS"] = "/var/run/netns/test"
-	}
-	var args []string
-	if req.Namespace != "" {
-		args = append(args, "K8S_POD_NAMESPACE="+req.Namespace)
-	}
-	if req.Pod != "" {
-		args = append(args, "K8S_POD_NAME="+req.Pod)
-	}
-	if len(args) > 0 {
-		env["CNI_ARGS"] = strings.Join(args, ";")
 	}
 
 	ipam := map[string]any{"type": "block-ipam", "result_prefix": "block"}
@@ -93,19 +82,10 @@ func Frame(req *cni.Request) (env map[string]string, stdin []byte, err error) {
 		}
 		ipam[key] = pools
 	}
-	if len(req.Exclude) > 0 {
-		ipam["exclude"] = req.Exclude
-	}
-	if req.MaxBlocks != 0 {
-		ipam["max_blocks_per_host"] = req.MaxBlocks
-	}
 	if req.Timeout > 0 {
 		ipam["timeout"] = req.Timeout.String()
 	}
 	conf := map[string]any{"cniVersion": "1.1.0", "name": req.Network, "ipam": ipam}
-	if len(req.RequestedIPs) > 0 {
-		conf["runtimeConfig"] = map[string]any{"ips": req.RequestedIPs}
-	}
 	if req.HaveAttachments {
 		valid := req.ValidAttachments
 		if valid == nil {
