@@ -16,10 +16,6 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
-// IsFrame reports whether a request is the plugin's frame (package shim) rather than the JSON Request
-// of a plugin older than it, which the daemon still answers during a rolling upgrade.
-func IsFrame(req []byte) bool { return bytes.HasPrefix(req, []byte(shim.Magic)) }
-
 // ServeFrame answers one call of the plugin: frame carries the CNI environment and stdin as the
 // runtime gave them, and the reply frame what the plugin prints, its exit code and its log line.
 // It does what skel did in the plugin (the environment, the configuration's name and CNI version, the

@@ -20,6 +20,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"net/netip"
 )
@@ -125,7 +126,7 @@ func TestDaemonOverMutualTLS(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-		reply, err = cni.Call(cctx, sock, &cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}})
+		reply, err = ipamcall.Call(cctx, sock, &cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}})
 		ccancel()
 		if err == nil || time.Now().After(deadline) {
 			break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 )
 
 // BenchmarkServe measures one request's time in the daemon, through its socket, on an embedded etcd:
@@ -20,7 +21,7 @@ func BenchmarkServe(b *testing.B) {
 		b.Run(verb, func(b *testing.B) {
 			sock := startServer(b, Config{}, nil).sock
 			call := func(req *cni.Request) {
-				r, err := cni.Call(context.Background(), sock, req)
+				r, err := ipamcall.Call(context.Background(), sock, req)
 				if err != nil || r.Err() != nil {
 					b.Fatal(err, r.Err())
 				}
@@ -63,7 +64,7 @@ func BenchmarkServeConcurrent(b *testing.B) {
 				var wg sync.WaitGroup
 				for i := range 100 {
 					wg.Go(func() {
-						r, err := cni.Call(context.Background(), srv.sock, req(i))
+						r, err := ipamcall.Call(context.Background(), srv.sock, req(i))
 						if err != nil || r.Err() != nil {
 							b.Error(err, r.Err())
 							return

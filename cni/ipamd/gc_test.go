@@ -15,6 +15,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
 
@@ -100,7 +101,7 @@ func TestGCSnapshotOfALargeCluster(t *testing.T) {
 	slow := &slowKV{}
 	srv := startServerKV(t, Config{CallTimeout: callTimeout}, nil, func(kv clientv3.KV) clientv3.KV { slow.KV = kv; return slow })
 	size := putOtherNodesBlocks(t, srv.cli, blocks, 50)
-	if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+	if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
 		t.Fatal(err, r.Err())
 	}
 	// A page of gcPageSize blocks arrives in a quarter of a CallTimeout; all the blocks in about
@@ -115,7 +116,7 @@ func TestGCSnapshotOfALargeCluster(t *testing.T) {
 	}
 
 	start := time.Now()
-	r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 20 * time.Second})
+	r, err := ipamcall.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 20 * time.Second})
 	if err != nil || r.Err() != nil || r.Released != 1 {
 		t.Fatalf("GC: %+v %v", r, err)
 	}
@@ -139,12 +140,12 @@ func TestGCManyStaleHandles(t *testing.T) {
 		t.Run(fmt.Sprintf("/%d-%d", tc.bits, tc.stale), func(t *testing.T) {
 			srv := startServer(t, Config{}, nil, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: tc.bits})
 			for i := range tc.stale + 1 {
-				if r, err := cni.Call(context.Background(), srv.sock, addRequest(fmt.Sprintf("c%03d", i), 5*time.Second)); err != nil || r.Err() != nil {
+				if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest(fmt.Sprintf("c%03d", i), 5*time.Second)); err != nil || r.Err() != nil {
 					t.Fatal(err, r.Err())
 				}
 			}
 			keep := types.GCAttachment{ContainerID: fmt.Sprintf("c%03d", tc.stale), IfName: "eth0"}
-			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true,
+			r, err := ipamcall.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true,
 				ValidAttachments: []types.GCAttachment{keep}, Timeout: 20 * time.Second})
 			if err != nil || r.Err() != nil || r.Released != tc.stale {
 				t.Fatalf("GC released %d of %d: %v %v", r.Released, tc.stale, err, r.Err())
@@ -183,11 +184,11 @@ func TestGCSnapshotSurvivesAPageError(t *testing.T) {
 			flaky := &flakyKV{err: pageErr}
 			srv := startServerKV(t, Config{}, nil, func(kv clientv3.KV) clientv3.KV { flaky.KV = kv; return flaky })
 			putOtherNodesBlocks(t, srv.cli, gcPageSize+50, 1) // two pages
-			if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+			if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
 				t.Fatal(err, r.Err())
 			}
 			flaky.armed.Store(true)
-			r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 10 * time.Second})
+			r, err := ipamcall.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 10 * time.Second})
 			if err != nil || r.Err() != nil || r.Released != 1 {
 				t.Fatalf("GC: %+v %v", r, err)
 			}

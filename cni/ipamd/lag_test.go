@@ -15,6 +15,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 )
 
 // watchHold holds back what etcd's watch streams deliver to a client while held: each message
@@ -188,7 +189,7 @@ func TestRefusalDecidedAgainOnFreshState(t *testing.T) {
 			t.Run(tc.name+"/STATUS", func(t *testing.T) {
 				srv, req := start(t)
 				req.Verb, req.ContainerID, req.IfName = "STATUS", "", ""
-				r, err := cni.Call(context.Background(), srv.sock, req)
+				r, err := ipamcall.Call(context.Background(), srv.sock, req)
 				if err != nil || r.Code != 0 {
 					t.Fatalf("STATUS: %+v %v, want ready", r, err)
 				}
@@ -196,7 +197,7 @@ func TestRefusalDecidedAgainOnFreshState(t *testing.T) {
 		}
 		t.Run(tc.name, func(t *testing.T) {
 			srv, req := start(t)
-			r, err := cni.Call(context.Background(), srv.sock, req)
+			r, err := ipamcall.Call(context.Background(), srv.sock, req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -226,7 +227,7 @@ func TestRefusalDecidedAgainOnFreshState(t *testing.T) {
 func TestReservationCreatedWhileWatchHeld(t *testing.T) {
 	pool := calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.61.0.0/26"), BlockSize: 26}
 	srv, h := startLagging(t, nil, pool)
-	r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second))
+	r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second))
 	if err != nil || r.Code != 0 || r.Allocations[0].Addr != netip.MustParseAddr("10.61.0.0") {
 		t.Fatalf("first ADD: %+v %v, want 10.61.0.0", r, err)
 	}
@@ -234,7 +235,7 @@ func TestReservationCreatedWhileWatchHeld(t *testing.T) {
 	reserved := netip.MustParsePrefix("10.61.0.0/28")
 	mustPut(t, srv.cli, calico.IPReservationKey("late"),
 		[]byte(`{"kind":"IPReservation","apiVersion":"projectcalico.org/v3","metadata":{"name":"late"},"spec":{"reservedCIDRs":["`+reserved.String()+`"]}}`))
-	r, err = cni.Call(context.Background(), srv.sock, addRequest("c2", 5*time.Second))
+	r, err = ipamcall.Call(context.Background(), srv.sock, addRequest("c2", 5*time.Second))
 	if err != nil || r.Code != 0 || len(r.Allocations) != 1 {
 		t.Fatalf("second ADD: %+v %v", r, err)
 	}
@@ -249,7 +250,7 @@ func TestReservationCreatedWhileWatchHeld(t *testing.T) {
 	if _, err := srv.cli.Delete(t.Context(), calico.IPReservationKey("late")); err != nil {
 		t.Fatal(err)
 	}
-	r, err = cni.Call(context.Background(), srv.sock, addRequest("c3", 5*time.Second))
+	r, err = ipamcall.Call(context.Background(), srv.sock, addRequest("c3", 5*time.Second))
 	if err != nil || r.Code != 0 || r.RoundTrips != 1 {
 		t.Fatalf("third ADD: %+v %v, want one round trip", r, err)
 	}

@@ -17,7 +17,6 @@ package ipamd
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -462,22 +461,13 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
 		// Read the rest (within the read deadline) before answering: a connection closed with
 		// data unread is reset, and the client would get ECONNRESET instead of the answer.
 		io.Copy(io.Discard, conn)
-		if cni.IsFrame(data) {
-			out = cni.ServeFrame(data, nil)
-		} else {
-			out, _ = json.Marshal(&cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("request larger than %d bytes", cni.MaxMessage)})
-		}
+		out = cni.ServeFrame(data, nil)
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := hup.watch(conn, cancel)
-		if cni.IsFrame(data) {
-			// The plugin's call as the runtime made it: package cni does CNI's part.
-			out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
-		} else {
-			// The JSON request of a plugin older than the daemon.
-			out, _ = json.Marshal(s.handle(jctx, start, data))
-		}
+		// The plugin's call as the runtime made it: package cni does CNI's part.
+		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
 		stop()
 	}
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
@@ -495,15 +485,6 @@ func deadline(r *cni.Request, start time.Time) time.Time {
 		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
 	}
 	return start.Add(timeout * 9 / 10)
-}
-
-// handle answers the JSON request of a plugin older than the daemon (cni.Call).
-func (s *Server) handle(ctx context.Context, start time.Time, body []byte) *cni.Reply {
-	var req cni.Request
-	if err := json.Unmarshal(body, &req); err != nil {
-		return &cni.Reply{Node: s.cfg.Node, Code: types.ErrDecodingFailure, Msg: "decoding the request: " + err.Error()}
-	}
-	return s.serve(ctx, start, &req)
 }
 
 // serve answers one decoded request; ctx ends when the plugin hangs up or the daemon stops.

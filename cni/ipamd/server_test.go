@@ -26,6 +26,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 )
 
@@ -130,7 +131,7 @@ func TestHealthzFollowsTheStateLoop(t *testing.T) {
 	if code := healthz(srv.Server); code != http.StatusOK {
 		t.Fatalf("idle: /healthz %d", code)
 	}
-	go cni.Call(context.Background(), sock, addRequest("c1", time.Second))
+	go ipamcall.Call(context.Background(), sock, addRequest("c1", time.Second))
 	<-stuck
 	if code := healthz(srv.Server); code != http.StatusOK {
 		t.Fatalf("within the operation's deadline: /healthz %d", code)
@@ -162,7 +163,7 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 	sock, cli := srv.sock, srv.cli
 	first := make(chan error, 1)
 	go func() {
-		r, err := cni.Call(context.Background(), sock, addRequest("c1", 20*time.Second))
+		r, err := ipamcall.Call(context.Background(), sock, addRequest("c1", 20*time.Second))
 		if err == nil {
 			err = r.Err()
 		}
@@ -173,7 +174,7 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	second := make(chan error, 1)
 	go func() {
-		_, err := cni.Call(ctx, sock, addRequest("c2", 20*time.Second))
+		_, err := ipamcall.Call(ctx, sock, addRequest("c2", 20*time.Second))
 		second <- err
 	}()
 	for srv.Queued() == 0 {
@@ -187,7 +188,7 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	// c2 was dropped; a third ADD runs after it in the same loop, so c2's turn has passed.
-	r, err := cni.Call(context.Background(), sock, addRequest("c3", 20*time.Second))
+	r, err := ipamcall.Call(context.Background(), sock, addRequest("c3", 20*time.Second))
 	if err != nil || r.Err() != nil {
 		t.Fatal(err, r.Err())
 	}
@@ -267,7 +268,7 @@ func TestDeletedPoolLeavesState(t *testing.T) {
 	}}, &cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26},
 		calico.IPPool{Name: "a", CIDR: netip.MustParsePrefix("10.245.0.0/16"), BlockSize: 26})
 	sock := srv.sock
-	r, err := cni.Call(context.Background(), sock, addRequest("c1", 5*time.Second))
+	r, err := ipamcall.Call(context.Background(), sock, addRequest("c1", 5*time.Second))
 	if err != nil || r.Code != 0 || len(r.Allocations) != 1 {
 		t.Fatalf("ADD: %+v %v", r, err)
 	}
@@ -287,7 +288,7 @@ func TestBatchKeepsOrderPerContainer(t *testing.T) {
 	cfg, stuck, release := pauseOnce(Config{})
 	srv := startServer(t, cfg, nil)
 	sock, cli := srv.sock, srv.cli
-	go cni.Call(context.Background(), sock, addRequest("z", 5*time.Second))
+	go ipamcall.Call(context.Background(), sock, addRequest("z", 5*time.Second))
 	<-stuck
 	type result struct {
 		r   *cni.Reply
@@ -298,7 +299,7 @@ func TestBatchKeepsOrderPerContainer(t *testing.T) {
 		{Verb: "DEL", ContainerID: "x", IfName: "eth0", Network: "net1", Timeout: 5 * time.Second}, addRequest("x", 5*time.Second)} {
 		results[i] = make(chan result, 1)
 		go func() {
-			r, err := cni.Call(context.Background(), sock, req)
+			r, err := ipamcall.Call(context.Background(), sock, req)
 			results[i] <- result{r, err}
 		}()
 		for end := time.Now().Add(5 * time.Second); srv.Queued() != i+1; time.Sleep(time.Millisecond) {
@@ -339,11 +340,11 @@ func TestGCRetriesOnFreshHandle(t *testing.T) {
 			cli.Put(ctx, calico.HandleKey("net1.c1"), string(resp.Kvs[0].Value))
 		}
 	}}, &cli)
-	if r, err := cni.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
+	if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {
 		t.Fatal(err, r.Err())
 	}
 	armed.Store(true)
-	r, err := cni.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 3 * time.Second})
+	r, err := ipamcall.Call(context.Background(), srv.sock, &cni.Request{Verb: "GC", Network: "net1", HaveAttachments: true, Timeout: 3 * time.Second})
 	if err != nil || r.Err() != nil || r.Released != 1 || r.Attempts < 2 {
 		t.Fatalf("GC: %+v %v", r, err)
 	}
@@ -391,7 +392,7 @@ func queue(t *testing.T, srv *testServer, reqs ...*cni.Request) []chan *cni.Repl
 	for i, req := range reqs {
 		replies[i] = make(chan *cni.Reply, 1)
 		go func() {
-			r, err := cni.Call(context.Background(), srv.sock, req)
+			r, err := ipamcall.Call(context.Background(), srv.sock, req)
 			if err != nil {
 				r = &cni.Reply{Code: 999, Msg: err.Error()}
 			}
@@ -411,7 +412,7 @@ func TestBatchedDels(t *testing.T) {
 	pause, armed, paused, release := armedPause()
 	srv := startServer(t, Config{Pause: pause}, nil)
 	call := func(req *cni.Request) *cni.Reply {
-		r, err := cni.Call(context.Background(), srv.sock, req)
+		r, err := ipamcall.Call(context.Background(), srv.sock, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -499,12 +500,12 @@ func TestBatchedDelsKeepOrderPerContainer(t *testing.T) {
 	pause, armed, paused, release := armedPause()
 	srv := startServer(t, Config{Pause: pause}, nil)
 	for _, cid := range []string{"z", "y", "w"} {
-		if r, err := cni.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
+		if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
 			t.Fatal(err, r.Err())
 		}
 	}
 	armed.Store(true)
-	go cni.Call(context.Background(), srv.sock, delRequest("z", 5*time.Second))
+	go ipamcall.Call(context.Background(), srv.sock, delRequest("z", 5*time.Second))
 	<-paused
 	// Queued: DEL y (leads the next batch), ADD x, DEL x (after ADD x: not taken along), DEL w (taken
 	// along), ADD w (after DEL w).
@@ -534,7 +535,7 @@ func TestBatchedDelsKeepOrderPerContainer(t *testing.T) {
 func TestBatchedDelsSplit(t *testing.T) {
 	pause, armed, paused, release := armedPause()
 	srv := startServer(t, Config{Pause: pause}, nil)
-	if r, err := cni.Call(context.Background(), srv.sock, addRequest("hold", 5*time.Second)); err != nil || r.Err() != nil {
+	if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("hold", 5*time.Second)); err != nil || r.Err() != nil {
 		t.Fatal(err, r.Err())
 	}
 	// n containers, each alone in a block of node1, written as Calico would.
@@ -564,7 +565,7 @@ func TestBatchedDelsSplit(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // the blocks' followers deliver them
 	armed.Store(true)
-	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
+	go ipamcall.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
 	<-paused
 	var reqs []*cni.Request
 	for i := range n {
@@ -611,7 +612,7 @@ func TestBatchedDelsIsolateAConflict(t *testing.T) {
 		}
 	}}, &cli)
 	for _, cid := range []string{"hold", "a", "x", "b"} {
-		if r, err := cni.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
+		if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
 			t.Fatal(err, r.Err())
 		}
 	}
@@ -622,7 +623,10 @@ func TestBatchedDelsIsolateAConflict(t *testing.T) {
 	xValue = resp.Kvs[0].Value
 	armed.Store(true)
 	lead := make(chan *cni.Reply, 1)
-	go func() { r, _ := cni.Call(context.Background(), srv.sock, delRequest("hold", 3*time.Second)); lead <- r }()
+	go func() {
+		r, _ := ipamcall.Call(context.Background(), srv.sock, delRequest("hold", 3*time.Second))
+		lead <- r
+	}()
 	<-paused
 	hammer.Store(true)
 	cids := []string{"a", "x", "b"}
@@ -654,7 +658,7 @@ func TestBatchedDelFailureNotCounted(t *testing.T) {
 	pause, armed, paused, release := armedPause()
 	srv := startServer(t, Config{Pause: pause}, nil)
 	for _, cid := range []string{"hold", "a", "bad", "b"} {
-		if r, err := cni.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
+		if r, err := ipamcall.Call(context.Background(), srv.sock, addRequest(cid, 5*time.Second)); err != nil || r.Err() != nil {
 			t.Fatal(err, r.Err())
 		}
 	}
@@ -662,7 +666,7 @@ func TestBatchedDelFailureNotCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	armed.Store(true)
-	go cni.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
+	go ipamcall.Call(context.Background(), srv.sock, delRequest("hold", 5*time.Second))
 	<-paused
 	replies := queue(t, srv, delRequest("a", 5*time.Second), delRequest("bad", 5*time.Second), delRequest("b", 5*time.Second))
 	close(release)
@@ -710,7 +714,7 @@ func TestBatchAnswersEachByItsDeadline(t *testing.T) {
 			}}, nil)
 			call := func(r *cni.Request) (*cni.Reply, time.Duration) {
 				start := time.Now()
-				reply, err := cni.Call(context.Background(), srv.sock, r)
+				reply, err := ipamcall.Call(context.Background(), srv.sock, r)
 				if err != nil {
 					reply = &cni.Reply{Code: 999, Msg: err.Error()}
 				}
@@ -832,7 +836,7 @@ func TestServeOutlivesAcceptErrors(t *testing.T) {
 	go func() { served <- srv.Serve(ctx, fl) }()
 	cctx, ccancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer ccancel()
-	r, err := cni.Call(cctx, sock, addRequest("c1", 10*time.Second))
+	r, err := ipamcall.Call(cctx, sock, addRequest("c1", 10*time.Second))
 	if err != nil || r.Code != 0 {
 		t.Errorf("ADD after failed accepts: %+v, %v", r, err)
 	}
@@ -861,14 +865,14 @@ func TestLeaderHangupReleasesStateLoop(t *testing.T) {
 	}}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); cni.Call(ctx, srv.sock, addRequest("c1", 10*time.Second)) }()
+	go func() { defer close(done); ipamcall.Call(ctx, srv.sock, addRequest("c1", 10*time.Second)) }()
 	<-stuck
 	cancel() // the runtime kills the plugin
 	<-done
 	time.Sleep(300 * time.Millisecond) // > hangupPoll: the hang-up is noticed
 	close(release)
 	start := time.Now()
-	r, err := cni.Call(context.Background(), srv.sock, addRequest("c2", 20*time.Second))
+	r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c2", 20*time.Second))
 	// A bound, not a speed target: a held loop waits out c1's 10 s.
 	if took := time.Since(start); took > 5*time.Second || err != nil || r.Code != 0 {
 		t.Errorf("next ADD after %v: %+v, %v (Pause ran %d times)", took, r, err, pauses.Load())

@@ -5,8 +5,8 @@ import (
 	"fmt"
 )
 
-// Magic begins every frame of this protocol, request and reply. A request that does not begin with
-// it is the JSON request of an older plugin; a reply that does not is an older daemon's.
+// Magic begins every frame of this protocol, request and reply. Plugin and daemon are installed
+// together from one release; either refuses a frame without it (one of another release).
 const Magic = "block-ipam/2\n"
 
 // MaxFrame bounds a request or a reply.

@@ -100,9 +100,6 @@ func Main(about string) int {
 	}
 
 	data, cerr := exchange(conf.socket, frame, conf.timeout)
-	if cerr == nil && !strings.HasPrefix(string(data), Magic) {
-		cerr = &callError{msg: "block-ipam daemon at " + conf.socket + " answered in an older protocol: it predates this plugin; restart it from the block-ipamd installed with this plugin", unreachable: true}
-	}
 	var reply map[string][]byte
 	if cerr == nil {
 		var perr error
@@ -110,8 +107,9 @@ func Main(about string) int {
 			perr = errors.New("no exit code or output")
 		}
 		if perr != nil {
-			// A daemon that dies mid-reply leaves it cut short: the outcome is unknown.
-			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": incomplete reply (" + perr.Error() + "): it may have stopped while answering", unreachable: true}
+			// A daemon that dies mid-reply leaves it cut short: the outcome is unknown. A daemon of
+			// another release answers without this release's Magic.
+			cerr = &callError{msg: "block-ipam daemon at " + conf.socket + ": incomplete reply (" + perr.Error() + "): it may have stopped while answering, or be of another release than this plugin", unreachable: true}
 		}
 	}
 	if cerr != nil {

@@ -1,10 +1,12 @@
-// Command skelplugin is block-ipam's plugin as it was before the thin shim (package cni/shim): skel,
-// cni.LoadConfig in the plugin, and the JSON request (cni.Call) that the daemon still answers for
-// plugins older than it. The shim's tests run both against one daemon and compare what they print.
+// Command skelplugin is block-ipam's plugin as it was before the thin shim (package cni/shim): skel's
+// checks, cni.LoadConfig and the result's rendering in the plugin, with only the allocation asked of
+// the daemon (package ipamcall, which reads its addresses and code back from the daemon's frame). The
+// shim's tests run both against one daemon and compare what they print.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +23,8 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
 )
 
 func main() {
@@ -68,7 +72,14 @@ func run(args *skel.CmdArgs, verb string) (err error) {
 
 	start := time.Now()
 	attrs := []any{"container", args.ContainerID, "ifname", args.IfName, "network", conf.Network}
-	reply, err := cni.Call(ctx, conf.Socket, &req)
+	env := map[string]string{"CNI_COMMAND": verb, "CNI_CONTAINERID": args.ContainerID, "CNI_IFNAME": args.IfName,
+		"CNI_NETNS": args.Netns, "CNI_ARGS": args.Args, "CNI_PATH": args.Path}
+	if verb == "ADD" {
+		if err := addResolvConf(env, args.StdinData); err != nil {
+			return err
+		}
+	}
+	reply, err := ipamcall.Do(ctx, conf.Socket, env, args.StdinData)
 	if err != nil {
 		err = unreachable(verb, err)
 		log.Error(verb+" failed", append(attrs, "err", err)...)
@@ -101,10 +112,25 @@ func unreachable(verb string, err error) error {
 	if verb == "STATUS" {
 		code = cni.ErrPluginNotAvailable
 	}
-	if !errors.Is(err, cni.ErrUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, ipamcall.ErrUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
 		code = types.ErrInternal
 	}
 	return &types.Error{Code: code, Msg: err.Error()}
+}
+
+// addResolvConf hands the daemon the content of ipam.resolvConf, as the shim does (LoadConfig has
+// read it already: it exists).
+func addResolvConf(env map[string]string, stdin []byte) error {
+	var n cni.NetConf
+	if err := json.Unmarshal(stdin, &n); err != nil || n.IPAM == nil || n.IPAM.ResolvConf == "" {
+		return err
+	}
+	data, err := os.ReadFile(n.IPAM.ResolvConf)
+	if err != nil {
+		return err
+	}
+	env[shim.KeyResolvConf] = string(data)
+	return nil
 }
 
 // newLogger logs to log_file (appending) or stderr, never stdout: stdout carries the protocol.
