@@ -97,14 +97,18 @@ func startServerOn(t testing.TB, cfg Config, c *clientv3.Client, wrap func(clien
 }
 
 // pauseOnce returns cfg with a Pause that, the first time, closes stuck and waits for release to be
-// closed.
+// closed, or for the operation's context to end (a test that fails before releasing stops its
+// server, and does not hang).
 func pauseOnce(cfg Config) (_ Config, stuck, release chan struct{}) {
 	stuck, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	cfg.Pause = func(context.Context) {
+	cfg.Pause = func(ctx context.Context) {
 		once.Do(func() {
 			close(stuck)
-			<-release
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
 		})
 	}
 	return cfg, stuck, release
