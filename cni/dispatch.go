@@ -94,9 +94,14 @@ func (fc *frameCall) pluginMain(do func(*Request) *Reply) ([]byte, *types.Error)
 		}
 		return nil, types.NewError(types.ErrInternal, err.Error(), "")
 	}
-	if cmd == "DEL" && fc.env(shim.KeyNetNS) == shim.NetNSOwn {
+	if cmd == "DEL" {
 		// skel's check after DEL: the release is done (DEL never needs the netns), the call fails.
-		return nil, types.NewError(types.ErrInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
+		switch ns := fc.env(shim.KeyNetNS); {
+		case ns == shim.NetNSOwn:
+			return nil, types.NewError(types.ErrInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
+		case ns != "" && ns != shim.NetNSOther:
+			return nil, types.NewError(types.ErrInvalidNetNS, "get plugin's netns failed", "")
+		}
 	}
 	return stdout, nil
 }
@@ -131,7 +136,8 @@ func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([
 		case ns == shim.NetNSOwn:
 			return nil, &types.Error{Code: types.ErrInvalidNetNS, Msg: fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace", fc.env("CNI_NETNS"))}
 		case ns != "" && ns != shim.NetNSOther:
-			return nil, &types.Error{Code: types.ErrInvalidNetNS, Msg: "get plugin's netns failed", Details: ns}
+			// skel's words, without the plugin's reason (ns), as skel prints it.
+			return nil, types.NewError(types.ErrInvalidNetNS, "get plugin's netns failed", "")
 		}
 	}
 	timeout := conf.Timeout

@@ -237,6 +237,23 @@ func TestServeFrameChecksFirst(t *testing.T) {
 			t.Errorf("%s: served %v, exit %s, printed %s; want served %v, %q", c.name, served, rec[shim.KeyExit], rec[shim.KeyStdout], c.served, c.want)
 		}
 	}
+	// DEL is served (the release never needs the netns), then fails as skel fails it after DEL: the
+	// plugin's own netns, or one the plugin could not read.
+	for _, ns := range []string{shim.NetNSOwn, "get plugin's netns failed: permission denied"} {
+		served := false
+		del := map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p", shim.KeyNetNS: ns}
+		out := cni.ServeFrame(frame(del, good), func(*cni.Request) *cni.Reply {
+			served = true
+			return &cni.Reply{Node: "n"}
+		})
+		rec, err := shim.ParseFrame(out)
+		if err != nil {
+			t.Fatalf("DEL, netns %q: reply: %v", ns, err)
+		}
+		if !served || string(rec[shim.KeyExit]) == "0" || !strings.Contains(string(rec[shim.KeyStdout]), `"code": 8`) {
+			t.Errorf("DEL, netns %q: served %v, exit %s, printed %s; want served, code 8", ns, served, rec[shim.KeyExit], rec[shim.KeyStdout])
+		}
+	}
 }
 
 // TestValidNameMatchesCNI: the shim's check of container IDs (no regexp: it costs the plugin's start)

@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"sync"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
@@ -365,13 +365,11 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 	j.done <- r
 }
 
-var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
-
 // validate checks a request before it is queued: the socket is the trust boundary.
 func (s *Server) validate(r *cni.Request) *types.Error {
 	switch r.Verb {
 	case "ADD", "DEL", "CHECK":
-		if !containerIDRe.MatchString(r.ContainerID) {
+		if !shim.ValidName(r.ContainerID) {
 			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("container ID %q is not valid", r.ContainerID)}
 		}
 		if err := utils.ValidateInterfaceName(r.IfName); err != nil {

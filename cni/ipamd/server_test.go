@@ -181,8 +181,10 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 		_, err := ipamcall.Call(ctx, sock, addRequest("c2", 20*time.Second))
 		second <- err
 	}()
-	for srv.Queued() == 0 {
-		time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); srv.Queued() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never queued")
+		}
 	}
 	cancel()
 	<-second

@@ -66,7 +66,7 @@ type decoded struct {
 	// poolRevs are the pools' mod revisions by name.
 	poolRevs map[string]int64
 	// reserved are Calico's IPReservations, never handed out by automatic assignment, as known at
-	// reservedRev: every change of a reservation up to it is in reserved (see reservationsKnownAt).
+	// reservedRev: every change of a reservation up to it is in reserved (see knownAt).
 	reserved    calico.Reservations
 	reservedRev int64
 	// node is this node's Calico Node resource (for IP pool node selectors; nil when absent), at

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -164,6 +165,10 @@ var logField = regexp.MustCompile(`(?:^| )(node|attempts|batched|etcd_round_trip
 
 // parseLog reads the figures of the daemon's log line (slog's text format) into reply.
 func parseLog(line string, reply *cni.Reply) {
+	// The error, quoted, comes last: figures inside its text are not the call's.
+	if i := strings.Index(line, " err="); i >= 0 {
+		line = line[:i]
+	}
 	for _, m := range logField.FindAllStringSubmatch(line, -1) {
 		n, _ := strconv.ParseInt(m[2], 10, 64)
 		switch m[1] {
