@@ -345,7 +345,13 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 			<-gctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			return srv.Shutdown(sctx)
+			if err := srv.Shutdown(sctx); err != nil {
+				// A request still open after a second (a client that does not hang up) is cut off:
+				// it is no reason to fail the agent's stop.
+				log.Warn("metrics server: requests still open at shutdown, closing them", "err", err)
+				srv.Close()
+			}
+			return nil
 		})
 	}
 	g.Go(func() error { return signalLoop(gctx, a, log) })
