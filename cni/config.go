@@ -9,13 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -33,8 +30,6 @@ const (
 	DefaultTimeout = shim.DefaultTimeout
 	// StatusTimeout bounds STATUS.
 	StatusTimeout = shim.StatusTimeout
-	// maxResolvConf bounds the resolvConf file read at every ADD.
-	maxResolvConf = shim.MaxResolvConf
 )
 
 // IPAMConf is the "ipam" section of the network configuration. Field names follow calico-ipam where
@@ -165,7 +160,7 @@ type Config struct {
 // other verbs do not print DNS, and DEL must release whatever became of the file. Errors are
 // *types.Error with code 7 naming the field (4 for a malformed CNI_ARGS).
 func LoadConfig(verb string, stdin []byte, cniArgs string) (*Config, error) {
-	return loadConfig(verb, stdin, cniArgs, readResolvConf)
+	return loadConfig(verb, stdin, cniArgs, shim.ReadResolvConf)
 }
 
 // loadConfig is LoadConfig with resolvConf read by resolv (the daemon is given the file's content by
@@ -421,28 +416,6 @@ func parseCNIArgs(s string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-// readResolvConf reads a resolv.conf file. It must be a regular file of at most maxResolvConf bytes:
-// it is opened without blocking (a FIFO would hang the ADD) and checked before it is read. The plugin
-// does the same (shim.readResolvConf), with the same messages.
-func readResolvConf(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
-	}
-	if st.Size() > maxResolvConf {
-		return nil, fmt.Errorf("%s is %d bytes, more than a resolv.conf (%d)", path, st.Size(), maxResolvConf)
-	}
-	return io.ReadAll(io.LimitReader(f, maxResolvConf+1))
 }
 
 // parseResolvConf takes nameserver, domain, search and options from a resolv.conf file's content.

@@ -86,7 +86,7 @@ func Main(about string) int {
 		}
 	}
 	if conf.resolvConf != "" {
-		if data, err := readResolvConf(conf.resolvConf); err != nil {
+		if data, err := ReadResolvConf(conf.resolvConf); err != nil {
 			frame = AppendRecord(frame, KeyResolvConfErr, []byte(err.Error()))
 		} else {
 			frame = AppendRecord(frame, KeyResolvConf, data)
@@ -263,9 +263,9 @@ func netnsOf(path string) string {
 	return NetNSOther
 }
 
-// readResolvConf reads the resolvConf file: a regular file of at most MaxResolvConf bytes, opened
+// ReadResolvConf reads the resolvConf file: a regular file of at most MaxResolvConf bytes, opened
 // without blocking (a FIFO would hang the ADD) and checked before it is read.
-func readResolvConf(path string) ([]byte, error) {
+func ReadResolvConf(path string) ([]byte, error) {
 	fd, err := open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
