@@ -30,6 +30,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 )
@@ -306,7 +307,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	if metricsLn != nil {
 		log.Info("serving metrics and health", "address", metricsLn.Addr().String())
 		hs := &http.Server{Handler: srv.HealthHandler(reg), ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error { return ipamd.ServeUntil(gctx, hs, metricsLn) })
+		g.Go(func() error { return httpserve.Until(gctx, hs, metricsLn, 5*time.Second) })
 	}
 	if _, err := sdnotify.Notify("READY=1"); err != nil {
 		log.Warn("systemd notify", "err", err)

@@ -28,6 +28,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
@@ -336,20 +337,8 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		log.Info("serving metrics and health", "address", ln.Addr().String())
 		srv := &http.Server{Handler: httpHandler(a, reg), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := httpserve.Until(gctx, srv, ln, time.Second); err != nil {
 				return fmt.Errorf("metrics server: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			if err := srv.Shutdown(sctx); err != nil {
-				// A request still open after a second (a client that does not hang up) is cut off:
-				// it is no reason to fail the agent's stop.
-				log.Warn("metrics server: requests still open at shutdown, closing them", "err", err)
-				srv.Close()
 			}
 			return nil
 		})

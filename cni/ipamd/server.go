@@ -550,19 +550,3 @@ func (s *Server) HealthHandler(gatherer prometheus.Gatherer) http.Handler {
 	mux.Handle("/metrics", promhttpHandler(gatherer))
 	return mux
 }
-
-// ServeUntil serves l until ctx is done, then shuts the server down within 5 seconds.
-func ServeUntil(ctx context.Context, srv *http.Server, l net.Listener) error {
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	<-errc
-	return err
-}
