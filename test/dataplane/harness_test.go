@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -36,9 +37,11 @@ var (
 var (
 	// agentBin is the daemon's binary, built by TestMain when the tests can run.
 	agentBin string
-	// labBin is the lab build's VPP, or skipWhy says why the tests are skipped.
+	// labBin is the lab build's VPP, or skipWhy says why the tests are skipped, or labErr why they fail
+	// (VPP_LAB_PKG names no lab build: a broken set-up is not hidden as a skip).
 	labBin  vppproc.Binaries
 	skipWhy string
+	labErr  error
 )
 
 func TestMain(m *testing.M) {
@@ -50,12 +53,14 @@ func runTests(m *testing.M) int {
 	switch bin, err := vpptopo.FindLab(); {
 	case !vpptest.Real():
 		skipWhy = "the data-plane tests need real VPP: " + vpptest.EnvBackend + "=real and " + vpptopo.EnvLabPackage + " (make test-vpp)"
-	case err != nil:
+	case errors.Is(err, vpptopo.ErrNoLab):
 		skipWhy = err.Error()
+	case err != nil:
+		labErr = err
 	default:
 		labBin = bin
 	}
-	if skipWhy != "" {
+	if skipWhy != "" || labErr != nil {
 		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "dataplane-bin-")
@@ -78,11 +83,15 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-// requireLab skips the test unless real VPP and the lab build are available.
+// requireLab skips the test unless it runs against real VPP with a lab build, and fails it if
+// VPP_LAB_PKG names something else.
 func requireLab(t *testing.T) {
 	t.Helper()
 	if skipWhy != "" {
 		t.Skip(skipWhy)
+	}
+	if labErr != nil {
+		t.Fatal(labErr)
 	}
 }
 
