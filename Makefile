@@ -22,7 +22,9 @@ test: lint
 # The same tests against real VPP processes, one per node, instead of the simulator (the helpers in
 # internal/vpptest read VPP_TEST_BACKEND): the vppapi tests, the process-level e2e and the lab scenario.
 # Tests that need the simulator's faults are skipped. VPP comes from VPP_PKG (an unpacked package
-# directory such as ../shared/vpp's) or a vpp on PATH.
+# directory such as ../shared/vpp's) or a vpp on PATH. The data-plane tests (test/dataplane: pod-to-pod
+# pings between VPPs wired with memif) need the lab build, with the memif and ping plugins, from
+# VPP_LAB_PKG; without it they are skipped.
 .PHONY: test-vpp
 test-vpp:
 	@if [ -z "$$VPP_PKG" ] && ! command -v vpp >/dev/null 2>&1; then \
@@ -30,7 +32,11 @@ test-vpp:
 		echo "  zstd -dc ../shared/vpp/vpp-v26.06-minimal.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=/opt/vpp-v26.06-minimal" >&2; \
 		echo "or put fd.io's vpp and vppctl on PATH." >&2; exit 2; \
 	fi
-	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab
+	@if [ -z "$$VPP_LAB_PKG" ]; then \
+		echo "make test-vpp: no VPP_LAB_PKG, the data-plane tests are skipped; for them:" >&2; \
+		echo "  zstd -dc ../shared/vpp/vpp-v26.06-lab.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=... VPP_LAB_PKG=/opt/vpp-v26.06-lab" >&2; \
+	fi
+	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) VPP_LAB_PKG=$(VPP_LAB_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab ./test/dataplane
 
 # Interoperability with Project Calico's own calico-ipam and calicoctl v3.31.0 on one etcd (needs root:
 # calico-ipam runs in a private mount namespace). Calico is built once into CALICO_DIR (2-6 min cold).

@@ -48,6 +48,17 @@ type Binaries struct {
 	VPP, VPPCtl string
 }
 
+// PluginDir returns the directory of VPP's plugins in the package the binaries come from
+// (lib/<arch>/vpp_plugins beside bin/).
+func (b Binaries) PluginDir() (string, error) {
+	pattern := filepath.Join(filepath.Dir(filepath.Dir(b.VPP)), "lib", "*", "vpp_plugins")
+	dirs, _ := filepath.Glob(pattern)
+	if len(dirs) == 0 {
+		return "", fmt.Errorf("no VPP plugin directory %s", pattern)
+	}
+	return dirs[0], nil
+}
+
 // Find locates VPP: VPP_PKG first, then PATH.
 func Find() (Binaries, error) {
 	if pkg := os.Getenv(EnvPackage); pkg != "" {
@@ -89,6 +100,14 @@ type Options struct {
 	// APITrace records every API message VPP receives from the start (startup.conf's api-trace), for
 	// `api trace dump`.
 	APITrace bool
+	// Plugins are the plugins to load, by file name ("memif_plugin.so"), from the package's
+	// lib/*/vpp_plugins; none by default (the minimal build has none).
+	Plugins []string
+	// InterruptMode makes every interface's receive queues interrupt-driven (startup.conf's
+	// `interface { default-rx-mode interrupt }`): a polled memif queue costs one whole CPU per VPP.
+	InterruptMode bool
+	// HeapMB is the main heap size in MB; 0 means 256. VPP does not start with less than 128.
+	HeapMB int
 }
 
 // VPP is one running (or stopped) VPP process.
@@ -133,6 +152,9 @@ func Start(ctx context.Context, bin Binaries, opts Options) (*VPP, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, err
 	}
+	if opts.HeapMB == 0 {
+		opts.HeapMB = 256
+	}
 	v := &VPP{bin: bin, opts: opts}
 	if err := v.writeConfig(); err != nil {
 		return nil, err
@@ -154,10 +176,28 @@ func (v *VPP) writeConfig() error {
 api-segment { prefix %[2]s }
 socksvr { socket-name %[1]s/api.sock }
 statseg { socket-name %[1]s/stats.sock size 8M page-size 4k }
-memory { main-heap-size 256M main-heap-page-size 4k }
+memory { main-heap-size %[3]dM main-heap-page-size 4k }
 buffers { buffers-per-numa 4096 page-size 4k }
-plugins { plugin default { disable } }
-`, dir, prefix)
+`, dir, prefix, v.opts.HeapMB)
+	if len(v.opts.Plugins) == 0 {
+		conf += "plugins { plugin default { disable } }\n"
+	} else {
+		pluginDir, err := v.bin.PluginDir()
+		if err != nil {
+			return err
+		}
+		conf += "plugins {\n  path " + pluginDir + "\n  plugin default { disable }\n"
+		for _, p := range v.opts.Plugins {
+			if _, err := os.Stat(filepath.Join(pluginDir, p)); err != nil {
+				return fmt.Errorf("VPP plugin %s: %w", p, err)
+			}
+			conf += "  plugin " + p + " { enable }\n"
+		}
+		conf += "}\n"
+	}
+	if v.opts.InterruptMode {
+		conf += "interface { default-rx-mode interrupt }\n"
+	}
 	if v.opts.APITrace {
 		conf += "api-trace { on }\n"
 	}

@@ -1,0 +1,346 @@
+// Package vpptopo starts small multi-node data planes of real VPP processes for tests: node VPPs whose
+// uplinks are memif interfaces, wired to a fabric VPP that bridges them (one L2 segment) or to a router
+// VPP that routes between two node subnets and knows nothing of pod blocks. Each node has one "pod": an
+// IPv4 /32 and an IPv6 /128 of the node's blocks on a loopback interface, as the CNI on the node would
+// leave it. Pings between pods (VPP's ping, sourced from the pod's interface) then show whether the routes
+// a route agent programmed carry packets.
+//
+// It needs a VPP with the memif and ping plugins: the lab build (../shared/vpp/vpp-v26.06-lab.tar.zst),
+// unpacked and named by VPP_LAB_PKG. Memif needs no root and no hugepages, and every interface is in
+// interrupt mode, so idle VPPs use no CPU.
+package vpptopo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.fd.io/govpp/api"
+	interfaces "go.fd.io/govpp/binapi/interface"
+	"go.fd.io/govpp/binapi/interface_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
+)
+
+// EnvLabPackage names the environment variable with the unpacked lab build's directory (separate from
+// vppproc's VPP_PKG, which may be the minimal build without plugins).
+const EnvLabPackage = "VPP_LAB_PKG"
+
+// HowToGet tells a user without a lab build how to get one.
+const HowToGet = "no VPP lab build: set " + EnvLabPackage + " to the unpacked lab package (memif and ping plugins), e.g.\n" +
+	"  zstd -dc ../shared/vpp/vpp-v26.06-lab.tar.zst | tar -x -C /opt && export " + EnvLabPackage + "=/opt/vpp-v26.06-lab"
+
+// ErrNoLab is returned by FindLab when VPP_LAB_PKG is not set.
+var ErrNoLab = errors.New(HowToGet)
+
+// plugins are the plugins every VPP of a topology loads.
+var plugins = []string{"memif_plugin.so", "ping_plugin.so"}
+
+// FindLab returns the binaries of the lab build named by VPP_LAB_PKG, checking that it has the plugins.
+func FindLab() (vppproc.Binaries, error) {
+	dir := os.Getenv(EnvLabPackage)
+	if dir == "" {
+		return vppproc.Binaries{}, ErrNoLab
+	}
+	bin, err := vppproc.FromPackage(dir)
+	if err != nil {
+		return vppproc.Binaries{}, fmt.Errorf("%s: %w", EnvLabPackage, err)
+	}
+	pluginDir, err := bin.PluginDir()
+	if err != nil {
+		return vppproc.Binaries{}, fmt.Errorf("%s=%s: %w", EnvLabPackage, dir, err)
+	}
+	for _, p := range plugins {
+		if _, err := os.Stat(filepath.Join(pluginDir, p)); err != nil {
+			return vppproc.Binaries{}, fmt.Errorf("%s=%s is not a lab build: %w", EnvLabPackage, dir, err)
+		}
+	}
+	return bin, nil
+}
+
+// Kind is how the nodes are connected.
+type Kind int
+
+const (
+	// Fabric puts every node on one L2 segment, 192.168.50.0/24 and fd00:50::/64: a fabric VPP bridges
+	// its memif ports in one bridge domain.
+	Fabric Kind = iota
+	// Routed puts odd nodes in 192.168.51.0/24 (fd00:51::/64) and even ones in 192.168.52.0/24
+	// (fd00:52::/64); a router VPP holds .254 (::fe) in each, bridging each subnet's ports behind a BVI
+	// loopback, and routes between them. Nodes have default routes via it. It has no route to a pod block.
+	Routed
+)
+
+func (k Kind) String() string {
+	if k == Routed {
+		return "routed"
+	}
+	return "fabric"
+}
+
+// MaxNodes is the largest number of nodes a topology can have (addresses and MACs have one digit).
+const MaxNodes = 9
+
+// Config describes a topology.
+type Config struct {
+	Kind Kind
+	// Nodes is the number of node VPPs, 2 to MaxNodes.
+	Nodes int
+	// Dir holds the run directories and memif sockets; it must be short (unix socket paths are limited to
+	// 107 bytes).
+	Dir string
+	// HeapMB is each VPP's main heap; 0 means 128 (the smallest that starts; plenty for a few routes).
+	HeapMB int
+}
+
+// PodInterface is the loopback that holds a node's pod addresses.
+const PodInterface = "loop1"
+
+// UplinkInterface is every node's uplink: its memif slave towards the fabric or router.
+const UplinkInterface = "memif1/0"
+
+// Node is one node of a topology.
+type Node struct {
+	Name string // node-1, node-2, ...
+	VPP  *vppproc.VPP
+	// Addr4 and Addr6 are the uplink's addresses, with the subnet's length: the node's peer IPs.
+	Addr4, Addr6 netip.Prefix
+	// Gateway4 and Gateway6 are the router's addresses in the node's subnet (Routed only).
+	Gateway4, Gateway6 netip.Addr
+	// Block4 and Block6 are the node's pod blocks: 10.244.<i>.0/26 and fd00:244:0:<i>::/122.
+	Block4, Block6 netip.Prefix
+	// Pod4 and Pod6 are the pod's addresses, the first host of each block (ordinal 1), on PodInterface.
+	Pod4, Pod6 netip.Addr
+}
+
+// Pod returns the pod's IPv6 address if ipv6, else its IPv4 address.
+func (n *Node) Pod(ipv6 bool) netip.Addr {
+	if ipv6 {
+		return n.Pod6
+	}
+	return n.Pod4
+}
+
+// Topology is a running set of VPPs.
+type Topology struct {
+	Kind  Kind
+	Nodes []*Node
+	// Switch is the fabric or router VPP.
+	Switch *vppproc.VPP
+}
+
+// Start starts the VPPs of cfg and returns once every node's uplink is linked to the switch. On error
+// it stops whatever it started.
+func Start(ctx context.Context, bin vppproc.Binaries, cfg Config) (*Topology, error) {
+	if cfg.Nodes < 2 || cfg.Nodes > MaxNodes {
+		return nil, fmt.Errorf("topology of %d nodes: want 2 to %d", cfg.Nodes, MaxNodes)
+	}
+	if cfg.HeapMB == 0 {
+		cfg.HeapMB = 128
+	}
+	t := &Topology{Kind: cfg.Kind}
+	var switchSetup []string
+	for i := 1; i <= cfg.Nodes; i++ {
+		n := newNode(cfg.Kind, i)
+		sock := filepath.Join(cfg.Dir, fmt.Sprintf("n%d.sock", i)) // the memif link of node i
+		if len(sock) > 107 {
+			return nil, fmt.Errorf("directory %s is too long for a unix socket path", cfg.Dir)
+		}
+		bd := 1 // the bridge domain of the node's segment on the switch
+		if cfg.Kind == Routed {
+			bd = subnet(i)
+		}
+		// The switch is the memif master of every link (socket id and interface memif<i>/0); node i the
+		// slave. MACs are fixed: memif picks them from a clock-seeded random number otherwise.
+		switchSetup = append(switchSetup,
+			fmt.Sprintf("create memif socket id %d filename %s", i, sock),
+			fmt.Sprintf("create interface memif socket-id %d id 0 master hw-addr 02:fe:00:00:01:0%d", i, i),
+			fmt.Sprintf("set interface state memif%d/0 up", i),
+			fmt.Sprintf("set interface l2 bridge memif%d/0 %d", i, bd))
+		setup := []string{
+			"create memif socket id 1 filename " + sock,
+			fmt.Sprintf("create interface memif socket-id 1 id 0 slave hw-addr 02:fe:00:00:00:0%d", i),
+			"set interface state " + UplinkInterface + " up",
+			"set interface ip address " + UplinkInterface + " " + n.Addr4.String(),
+			"set interface ip address " + UplinkInterface + " " + n.Addr6.String(),
+			"create loopback interface instance 1",
+			"set interface state " + PodInterface + " up",
+			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod4, 32).String(),
+			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod6, 128).String(),
+		}
+		if cfg.Kind == Routed {
+			setup = append(setup,
+				"ip route add 0.0.0.0/0 via "+n.Gateway4.String()+" "+UplinkInterface,
+				"ip route add ::/0 via "+n.Gateway6.String()+" "+UplinkInterface)
+		}
+		p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: filepath.Join(cfg.Dir, n.Name), Setup: setup,
+			Plugins: plugins, InterruptMode: true, HeapMB: cfg.HeapMB})
+		if err != nil {
+			t.Stop()
+			return nil, fmt.Errorf("start %s's VPP: %w", n.Name, err)
+		}
+		n.VPP = p
+		t.Nodes = append(t.Nodes, n)
+	}
+	if cfg.Kind == Routed {
+		// Each subnet is a bridge domain whose BVI loopback (loop<bd>) holds the router's address.
+		for bd := 1; bd <= 2; bd++ {
+			gw4, gw6 := gateways(bd)
+			loop := fmt.Sprintf("loop%d", bd)
+			switchSetup = append(switchSetup,
+				fmt.Sprintf("create loopback interface instance %d", bd),
+				fmt.Sprintf("set interface l2 bridge %s %d bvi", loop, bd),
+				"set interface state "+loop+" up",
+				"set interface ip address "+loop+" "+gw4.String(),
+				"set interface ip address "+loop+" "+gw6.String())
+		}
+	}
+	sw, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: filepath.Join(cfg.Dir, cfg.Kind.String()), Setup: switchSetup,
+		Plugins: plugins, InterruptMode: true, HeapMB: cfg.HeapMB})
+	if err != nil {
+		t.Stop()
+		return nil, fmt.Errorf("start the %s VPP: %w", cfg.Kind, err)
+	}
+	t.Switch = sw
+	for _, n := range t.Nodes {
+		if err := waitLinkUp(ctx, n.VPP, UplinkInterface, 30*time.Second); err != nil {
+			t.Stop()
+			return nil, fmt.Errorf("%s: %w", n.Name, err)
+		}
+	}
+	return t, nil
+}
+
+// subnet is the subnet (1 or 2) of node i in a routed topology.
+func subnet(i int) int { return 2 - i%2 }
+
+// gateways are the router's addresses in subnet s.
+func gateways(s int) (netip.Prefix, netip.Prefix) {
+	return netip.MustParsePrefix(fmt.Sprintf("192.168.%d.254/24", 50+s)), netip.MustParsePrefix(fmt.Sprintf("fd00:%d::fe/64", 50+s))
+}
+
+func newNode(kind Kind, i int) *Node {
+	n := &Node{Name: fmt.Sprintf("node-%d", i),
+		Block4: netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/26", i)),
+		Block6: netip.MustParsePrefix(fmt.Sprintf("fd00:244:0:%d::/122", i)),
+	}
+	n.Pod4, n.Pod6 = n.Block4.Addr().Next(), n.Block6.Addr().Next()
+	net := 50
+	if kind == Routed {
+		net += subnet(i)
+		gw4, gw6 := gateways(subnet(i))
+		n.Gateway4, n.Gateway6 = gw4.Addr(), gw6.Addr()
+	}
+	n.Addr4 = netip.MustParsePrefix(fmt.Sprintf("192.168.%d.%d/24", net, i))
+	n.Addr6 = netip.MustParsePrefix(fmt.Sprintf("fd00:%d::%d/64", net, i))
+	return n
+}
+
+// Stop stops every VPP of the topology, in parallel (each takes about 2 s).
+func (t *Topology) Stop() {
+	var wg sync.WaitGroup
+	for _, n := range t.Nodes {
+		if n.VPP != nil {
+			wg.Go(n.VPP.Stop)
+		}
+	}
+	if t.Switch != nil {
+		wg.Go(t.Switch.Stop)
+	}
+	wg.Wait()
+}
+
+// waitLinkUp polls until interface name exists and its link is up (the memif peer connected).
+func waitLinkUp(ctx context.Context, v *vppproc.VPP, name string, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	for {
+		up, err := linkUp(ctx, v, name)
+		if err == nil && up {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("interface %s not linked within %s (last error: %v); see %s/vpp.log", name, within, err, v.Dir())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func linkUp(ctx context.Context, v *vppproc.VPP, name string) (bool, error) {
+	up := false
+	err := v.Call(ctx, func(ch api.Channel) error {
+		req := ch.SendMultiRequest(&interfaces.SwInterfaceDump{SwIfIndex: ^interface_types.InterfaceIndex(0)})
+		for {
+			d := new(interfaces.SwInterfaceDetails)
+			last, err := req.ReceiveReply(d)
+			if err != nil || last {
+				return err
+			}
+			if d.InterfaceName == name {
+				up = d.Flags&interface_types.IF_STATUS_API_FLAG_LINK_UP != 0
+			}
+		}
+	})
+	return up, err
+}
+
+// PingResult is what one run of VPP's ping reported.
+type PingResult struct {
+	Sent, Received int
+}
+
+func (r PingResult) String() string { return fmt.Sprintf("%d/%d", r.Received, r.Sent) }
+
+var pingStats = regexp.MustCompile(`Statistics: (\d+) sent, (\d+) received`)
+
+// ParsePing reads the statistics line of VPP's ping output.
+func ParsePing(out string) (PingResult, error) {
+	m := pingStats.FindStringSubmatch(out)
+	if m == nil {
+		return PingResult{}, fmt.Errorf("no ping statistics in %q", out)
+	}
+	sent, _ := strconv.Atoi(m[1])
+	received, _ := strconv.Atoi(m[2])
+	return PingResult{Sent: sent, Received: received}, nil
+}
+
+// Ping runs VPP's ping on v: count echoes to dst, 0.1 s apart, from the address of interface source
+// (of dst's family).
+func Ping(ctx context.Context, v *vppproc.VPP, source string, dst netip.Addr, count int) (PingResult, error) {
+	cmd := fmt.Sprintf("ping %s source %s repeat %d interval 0.1", dst, source, count)
+	out, err := v.CLI(ctx, cmd)
+	if err != nil {
+		return PingResult{}, err
+	}
+	r, err := ParsePing(out)
+	if err != nil {
+		return PingResult{}, fmt.Errorf("%s: %w", cmd, err)
+	}
+	return r, nil
+}
+
+// PingUntil pings (count echoes a round) until a round gets at least atLeast replies, for at most rounds
+// rounds: the first echoes to a neighbour not yet resolved are dropped while ARP or ND resolves it (once
+// per hop). It returns the results of every round run, and whether the last one got enough replies.
+func PingUntil(ctx context.Context, v *vppproc.VPP, source string, dst netip.Addr, count, atLeast, rounds int) ([]PingResult, bool, error) {
+	var results []PingResult
+	for range rounds {
+		r, err := Ping(ctx, v, source, dst, count)
+		if err != nil {
+			return results, false, err
+		}
+		results = append(results, r)
+		if r.Received >= atLeast {
+			return results, true, nil
+		}
+	}
+	return results, false, nil
+}

@@ -1,0 +1,54 @@
+package vpptopo
+
+import (
+	"testing"
+)
+
+func TestParsePing(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		want PingResult
+		ok   bool
+	}{
+		{"116 bytes from 10.244.2.1: icmp_seq=2 ttl=64 time=2.2624 ms\n116 bytes from 10.244.2.1: icmp_seq=3 ttl=64 time=4.8526 ms\n\nStatistics: 3 sent, 2 received, 33% packet loss\n",
+			PingResult{Sent: 3, Received: 2}, true},
+		{"\nStatistics: 2 sent, 0 received, 100% packet loss\n", PingResult{Sent: 2}, true},
+		{"76 bytes from fd00:244:0:2::1: icmp_seq=1 ttl=64 time=.2907 ms\n\nStatistics: 1 sent, 1 received, 0% packet loss\n", PingResult{Sent: 1, Received: 1}, true},
+		{"ping: unknown input `ping 10.0.0.1'\n", PingResult{}, false}, // a VPP without the ping plugin
+		{"", PingResult{}, false},
+	} {
+		got, err := ParsePing(tc.out)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParsePing(%q) = %v, %v; want %v, ok %v", tc.out, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestAddressPlan: every node's uplink addresses lie in its gateway's subnet (routed) and are distinct,
+// pods lie in their node's blocks, and the blocks do not overlap.
+func TestAddressPlan(t *testing.T) {
+	for _, kind := range []Kind{Fabric, Routed} {
+		seen := map[string]bool{}
+		for i := 1; i <= MaxNodes; i++ {
+			n := newNode(kind, i)
+			for _, s := range []string{n.Addr4.Addr().String(), n.Addr6.Addr().String(), n.Block4.String(), n.Block6.String()} {
+				if seen[s] {
+					t.Errorf("%v node %d: %s used twice", kind, i, s)
+				}
+				seen[s] = true
+			}
+			if !n.Block4.Contains(n.Pod4) || !n.Block6.Contains(n.Pod6) || n.Pod4 == n.Block4.Addr() || n.Pod6 == n.Block6.Addr() {
+				t.Errorf("%v node %d: pods %s %s outside their blocks %s %s", kind, i, n.Pod4, n.Pod6, n.Block4, n.Block6)
+			}
+			if kind == Routed && (!n.Addr4.Masked().Contains(n.Gateway4) || !n.Addr6.Masked().Contains(n.Gateway6)) {
+				t.Errorf("node %d: gateways %s %s outside %s %s", i, n.Gateway4, n.Gateway6, n.Addr4, n.Addr6)
+			}
+			if kind == Fabric && n.Gateway4.IsValid() {
+				t.Errorf("fabric node %d has a gateway", i)
+			}
+		}
+	}
+	if a, b := newNode(Routed, 1), newNode(Routed, 2); a.Addr4.Masked() == b.Addr4.Masked() || a.Addr6.Masked() == b.Addr6.Masked() {
+		t.Errorf("routed nodes 1 and 2 share a subnet: %s %s", a.Addr4, b.Addr4)
+	}
+}
