@@ -159,6 +159,13 @@ type FieldProblem struct {
 	Reason string
 }
 
+// Error names the resource, the field and its value (clipped: a whole malformed spec can be long).
 func (p FieldProblem) Error() string {
-	return fmt.Sprintf("%s %q: %s %q: %s", p.Kind, p.Name, p.Field, p.Value, p.Reason)
+	v := p.Value
+	if len(v) > maxProblemValue {
+		v = v[:maxProblemValue] + "..."
+	}
+	return fmt.Sprintf("%s %q: %s %q: %s", p.Kind, p.Name, p.Field, v, p.Reason)
 }
+
+const maxProblemValue = 80

@@ -408,6 +408,10 @@ func TestDecodeNodeShapes(t *testing.T) {
 			}
 		})
 	}
+	long := FieldProblem{Kind: "Node", Name: "n", Field: "spec", Value: strings.Repeat("x", 1000), Reason: "not a JSON object"}
+	if e := long.Error(); len(e) > 200 || !strings.HasSuffix(e, "...\": not a JSON object") {
+		t.Errorf("long problem value not clipped: %d bytes", len(e))
+	}
 	if _, err := DecodeNode([]byte(`{"metadata":{"name":5}}`)); err == nil {
 		t.Error("a Node whose metadata does not decode was accepted")
 	}
@@ -474,6 +478,18 @@ func TestFelixConfiguration(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(problemFields(c.Problems), want) {
 			t.Errorf("spec %s: %+v, %v; want problems %v", tc.spec, c, err, want)
+		}
+	}
+	eff := EffectiveTunnelConfig(&def, nil) // vxlanMTU 1450, ipipMTU 1480, vxlanMTUV6 unset
+	for _, tc := range []struct {
+		e    Encap
+		v6   bool
+		want int
+	}{
+		{EncapNone, false, 1500}, {EncapIPIP, false, 1480}, {EncapVXLAN, false, 1450}, {EncapVXLAN, true, 1430},
+	} {
+		if got := eff.MTU(tc.e, tc.v6, 1500); got != tc.want {
+			t.Errorf("MTU(%v, v6=%v, 1500) = %d, want %d", tc.e, tc.v6, got, tc.want)
 		}
 	}
 	if _, err := DecodeFelixConfiguration([]byte(`[`)); err == nil {

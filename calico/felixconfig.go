@@ -130,3 +130,22 @@ func FelixConfigurationNode(name string) (string, bool) {
 	node, ok := strings.CutPrefix(name, felixConfigurationNodeName)
 	return node, ok && node != ""
 }
+
+// MTU returns the MTU of routes encapsulated with e in a family: the configured one (ipipMTU,
+// vxlanMTU, vxlanMTUV6), or, where it is 0, the uplink's MTU less e's overhead, as felix derives it
+// (felix/dataplane/linux/int_dataplane.go). Unencapsulated routes get the uplink's MTU.
+func (c TunnelConfig) MTU(e Encap, v6 bool, uplinkMTU int) int {
+	configured := 0
+	switch {
+	case e == EncapIPIP:
+		configured = c.IPIPMTU
+	case e == EncapVXLAN && v6:
+		configured = c.VXLANMTUV6
+	case e == EncapVXLAN:
+		configured = c.VXLANMTU
+	}
+	if configured != 0 {
+		return configured
+	}
+	return uplinkMTU - e.Overhead(v6)
+}
