@@ -418,6 +418,8 @@ func FuzzParseKey(f *testing.F) {
 		"/calico/ipam/v2/handle/k8s-pod-network.abc",
 		"/calico/ipam/v2/config",
 		"/calico/resources/v3/projectcalico.org/ippools/p",
+		"/calico/resources/v3/projectcalico.org/nodes/node-a",
+		"/calico/resources/v3/projectcalico.org/felixconfigurations/node.node-a",
 	} {
 		f.Add(s)
 	}

@@ -126,6 +126,10 @@ type IPPool struct {
 	AllowedUses []string
 	// AssignmentMode is "Automatic" (or empty) or "Manual" (v3.30+: never chosen automatically).
 	AssignmentMode string
+	// IPIPMode and VXLANMode are spec.ipipMode and spec.vxlanMode as written, an absent or empty one
+	// as EncapNever. Encap reads them as felix does; EncapProblems lists what Calico would refuse. A
+	// bad mode never fails the decode: allocators use the pool as usual.
+	IPIPMode, VXLANMode EncapMode
 }
 
 type ipPoolJSON struct {
@@ -142,9 +146,11 @@ type ipPoolJSON struct {
 		NSSelector     string   `json:"namespaceSelector,omitempty"`
 		AllowedUses    []string `json:"allowedUses,omitempty"`
 		AssignmentMode string   `json:"assignmentMode,omitempty"`
-		IPIPMode       string   `json:"ipipMode,omitempty"`
-		VXLANMode      string   `json:"vxlanMode,omitempty"`
-		NATOutgoing    bool     `json:"natOutgoing,omitempty"`
+		// The modes are read raw so that a mode of the wrong JSON type is a problem of the mode
+		// (IPPool.EncapProblems), not a pool that fails to decode.
+		IPIPMode    json.RawMessage `json:"ipipMode,omitempty"`
+		VXLANMode   json.RawMessage `json:"vxlanMode,omitempty"`
+		NATOutgoing bool            `json:"natOutgoing,omitempty"`
 	} `json:"spec"`
 }
 
@@ -159,6 +165,7 @@ func DecodeIPPool(data []byte) (IPPool, error) {
 		Name: j.Metadata.Name, BlockSize: j.Spec.BlockSize, Disabled: j.Spec.Disabled,
 		NodeSelector: j.Spec.NodeSelector, NamespaceSelector: j.Spec.NSSelector, AllowedUses: j.Spec.AllowedUses,
 		AssignmentMode: j.Spec.AssignmentMode,
+		IPIPMode:       rawEncapMode(j.Spec.IPIPMode), VXLANMode: rawEncapMode(j.Spec.VXLANMode),
 	}
 	cidr, err := netip.ParsePrefix(j.Spec.CIDR)
 	if err != nil {
@@ -211,8 +218,30 @@ func EncodeIPPool(p IPPool) ([]byte, error) {
 	j.Spec.NSSelector = p.NamespaceSelector
 	j.Spec.AllowedUses = p.AllowedUses
 	j.Spec.AssignmentMode = p.AssignmentMode
-	j.Spec.IPIPMode, j.Spec.VXLANMode = "Never", "Never"
+	j.Spec.IPIPMode, _ = json.Marshal(encapMode(string(p.IPIPMode)))
+	j.Spec.VXLANMode, _ = json.Marshal(encapMode(string(p.VXLANMode)))
 	return json.Marshal(j)
+}
+
+// encapMode reads a mode as written; empty is Never.
+func encapMode(s string) EncapMode {
+	if s == "" {
+		return EncapNever
+	}
+	return EncapMode(s)
+}
+
+// rawEncapMode reads a mode from its JSON: a string as written, null or absent as Never, any other JSON
+// value as its text (never a valid mode).
+func rawEncapMode(raw json.RawMessage) EncapMode {
+	var s string
+	if len(raw) == 0 || string(raw) == "null" {
+		return EncapNever
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return EncapMode(raw)
+	}
+	return encapMode(s)
 }
 
 // AllowsWorkloads reports whether pods may get addresses from the pool.

@@ -1,6 +1,7 @@
 // Package calico models Calico's IPAM datastore as it is stored in etcd (v3 datastore): the keys of
 // blocks, affinities, handles, the IPAM config and IP pools, their JSON values in every form Calico
-// v3.23-v3.32 has written, the block invariants, and felix's rule for who owns a block. It is pure: no I/O.
+// v3.23-v3.32 has written, the block invariants, and felix's rule for who owns a block; and what routing
+// reads besides (Nodes, FelixConfigurations) with felix's encapsulation rules (encap.go). It is pure: no I/O.
 package calico
 
 import (
@@ -33,6 +34,8 @@ const (
 	KindHandle
 	KindIPAMConfig
 	KindIPPool
+	KindNode
+	KindFelixConfiguration
 )
 
 func (k KeyKind) String() string {
@@ -49,12 +52,17 @@ func (k KeyKind) String() string {
 		return "ipam-config"
 	case KindIPPool:
 		return "ippool"
+	case KindNode:
+		return "node"
+	case KindFelixConfiguration:
+		return "felixconfiguration"
 	}
 	return "unknown"
 }
 
 // Key is a parsed datastore key. Which fields are set depends on Kind: CIDR for blocks and affinities,
-// Name for affinities (the node or virtual owner), handles (the handle ID) and pools (the pool name).
+// Name for affinities (the node or virtual owner), handles (the handle ID), pools, Nodes and
+// FelixConfigurations (the resource's name).
 type Key struct {
 	Kind KeyKind
 	CIDR netip.Prefix
@@ -160,12 +168,16 @@ func (k Key) String() string {
 		return IPAMConfigKey
 	case KindIPPool:
 		return IPPoolKey(k.Name)
+	case KindNode:
+		return NodeKey(k.Name)
+	case KindFelixConfiguration:
+		return FelixConfigurationKey(k.Name)
 	}
 	return ""
 }
 
-// ParseKey parses any Calico IPAM or IP pool key. Foreign and non-canonical keys give a *KeyError naming
-// the key; for every key it accepts, ParseKey(k).String() == k.
+// ParseKey parses any Calico IPAM, IP pool, Node or FelixConfiguration key. Foreign and non-canonical
+// keys give a *KeyError naming the key; for every key it accepts, ParseKey(k).String() == k.
 func ParseKey(s string) (Key, error) {
 	switch {
 	case s == IPAMConfigKey:
@@ -194,6 +206,15 @@ func ParseKey(s string) (Key, error) {
 			return Key{}, keyErr(s, "bad pool name %q", name)
 		}
 		return Key{Kind: KindIPPool, Name: name}, nil
+	case strings.HasPrefix(s, NodePrefix), strings.HasPrefix(s, FelixConfigurationPrefix):
+		kind, name := KindNode, strings.TrimPrefix(s, NodePrefix)
+		if strings.HasPrefix(s, FelixConfigurationPrefix) {
+			kind, name = KindFelixConfiguration, s[len(FelixConfigurationPrefix):]
+		}
+		if !validName(name) {
+			return Key{}, keyErr(s, "bad %s name %q", kind, name)
+		}
+		return Key{Kind: kind, Name: name}, nil
 	}
 	return Key{}, keyErr(s, "not a Calico IPAM key")
 }

@@ -21,24 +21,33 @@ const (
 // NodeKey returns the etcd key of the Calico Node resource of node.
 func NodeKey(node string) string { return NodePrefix + node }
 
-// Node is what an allocator needs of a Calico v3 Node resource: its labels.
+// Node is what an allocator and a router need of a Calico v3 Node resource: its labels (what IP pool
+// node selectors match) and, per address family, its address and tunnel endpoints (node.go).
 type Node struct {
 	Name   string
 	Labels map[string]string
+	// V4 and V6 are what routing reads of the node in each family; fields that did not parse are
+	// listed in their Problems.
+	V4, V6 NodeFamily
 }
 
-// DecodeNode decodes a v3 Node resource.
+// DecodeNode decodes a v3 Node resource. Only a value that is not JSON, or whose metadata does not
+// decode, is an error: a malformed spec field is recorded in the family it concerns (NodeFamily.Problems)
+// and the rest of the resource still decodes, so that an allocator keeps the node's labels.
 func DecodeNode(data []byte) (Node, error) {
 	var j struct {
 		Metadata struct {
 			Name   string            `json:"name"`
 			Labels map[string]string `json:"labels"`
 		} `json:"metadata"`
+		Spec json.RawMessage `json:"spec"`
 	}
 	if err := json.Unmarshal(data, &j); err != nil {
 		return Node{}, fmt.Errorf("decode node: %w", err)
 	}
-	return Node{Name: j.Metadata.Name, Labels: j.Metadata.Labels}, nil
+	n := Node{Name: j.Metadata.Name, Labels: j.Metadata.Labels}
+	n.decodeSpec(j.Spec)
+	return n, nil
 }
 
 // IPReservationKey returns the etcd key of the named IPReservation.
@@ -75,25 +84,34 @@ func DecodeIPReservation(data []byte) (Reservations, error) {
 
 // ParsePrefixOrAddr parses a CIDR (masked, unmapped) or a single address (a /32 or /128).
 func ParsePrefixOrAddr(s string) (netip.Prefix, error) {
+	_, p, err := ParseCIDROrIP(s)
+	return p, err
+}
+
+// ParseCIDROrIP is libcalico-go's net.ParseCIDROrIP: it parses "address/length" or a bare address and
+// returns the address as written and its subnet, masked (a bare address is a /32 or /128). Addresses
+// are unmapped (an IPv4-mapped IPv6 address is IPv4, as Calico's To4 makes it); zones are refused;
+// surrounding white space is ignored.
+func ParseCIDROrIP(s string) (netip.Addr, netip.Prefix, error) {
 	s = strings.TrimSpace(s)
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return netip.Prefix{}, err
+			return netip.Addr{}, netip.Prefix{}, err
 		}
 		if p.Addr().Zone() != "" {
-			return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
+			return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
 		}
-		return Canonical(p), nil
+		return p.Addr().Unmap(), Canonical(p), nil
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
-		return netip.Prefix{}, err
+		return netip.Addr{}, netip.Prefix{}, err
 	}
 	if a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
+		return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
 	}
-	return HostPrefix(a), nil
+	return a.Unmap(), HostPrefix(a), nil
 }
 
 // Reservations are address ranges automatic assignment never hands out and block claims pass over
