@@ -661,12 +661,7 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 }
 
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {
-	for _, pool := range pools {
-		if pool.Bits() <= p.Bits() && pool.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return calico.Within(p, pool) })
 }
 
 // applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of

@@ -48,8 +48,9 @@ type call struct {
 	// roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// claims counts the blocks this operation claimed.
-	claims int
+	// claims counts the blocks this operation claimed; outside the blocks outside every pool it
+	// found first in the daemon's life.
+	claims, outside int
 	// answer replies to a request of the batch before the operation ends (nil: at its end).
 	answer func(*request)
 }
@@ -199,6 +200,11 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 				c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
 				continue
 			}
+			if c.outsidePools(k.CIDR) {
+				// Calico's claim walk looks only for its own subnets' keys: a block outside every pool
+				// (a stray 0.0.0.0/0) takes no subnet of any pool, and must not stop every claim.
+				continue
+			}
 			l.cidrs = append(l.cidrs, k.CIDR)
 			if n.family[f] {
 				c.gotBlock(k.CIDR, kv, res.Revision)
@@ -212,6 +218,25 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 		c.gotBlock(cidr, first(ranges[i]), res.Revision)
 	}
 	return nil
+}
+
+// outsidePools reports whether a listed block lies outside every IP pool and every pool CIDR the
+// request names: claims ignore it. Each such block is logged once in the daemon's life and counted
+// (c.outside).
+func (c *call) outsidePools(cidr netip.Prefix) bool {
+	if inPools(cidr, c.state.pools) {
+		return false
+	}
+	for _, ref := range c.conf.Pools[familyOf(cidr.Addr())] {
+		if ref.CIDR.IsValid() && calico.Within(cidr, ref.CIDR) {
+			return false
+		}
+	}
+	if c.state.noteOutside(cidr) {
+		c.outside++
+		c.log.Warn("ignoring a block outside every IP pool: claims do not avoid it, as Calico's do not", "block", cidr)
+	}
+	return true
 }
 
 // first returns the pair a read of one key found, nil when none.

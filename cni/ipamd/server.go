@@ -326,6 +326,7 @@ func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, batched
 	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
 	s.metrics.claims.Add(float64(c.claims))
+	s.metrics.outside.Add(float64(c.outside))
 	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(batched))
 	if err != nil {
 		te := toCNIError(err)
