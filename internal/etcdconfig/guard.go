@@ -169,8 +169,8 @@ func (g *Guard) verdict(results []*pb.StatusResponse, silent int) string {
 	}
 	switch {
 	case answered == 0 && silent >= silentRounds:
-		return fmt.Sprintf("etcd at %s does not answer: no member answered a status request within %s, %d times in a row (frozen, overloaded or unreachable)",
-			Redacted(g.cfg.Endpoints), g.timeout, silent)
+		return fmt.Sprintf("etcd at %s does not answer: no member answered a status request within %s, %d rounds in a row (frozen, overloaded or unreachable)",
+			Redacted(g.cfg.Endpoints), g.timeout, silentRounds)
 	case answered == 0:
 		return g.Problem() // not yet decided: keep the verdict until the next round
 	case leaderless == answered:
