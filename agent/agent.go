@@ -103,6 +103,8 @@ type Config struct {
 	// registers one of them is refused as a next hop.
 	PeerIPs []netip.Addr
 	Logger  *slog.Logger
+	// EtcdHealth, when set, says why etcd cannot serve ("" when it can); Ready reports it.
+	EtcdHealth EtcdHealth
 }
 
 // Defaults of Config.

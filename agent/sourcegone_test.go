@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
 
 // apiRoutes returns node name's API routes in table 0 via the uplink, anywhere (c.fib shows only the
@@ -113,4 +116,32 @@ func putPoolDisabled(c *cluster, name string, cidr netip.Prefix) error {
 	}
 	c.put(calico.IPPoolKey(name), string(v))
 	return nil
+}
+
+// TestEtcdOutOfSpaceIsNotReady: etcd out of space (NOSPACE) still answers the watch, but refuses every
+// write, the registration's among them: the agent says not ready, naming it, and keeps its routes;
+// once the alarm is disarmed it is ready again.
+func TestEtcdOutOfSpaceIsNotReady(t *testing.T) {
+	c := newCluster(t, clusterOpts{quota: 2 << 20}, "a", "b")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	want := c.want(map[string]string{"10.244.2.0/26": "b"})
+	c.eventually("a", want, settle)
+	c.waitFor("a ready", settle, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
+	if err := etcdtest.Fill(c.ctx(), c.cli); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("a not ready naming NOSPACE", settle, func() bool {
+		_, missing := c.nodes["a"].agent.Ready()
+		return slices.ContainsFunc(missing, func(m string) bool { return strings.Contains(m, "out of space (alarm NOSPACE)") })
+	})
+	if got := c.fib("a"); !slices.Equal(got, want) {
+		t.Errorf("FIB with etcd out of space %q, want %q", got, want)
+	}
+	if _, err := c.cli.Delete(c.ctx(), "/fill/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cli.AlarmDisarm(c.ctx(), &clientv3.AlarmMember{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("a ready again", settle, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
 }
