@@ -525,6 +525,15 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 	}
 	// From here on, the request is the daemon's node's (the allocator's conf.Node).
 	req.Node = s.cfg.Node
+	if p := s.healthProblem(); p != "" {
+		// etcd is known not to serve: answer now rather than queue behind operations that wait on it.
+		code := uint(types.ErrTryAgainLater)
+		if req.Verb == "STATUS" {
+			code = ErrPluginNotAvailable
+		}
+		s.finish(j, &cni.Reply{Code: code, Msg: p})
+		return <-j.done
+	}
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
 		// It has at most half of the request's time, so that the releases keep the other half.
@@ -538,15 +547,6 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 			return <-j.done
 		}
 		j.gc = snap
-	}
-	if p := s.healthProblem(); p != "" {
-		// etcd is known not to serve: answer now rather than queue behind operations that wait on it.
-		code := uint(types.ErrTryAgainLater)
-		if req.Verb == "STATUS" {
-			code = ErrPluginNotAvailable
-		}
-		s.finish(j, &cni.Reply{Code: code, Msg: p})
-		return <-j.done
 	}
 	select {
 	case s.jobs <- j:
