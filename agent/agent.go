@@ -103,6 +103,8 @@ type Config struct {
 	// registers one of them is refused as a next hop.
 	PeerIPs []netip.Addr
 	Logger  *slog.Logger
+	// EtcdHealth, when set, says why etcd cannot serve ("" when it can); Ready reports it.
+	EtcdHealth EtcdHealth
 }
 
 // Defaults of Config.
@@ -297,7 +299,9 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	prev := a.snap
 	a.snap = snap
 	pools := ManagedPools(snap, a.cfg.Pools)
-	if snap.Full || first || !slices.Equal(pools, a.pools) {
+	// A pool disabled or deleted that was disabled changes which routes are parked (see parked).
+	parkedChanged := prev != nil && a.cfg.Pools == nil && !slices.Equal(disabledPools(prev), disabledPools(snap))
+	if snap.Full || first || !slices.Equal(pools, a.pools) || parkedChanged {
 		if first && a.listedRev != 0 && a.desired.catchUp(snap, pools) {
 			a.log.Debug("the desired routes were built while listing", "blocks", snap.Blocks.Len(), "table_dumped", a.dumpedListing)
 		} else {
@@ -624,13 +628,20 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 }
 
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
-// the managed pools (which it must never touch).
+// the managed pools (which it must never touch). A route the agent programmed stays its own when its
+// pool is deleted, so that it is withdrawn like any route whose source went (see leftBehind).
 func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
 	// Room for every entry, or while the first list goes on, for the routes it will add.
 	owned := make(map[netip.Prefix]vppapi.Route, max(len(entries), a.listedTotal))
 	foreign := make(map[netip.Prefix]struct{})
 	for _, e := range entries {
-		if e.TableID != a.cfg.TableID || !inPools(a.pools, e.Prefix) {
+		if e.TableID != a.cfg.TableID {
+			continue
+		}
+		if !inPools(a.pools, e.Prefix) {
+			if r, ok := a.ownedRoute(e); ok && a.leftBehind(r) {
+				owned[e.Prefix] = r
+			}
 			continue
 		}
 		if r, ok := a.ownedRoute(e); ok {
@@ -640,6 +651,29 @@ func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Rou
 		}
 	}
 	return owned, foreign
+}
+
+// leftBehind reports whether r, outside the managed pools, is a route this agent programmed (as it is
+// now): its pool was deleted or disabled since. It stays the agent's, to be withdrawn once nothing
+// wants it, unless its pool is only disabled (parked).
+func (a *Agent) leftBehind(r vppapi.Route) bool {
+	have, ok := a.programmed[r.Prefix]
+	return ok && have == r
+}
+
+// parked reports whether route prefix p lies outside the managed pools but inside a disabled pool: a
+// route the agent programmed there stays as it is (a migration: see the README's limits) until the
+// pool is enabled again or deleted.
+func (a *Agent) parked(p netip.Prefix) bool {
+	if a.snap == nil || a.cfg.Pools != nil || inPools(a.pools, p) {
+		return false
+	}
+	for _, pool := range a.snap.Pools {
+		if pool.Disabled && calico.Within(p, pool.CIDR) {
+			return true
+		}
+	}
+	return false
 }
 
 // ownedRoute reports whether e is one of ours: every path a plain path via the uplink with a next hop.
@@ -661,12 +695,7 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 }
 
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {
-	for _, pool := range pools {
-		if pool.Bits() <= p.Bits() && pool.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return calico.Within(p, pool) })
 }
 
 // applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of
@@ -688,6 +717,9 @@ func (a *Agent) applyDirty(ctx context.Context, dirty iter.Seq[netip.Prefix], al
 				adds = append(adds, want)
 			}
 		case programmed:
+			if a.parked(p) {
+				continue
+			}
 			if !ok && a.held(p) {
 				continue // inside a block whose value cannot be read: keep it as it is
 			}
@@ -769,6 +801,11 @@ func (a *Agent) trackPeers() {
 			"node", inv.Node, "peer_ip", inv.Addr, "reason", inv.Reason)
 	}
 	a.desired.newlyInvalid = nil
+	for _, cidr := range a.desired.newlyDefault {
+		a.log.Warn("ignoring a block of prefix length 0: a default route is never programmed from a block", "block", cidr)
+		a.m.defaultBlocks.Inc()
+	}
+	a.desired.newlyDefault = nil
 }
 
 // held reports whether route prefix p lies inside a held block (its value cannot be read).

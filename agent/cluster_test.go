@@ -58,6 +58,8 @@ type clusterOpts struct {
 	// members > 1 runs a real etcd cluster; the agents reach it through the members' proxies, the
 	// test's own client directly.
 	members int
+	// quota is the single etcd's QuotaBackendBytes (0: etcd's default).
+	quota int64
 	// probe is the watch's progress-probe interval; 0 means 500ms, -1 the daemon's default.
 	probe time.Duration
 	// sim, if set, adjusts each node's simulator (faults of VPP at start, an older VPP's message table).
@@ -95,7 +97,7 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 		}
 		t.Cleanup(func() { cli.Close() })
 	} else {
-		srv, cli = etcdtest.Start(t)
+		srv, cli = etcdtest.StartWith(t, etcdtest.Options{QuotaBackendBytes: opts.quota})
 	}
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
@@ -192,6 +194,7 @@ func (c *cluster) start(name string) {
 		as = n.as
 	}
 	m := agent.NewMetrics(reg)
+	guard := etcdconfig.NewGuard(&ecfg, cli, log)
 	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
 		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
@@ -199,7 +202,7 @@ func (c *cluster) start(name string) {
 	}
 	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log}, vpp, w, registrar, m)
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log, EtcdHealth: guard}, vpp, w, registrar, m)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -209,7 +212,7 @@ func (c *cluster) start(name string) {
 	g.Go(func() error { return w.Run(gctx) })
 	g.Go(func() error { return registrar.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
-	g.Go(func() error { return etcdconfig.NewGuard(&ecfg, cli, log).Run(gctx) })
+	g.Go(func() error { return guard.Run(gctx) })
 	done := make(chan error, 1)
 	go func() { done <- g.Wait(); cli.Close() }()
 	n.cancel, n.done, n.agent, n.reg, n.logs = cancel, done, a, reg, logs

@@ -105,6 +105,18 @@ func managedPools(pools map[string]calico.IPPool, explicit []netip.Prefix) []net
 	return out
 }
 
+// disabledPools returns the CIDRs of the snapshot's disabled IP pools, sorted.
+func disabledPools(snap *blockwatch.Snapshot) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range snap.Pools {
+		if p.Disabled {
+			out = append(out, p.CIDR)
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return out
+}
+
 // target is what one route prefix should look like in the FIB. route points into the blockResult the
 // route comes from (routes are never modified once computed): a target costs a pointer, not a copy.
 type target struct {
@@ -160,6 +172,10 @@ type desiredSet struct {
 	invalid map[peerFamily]InvalidPeer
 	// newlyInvalid lists refusals not seen before, for the agent to log; it clears it.
 	newlyInvalid []InvalidPeer
+	// defaultBlocks are the blocks of prefix length 0 seen so far (kept across resets, so that each is
+	// reported once); newlyDefault lists those not seen before, for the agent to log and count.
+	defaultBlocks map[netip.Prefix]struct{}
+	newlyDefault  []netip.Prefix
 
 	perBlock map[netip.Prefix]blockResult
 	// sources maps a route prefix to the other blocks contributing a candidate for it: a block's own
@@ -479,6 +495,23 @@ func betterTarget(a, b target) bool {
 // node unless that is this node; each borrowed address via its borrower unless that is this node.
 func (d *desiredSet) compute(b *blockwatch.Block) blockResult {
 	r := blockResult{block: b}
+	if b.CIDR.Bits() == 0 {
+		// 0.0.0.0/0 or ::/0 would replace the node's default route: no Calico pool has blocks that
+		// large (blockSize is at least 20 or 116), so such a key is a mistake, and it never becomes a
+		// route, nor do its borrowed addresses.
+		if _, seen := d.defaultBlocks[b.CIDR]; !seen {
+			if d.defaultBlocks == nil {
+				d.defaultBlocks = map[netip.Prefix]struct{}{}
+			}
+			d.defaultBlocks[b.CIDR] = struct{}{}
+			d.newlyDefault = append(d.newlyDefault, b.CIDR)
+		}
+		if b.Owner.IsNode() && b.Owner.Node != d.node {
+			r.unresolved = append(r.unresolved, Unresolved{Prefix: b.CIDR, Owner: b.Owner.Node, Kind: KindBlock, Block: b.CIDR,
+				Reason: "a block of prefix length 0 would be a default route: never programmed"})
+		}
+		return r
+	}
 	if !inPools(d.pools, b.CIDR) {
 		if b.Owner.IsNode() && b.Owner.Node != d.node {
 			r.unresolved = append(r.unresolved, Unresolved{Prefix: b.CIDR, Owner: b.Owner.Node, Kind: KindBlock, Block: b.CIDR,

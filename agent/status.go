@@ -168,9 +168,16 @@ func (a *Agent) setView(f func(v *readiness)) {
 	f(&a.view)
 }
 
+// EtcdHealth tells whether etcd serves (etcdconfig.Guard): one out of space or without a leader still
+// answers the watch, and a frozen one keeps the connection "ready".
+type EtcdHealth interface {
+	Problem() string
+}
+
 // Ready reports whether the node is fully serving: the first snapshot is applied, VPP is connected and
 // the uplink set up, the first full resync is done, the etcd watch is in sync with no problem reported
-// (blockwatch.Status.Problem: ownership read from the affinities without strict affinity) and the
+// (blockwatch.Status.Problem: ownership read from the affinities without strict affinity), etcd serves
+// (Config.EtcdHealth: it answers, has a leader and room for writes such as the registration's) and the
 // registration is present. When it is not, missing lists what is lacking.
 func (a *Agent) Ready() (ok bool, missing []string) {
 	a.mu.Lock()
@@ -184,6 +191,11 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 	}
 	if p := a.src.Status().Problem; p != "" {
 		missing = append(missing, p)
+	}
+	if a.cfg.EtcdHealth != nil {
+		if p := a.cfg.EtcdHealth.Problem(); p != "" {
+			missing = append(missing, p)
+		}
 	}
 	// The connection is read live: the loop's own view lags while it works on a long resync.
 	switch st := a.dp.Status(); {

@@ -257,5 +257,14 @@ func (p IPPool) AllowsWorkloads() bool {
 	return false
 }
 
+// Contains reports whether the prefix lies inside the pool.
+func (p IPPool) Contains(cidr netip.Prefix) bool { return Within(cidr, p.CIDR) }
+
+// Within reports whether every address of prefix p lies in outer: the one definition of "a pool
+// contains a block" (a block as large as its pool is inside it; one that holds the pool is not).
+func Within(p, outer netip.Prefix) bool {
+	return outer.Bits() <= p.Bits() && outer.Contains(p.Addr())
+}
+
 // Automatic reports whether the pool may be chosen without being asked for by name (assignmentMode).
 func (p IPPool) Automatic() bool { return p.AssignmentMode == "" || p.AssignmentMode == "Automatic" }

@@ -275,8 +275,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	defer cli.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The guard keeps the client off frozen members and tells the daemon when etcd cannot serve.
+	guard := etcdconfig.NewGuard(&cfg.etcd, cli, log)
 	dcfg := ipamd.Config{Node: cfg.node, Client: cli, Endpoints: endpoints, CallTimeout: cfg.etcd.RequestTimeout,
-		Logger: log, Registerer: reg}
+		Logger: log, Registerer: reg, EtcdHealth: guard}
 	if cfg.pause > 0 {
 		dcfg.Pause = func(ctx context.Context) {
 			fmt.Fprintln(os.Stderr, "block-ipam: test pause before commit")
@@ -301,8 +303,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	g, gctx := errgroup.WithContext(runCtx)
 	g.Go(func() error { return srv.Run(gctx) })
 	// With several endpoints, keep the client off a member that stopped answering (frozen, sockets
-	// open), as the agent does.
-	g.Go(func() error { return etcdconfig.NewGuard(&cfg.etcd, cli, log).Run(gctx) })
+	// open), as the agent does; with any number, notice an etcd that cannot serve.
+	g.Go(func() error { return guard.Run(gctx) })
 	g.Go(func() error { return srv.Serve(gctx, sock) })
 	if metricsLn != nil {
 		log.Info("serving metrics and health", "address", metricsLn.Addr().String())

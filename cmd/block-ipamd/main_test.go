@@ -201,3 +201,19 @@ func TestBusyMetricsAddressFailsBeforeEtcd(t *testing.T) {
 		t.Errorf("socket left behind: %v", err)
 	}
 }
+
+// TestHTTPSAgainstPlaintextFailsAtOnce: an https:// endpoint where etcd speaks plaintext stops the
+// daemon at start with an error naming TLS, not request deadlines forever.
+func TestHTTPSAgainstPlaintextFailsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	pki := etcdtest.NewPKI(t, dir)
+	srv, _ := etcdtest.Start(t)
+	ep := strings.Replace(srv.Endpoint(), "http://", "https://", 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	err := run(ctx, []string{"--nodename", "n1", "--socket", filepath.Join(dir, "s.sock"), "--metrics-address", "",
+		"--etcd-endpoints", ep, "--etcd-ca-cert-file", pki.CA}, io.Discard, env(nil))
+	if !errors.Is(err, etcdconfig.ErrNotTLS) || !strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("https:// against plaintext etcd: %v", err)
+	}
+}

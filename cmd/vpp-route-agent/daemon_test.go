@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
@@ -249,5 +251,19 @@ func TestDaemonReportsLaterCertificateErrors(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("no ERROR naming the certificate problem:\n%s", seen.String())
 		}
+	}
+}
+
+// TestDaemonFailsAtOnceOnPlaintextEtcd: an https:// endpoint where etcd speaks plaintext stops the
+// daemon at start with an error naming TLS, not request deadlines forever.
+func TestDaemonFailsAtOnceOnPlaintextEtcd(t *testing.T) {
+	pki := etcdtest.NewPKI(t, t.TempDir())
+	srv, _ := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := run(ctx, append(slices.Clone(base), "--etcd-endpoints", strings.Replace(srv.Endpoint(), "http://", "https://", 1),
+		"--etcd-ca-cert-file", pki.CA, "--metrics-address", ""), &bytes.Buffer{}, &bytes.Buffer{}, env(nil))
+	if !errors.Is(err, etcdconfig.ErrNotTLS) || !strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("https:// against plaintext etcd: %v", err)
 	}
 }

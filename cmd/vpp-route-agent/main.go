@@ -295,6 +295,9 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 		registration = registrar
 	}
 	cfg.agent.Logger = log.With("component", "agent")
+	// The guard keeps the client off frozen members and tells readiness when etcd cannot serve.
+	guard := etcdconfig.NewGuard(&cfg.etcd.Config, cli, log)
+	cfg.agent.EtcdHealth = guard
 	a, err := agent.New(cfg.agent, vpp, watcher, registration, m)
 	if err != nil {
 		return err
@@ -309,9 +312,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	defer stopVPP()
 	g.Go(func() error { return vpp.Run(vppCtx) })
 	g.Go(func() error { return watcher.Run(gctx) })
-	g.Go(func() error {
-		return etcdconfig.NewGuard(&cfg.etcd.Config, cli, log).Run(gctx)
-	})
+	g.Go(func() error { return guard.Run(gctx) })
 	g.Go(func() error { reportCertificateErrors(gctx, &cfg.etcd.Config, watcher, log); return nil })
 	g.Go(func() error {
 		defer stopVPP()

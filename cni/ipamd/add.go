@@ -234,12 +234,7 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 
 // inPools reports whether the prefix lies inside one of the pools.
 func inPools(p netip.Prefix, pools []calico.IPPool) bool {
-	for _, pool := range pools {
-		if pool.CIDR.Bits() <= p.Bits() && pool.CIDR.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(pools, func(pool calico.IPPool) bool { return pool.Contains(p) })
 }
 
 // affineCIDRs returns the CIDRs of the node's affinities inside the given pools, in the order ADD

@@ -48,10 +48,13 @@ type call struct {
 	// roundTrips its etcd round trips.
 	attempts   int
 	roundTrips int64
-	// claims counts the blocks this operation claimed.
-	claims int
+	// claims counts the blocks this operation claimed; outside the blocks outside every pool it
+	// found first in the daemon's life.
+	claims, outside int
 	// answer replies to a request of the batch before the operation ends (nil: at its end).
 	answer func(*request)
+	// down, when set, says why etcd cannot serve now (nil when it may): retry gives up at once.
+	down func() error
 }
 
 // opRead is what an operation read besides the node state: keys (its handle, and those GC and a
@@ -199,6 +202,11 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 				c.log.Warn("ignoring foreign key under the block prefix", "key", kv.Key)
 				continue
 			}
+			if c.outsidePools(k.CIDR) {
+				// Calico's claim walk looks only for its own subnets' keys: a block outside every pool
+				// (a stray 0.0.0.0/0) takes no subnet of any pool, and must not stop every claim.
+				continue
+			}
 			l.cidrs = append(l.cidrs, k.CIDR)
 			if n.family[f] {
 				c.gotBlock(k.CIDR, kv, res.Revision)
@@ -212,6 +220,25 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 		c.gotBlock(cidr, first(ranges[i]), res.Revision)
 	}
 	return nil
+}
+
+// outsidePools reports whether a listed block lies outside every IP pool and every pool CIDR the
+// request names: claims ignore it. Each such block is logged once in the daemon's life and counted
+// (c.outside).
+func (c *call) outsidePools(cidr netip.Prefix) bool {
+	if inPools(cidr, c.state.pools) {
+		return false
+	}
+	for _, ref := range c.conf.Pools[familyOf(cidr.Addr())] {
+		if ref.CIDR.IsValid() && calico.Within(cidr, ref.CIDR) {
+			return false
+		}
+	}
+	if c.state.noteOutside(cidr) {
+		c.outside++
+		c.log.Warn("ignoring a block outside every IP pool: claims do not avoid it, as Calico's do not", "block", cidr)
+	}
+	return true
 }
 
 // first returns the pair a read of one key found, nil when none.
@@ -246,7 +273,8 @@ func (c *call) gotBlock(cidr netip.Prefix, v *kv, rev int64) {
 }
 
 // write sends the plan of a view, conditional as writes() says. A transaction that was sent is
-// waited for even when the operation is cancelled, so that what it did is applied to the state. When
+// waited for even when the plugin hangs up, so that what it did is applied to the state, but not past
+// the operation's deadline (one it did not see commit reaches the state through its followers). When
 // the conditions fail, the same transaction reads the state's sources, the handles and the view's
 // blocks instead; write applies that and returns errConflict.
 func (c *call) write(ctx context.Context, v *view) error {
@@ -283,7 +311,15 @@ func (c *call) write(ctx context.Context, v *view) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	res, err := c.txn(context.WithoutCancel(ctx), p.cmps, p.ops, failure)
+	// Not cancelled when the plugin hangs up, but bounded by the operation's deadline: the reply must
+	// reach the plugin before its own timeout (the deadline leaves it a tenth of it).
+	wctx := context.WithoutCancel(ctx)
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(wctx, d)
+		defer cancel()
+	}
+	res, err := c.txn(wctx, p.cmps, p.ops, failure)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -337,6 +373,11 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 			return err
 		}
 		last = err
+		if c.down != nil {
+			if derr := c.down(); derr != nil {
+				return fmt.Errorf("%s: gave up after %d attempts: %w (last: %w)", what, n, derr, last)
+			}
+		}
 		c.log.Debug("retrying", "what", what, "attempt", n, "err", err)
 		d := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(backoff*2, 250*time.Millisecond)

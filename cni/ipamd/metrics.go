@@ -14,6 +14,7 @@ type metrics struct {
 	latency    *prometheus.HistogramVec
 	roundTrips *prometheus.CounterVec
 	claims     prometheus.Counter
+	outside    prometheus.Counter
 	batched    *prometheus.CounterVec
 }
 
@@ -36,13 +37,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "block_ipam_block_claims_total",
 			Help: "IPAM blocks this node claimed (created with its affinity).",
 		}),
+		outside: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "block_ipam_blocks_outside_pools_total",
+			Help: "Blocks found outside every IP pool, each counted once: claims ignore them, as Calico's do.",
+		}),
 		batched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "block_ipam_batched_requests_total",
 			Help: "Requests served by the etcd transaction of another request of the same verb, by verb.",
 		}, []string{"verb"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.batched)
+		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.outside, m.batched)
 	}
 	return m
 }

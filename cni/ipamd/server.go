@@ -72,6 +72,15 @@ type Config struct {
 	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
 	// operation it runs, before /healthz fails (default 30 s).
 	HealthWindow time.Duration
+	// EtcdHealth, when set, says why etcd cannot serve ("" when it can): then every request is
+	// answered at once with that reason, and STATUS and /readyz say not ready.
+	EtcdHealth EtcdHealth
+}
+
+// EtcdHealth tells whether etcd serves (etcdconfig.Guard): a frozen etcd keeps the client's connection
+// "ready", and one out of space refuses every write, neither of which the connection shows.
+type EtcdHealth interface {
+	Problem() string
 }
 
 // Validate checks the configuration.
@@ -286,11 +295,11 @@ func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 	s.live.Turn()
 	defer s.live.Busy(lead.deadline)()
 	c := &call{conf: req, etcd: s.etcd, state: s.state, log: s.log.With("verb", req.Verb, "container", req.ContainerID, "ifname", req.IfName, "network", req.Network),
-		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, answer: s.answer}
+		pause: s.cfg.Pause, endpoints: s.cfg.Endpoints, answer: s.answer, down: s.etcdDown}
 	reply := &cni.Reply{}
 	var err error
-	if s.etcdLost() && req.Verb != "STATUS" {
-		err = fmt.Errorf("%w: the daemon has lost its connection to etcd at %s", errUnavailable, s.cfg.Endpoints)
+	if down := s.etcdDown(); down != nil && req.Verb != "STATUS" {
+		err = down
 	} else {
 		switch req.Verb {
 		case "ADD":
@@ -309,7 +318,7 @@ func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 				// while etcd is down: STATUS has 2 s to tell whether it is back.
 				s.cfg.Client.ActiveConnection().ResetConnectBackoff()
 			}
-			err = c.status(ctx, lost)
+			err = c.status(ctx, lost, s.healthProblem())
 		}
 	}
 	// The requests behind the leader its write served; those that failed on their own are not.
@@ -326,6 +335,7 @@ func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 	reply.RoundTrips, reply.Attempts, reply.Batched = c.roundTrips, c.attempts, batched
 	s.metrics.roundTrips.WithLabelValues(req.Verb).Add(float64(c.roundTrips))
 	s.metrics.claims.Add(float64(c.claims))
+	s.metrics.outside.Add(float64(c.outside))
 	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(batched))
 	if err != nil {
 		te := toCNIError(err)
@@ -350,6 +360,27 @@ func (s *Server) etcdLost() bool {
 	}
 	st := conn.GetState()
 	return st == connectivity.TransientFailure || st == connectivity.Shutdown
+}
+
+// etcdDown returns why the daemon cannot reach a working etcd now (nil when it may): its connection
+// has failed, or etcd does not answer, has no leader or is out of space (Config.EtcdHealth). Requests
+// are then answered at once with code 11 and the reason instead of waiting out their deadline.
+func (s *Server) etcdDown() error {
+	if s.etcdLost() {
+		return fmt.Errorf("%w: the daemon has lost its connection to etcd at %s", errUnavailable, s.cfg.Endpoints)
+	}
+	if p := s.healthProblem(); p != "" {
+		return fmt.Errorf("%w: %s", errUnavailable, p)
+	}
+	return nil
+}
+
+// healthProblem is Config.EtcdHealth's problem ("" without one).
+func (s *Server) healthProblem() string {
+	if s.cfg.EtcdHealth == nil {
+		return ""
+	}
+	return s.cfg.EtcdHealth.Problem()
 }
 
 // finish answers a job and records its metrics.
@@ -494,6 +525,15 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 	}
 	// From here on, the request is the daemon's node's (the allocator's conf.Node).
 	req.Node = s.cfg.Node
+	if p := s.healthProblem(); p != "" {
+		// etcd is known not to serve: answer now rather than queue behind operations that wait on it.
+		code := uint(types.ErrTryAgainLater)
+		if req.Verb == "STATUS" {
+			code = ErrPluginNotAvailable
+		}
+		s.finish(j, &cni.Reply{Code: code, Msg: p})
+		return <-j.done
+	}
 	if req.Verb == "GC" {
 		// The snapshot of every block is read here, off the state loop; the loop decides on it.
 		// It has at most half of the request's time, so that the releases keep the other half.
@@ -533,6 +573,10 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == "/readyz" && s.etcdLost() {
 		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
+		return
+	}
+	if p := s.healthProblem(); r.URL.Path == "/readyz" && p != "" {
+		http.Error(w, p, http.StatusServiceUnavailable)
 		return
 	}
 	if r.URL.Path == "/readyz" && !s.Synced() {

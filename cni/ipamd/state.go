@@ -46,6 +46,20 @@ type nodeState struct {
 	blocks     map[netip.Prefix]*blockEntry
 	blockKnown map[netip.Prefix]int64
 	bad        map[netip.Prefix]error
+	// outside are the blocks outside every pool that were logged (noteOutside).
+	outside map[netip.Prefix]struct{}
+}
+
+// noteOutside records a block found outside every pool and reports whether it is the first time.
+func (s *nodeState) noteOutside(cidr netip.Prefix) bool {
+	if _, seen := s.outside[cidr]; seen {
+		return false
+	}
+	if s.outside == nil {
+		s.outside = map[netip.Prefix]struct{}{}
+	}
+	s.outside[cidr] = struct{}{}
+	return true
 }
 
 func newNodeState(node string, log *slog.Logger) *nodeState {

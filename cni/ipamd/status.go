@@ -13,8 +13,12 @@ import (
 // no round trip while the node's blocks have room and the connection to etcd is up; a read only of
 // what the decision needs (the family's listing to claim, its blocks to borrow), or, when the
 // connection is reported down (etcdLost), one read to see whether etcd answers again; "not ready" is
-// answered only on a fresh read (recheck). It writes nothing.
-func (c *call) status(ctx context.Context, etcdLost bool) error {
+// answered only on a fresh read (recheck). A problem of etcd's (etcdconfig.Guard: it does not answer,
+// has no leader, is out of space) is not ready at once, naming it. It writes nothing.
+func (c *call) status(ctx context.Context, etcdLost bool, problem string) error {
+	if problem != "" {
+		return cniError(ErrPluginNotAvailable, "%s", problem)
+	}
 	unreachable := func(err error) error {
 		return cniError(ErrPluginNotAvailable, "etcd unreachable at %s: %v", c.endpoints, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -131,5 +132,41 @@ func TestNoneReachable(t *testing.T) {
 	c.Endpoints[1] = "http://" + ln.Addr().String()
 	if err := c.Probe(context.Background()); NoneReachable(err, 2) {
 		t.Errorf("one endpoint listens: %v", err)
+	}
+}
+
+// TestHTTPSAgainstPlaintextFailsAtOnce: an https:// endpoint whose etcd serves plaintext (it hangs up
+// on the ClientHello) is a configuration error naming TLS, reported at once by Connect; a server that
+// hangs up on every connection (a proxy without a backend) is not: it may come up later.
+func TestHTTPSAgainstPlaintextFailsAtOnce(t *testing.T) {
+	pki := etcdtest.NewPKI(t, t.TempDir())
+	srv, _ := etcdtest.Start(t)
+	c := Config{Endpoints: []string{strings.Replace(srv.Endpoint(), "http://", "https://", 1)}, CACertFile: pki.CA,
+		DialTimeout: 5 * time.Second, RequestTimeout: time.Second}
+	cli, err := c.Connect(context.Background(), slog.New(slog.DiscardHandler))
+	if err == nil {
+		cli.Close()
+	}
+	if !errors.Is(err, ErrNotTLS) || !strings.Contains(err.Error(), "plaintext") || !strings.Contains(err.Error(), "use http://") {
+		t.Errorf("https:// against plaintext etcd: err = %v, want ErrNotTLS saying to use http://", err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	c.Endpoints = []string{"https://" + ln.Addr().String()}
+	if err := c.Probe(context.Background()); err == nil || errors.Is(err, ErrNotTLS) || errors.Is(err, ErrCertificate) {
+		t.Errorf("a server that hangs up: %v, want a transient failure", err)
 	}
 }

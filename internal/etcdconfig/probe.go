@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -59,6 +61,10 @@ func (c *Config) probe(ctx context.Context, ep string, tlsCfg *tls.Config) error
 	cfg.NextProtos = []string{"h2"}
 	tc := tls.Client(conn, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
+		if speaksPlaintext(ctx, err, u.Host) {
+			return fmt.Errorf("etcd %s: %w: the endpoint answers plaintext HTTP: use http://, or serve etcd's client URL with TLS (%w)",
+				name, ErrNotTLS, err)
+		}
 		return c.tlsError(name, err)
 	}
 	// With TLS 1.3 the server checks the client certificate after the client's side of the handshake
@@ -72,6 +78,39 @@ func (c *Config) probe(ctx context.Context, ep string, tlsCfg *tls.Config) error
 		}
 	}
 	return nil
+}
+
+// ErrNotTLS marks a probe failure of an https:// endpoint whose server speaks plaintext: a
+// configuration error that retrying does not fix.
+var ErrNotTLS = errors.New("not TLS")
+
+// speaksPlaintext reports whether a failed TLS handshake with host was with a plaintext server: it
+// answered with bytes that are no TLS record, or it hung up on the ClientHello (as etcd's plaintext
+// client port does) and a fresh connection answers an HTTP/1.1 request in plaintext. A server that
+// just drops connections (a proxy without a backend) answers neither, and stays a transient failure.
+func speaksPlaintext(ctx context.Context, handshake error, host string) bool {
+	var rec tls.RecordHeaderError
+	if errors.As(handshake, &rec) {
+		return true
+	}
+	if !errors.Is(handshake, io.EOF) && !errors.Is(handshake, syscall.ECONNRESET) {
+		return false
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(conn, "GET /version HTTP/1.1\r\nHost: "+host+"\r\nConnection: close\r\n\r\n"); err != nil {
+		return false
+	}
+	buf := make([]byte, len("HTTP/1."))
+	_, err = io.ReadFull(conn, buf)
+	return err == nil && string(buf) == "HTTP/1."
 }
 
 // ErrUnreachable marks a probe failure of an endpoint that accepts no TCP connection.
@@ -116,15 +155,16 @@ func (c *Config) tlsError(endpoint string, err error) error {
 }
 
 // Connect is how a daemon starts on etcd: it warns when a password would cross plaintext http://, probes
-// the endpoints and fails at once on a certificate problem (it never heals by retrying: fail now, saying
-// so, instead of reporting request deadlines forever), warns about endpoints that are merely down (the
-// client retries them like any other etcd outage), and returns the client.
+// the endpoints and fails at once on a certificate problem or an https:// endpoint that speaks
+// plaintext (neither heals by retrying: fail now, saying so, instead of reporting request deadlines
+// forever), warns about endpoints that are merely down (the client retries them like any other etcd
+// outage), and returns the client.
 func (c *Config) Connect(ctx context.Context, log *slog.Logger) (*clientv3.Client, error) {
 	if c.PlaintextCredentials() {
 		log.Warn("the etcd password is sent over plaintext http:// endpoints; use https://")
 	}
 	if err := c.Probe(ctx); err != nil {
-		if errors.Is(err, ErrCertificate) {
+		if errors.Is(err, ErrCertificate) || errors.Is(err, ErrNotTLS) {
 			return nil, err
 		}
 		log.Warn("etcd not reachable yet; retrying", "err", err)

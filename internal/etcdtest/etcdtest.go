@@ -34,6 +34,7 @@ type Server struct {
 	etcd       *embed.Etcd
 	ownsDir    bool
 	startLimit time.Duration
+	quota      int64
 }
 
 // Options tune the server; the zero value is fine for tests.
@@ -42,11 +43,14 @@ type Options struct {
 	Dir string
 	// ClientPort and PeerPort on 127.0.0.1; 0 picks free ports.
 	ClientPort, PeerPort int
+	// QuotaBackendBytes is etcd's --quota-backend-bytes (0: etcd's default); past it etcd raises the
+	// NOSPACE alarm and refuses writes.
+	QuotaBackendBytes int64
 }
 
 // New starts an etcd server and waits until it serves clients.
 func New(opts Options) (*Server, error) {
-	s := &Server{dir: opts.Dir, startLimit: 30 * time.Second}
+	s := &Server{dir: opts.Dir, startLimit: 30 * time.Second, quota: opts.QuotaBackendBytes}
 	if s.dir == "" {
 		d, err := os.MkdirTemp("", "etcdtest-")
 		if err != nil {
@@ -101,6 +105,7 @@ func (s *Server) Start() error {
 		cfg.ElectionMs = 750
 	}
 	cfg.UnsafeNoFsync = true
+	cfg.QuotaBackendBytes = s.quota
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
@@ -171,7 +176,13 @@ func (s *Server) Compact(ctx context.Context) (int64, error) {
 // Start is the test helper: a server that is closed when the test ends, and a client for it.
 func Start(t testing.TB) (*Server, *clientv3.Client) {
 	t.Helper()
-	s, err := New(Options{})
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, opts Options) (*Server, *clientv3.Client) {
+	t.Helper()
+	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,6 +193,23 @@ func Start(t testing.TB) (*Server, *clientv3.Client) {
 	}
 	t.Cleanup(func() { c.Close() })
 	return s, c
+}
+
+// Fill writes large values until etcd refuses a write for want of space (its NOSPACE alarm; the
+// server needs a small Options.QuotaBackendBytes).
+func Fill(ctx context.Context, c *clientv3.Client) error {
+	value := strings.Repeat("x", 256<<10)
+	for i := 0; ; i++ {
+		if _, err := c.Put(ctx, fmt.Sprintf("/fill/%d", i), value); err != nil {
+			if errors.Is(err, rpctypes.ErrNoSpace) {
+				return nil
+			}
+			return fmt.Errorf("fill: %w", err)
+		}
+		if i > 10000 {
+			return errors.New("fill: no NOSPACE after 10000 writes")
+		}
+	}
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for servers that need a port before
