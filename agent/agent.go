@@ -10,6 +10,12 @@
 // ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
 // that VPP has not created yet is waited for, polled every 100ms.
 //
+// Every full resync looks the uplink up again, and VPP's interface events say at once when it is
+// deleted. VPP keeps the routes through a deleted interface, dumped as before, but they drop their
+// traffic for good, even once an interface of the same name takes the same index again (measured on
+// 26.06). So an uplink found missing is waited for like a late one, and once it is back (set up again)
+// every route through it, or through the index it had, is deleted and added anew.
+//
 // At start the routes are programmed while etcd is being listed: each part of the first list
 // (blockwatch.Listed) goes into the desired routes, and those VPP has no route for are added at once,
 // against a dump of the table taken when the first part came. Nothing is replaced or deleted before
@@ -195,6 +201,11 @@ type Agent struct {
 	uplink        uint32
 	uplinkReady   bool
 	waitingUplink bool
+	// rebind says that the uplink was missing since the routes in the table were written: they are dead
+	// and must be deleted and added again once it is back. lostUplink is the index it had, when known.
+	rebind     bool
+	lostUplink uint32
+	lostKnown  bool
 	vppUp         bool
 	needFull      string                   // reason of a full resync that is due as soon as it can run
 	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
@@ -320,7 +331,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	dirty := a.desired.update(snap)
 	a.trackPeers()
 	a.releaseHeld(prev, snap, dirty)
-	if !a.vppUp || !a.uplinkReady {
+	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
 	}
 	ctx, done := a.busy(ctx)
@@ -359,8 +370,8 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
-	if !a.uplinkReady && a.setupUplink(ctx) != nil {
-		return // the full resync reports it
+	if !a.uplinkReady && a.setupUplink(ctx) != nil || a.rebind {
+		return // the full resync reports it, or re-adds every route
 	}
 	if !a.programmedValid {
 		entries, err := a.dumpTable(ctx)
@@ -419,7 +430,23 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.uplinkReady = false
 		a.programmedValid = false
 		a.setWaitingUplink(false)
+	case vppapi.InterfaceDeleted:
+		if a.vppUp && a.uplinkReady && ev.SwIfIndex == a.uplink {
+			a.uplinkLost("VPP deleted it")
+		}
 	}
+}
+
+// uplinkLost records that the uplink the routes go through is gone: the agent waits for an interface
+// of its name (or index) again, and then re-adds every route (rebind).
+func (a *Agent) uplinkLost(why string) {
+	a.log.Warn("the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it",
+		"uplink", a.cfg.Uplink.String(), "sw_if_index", a.uplink, "why", why, "routes", len(a.programmed))
+	a.uplinkReady = false
+	a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
+	a.waitingUplink = true // logged above, instead of setWaitingUplink's line for a first wait
+	a.m.uplinkWaiting.Set(1)
+	a.needFull = "uplink-lost"
 }
 
 // errWaitingUplink is doFullSync's error while VPP has no uplink interface yet: a state, not a failure.
@@ -438,11 +465,22 @@ func (a *Agent) setupUplink(ctx context.Context) error {
 		}
 	}
 	if errors.Is(err, vppapi.ErrNoInterface) {
-		a.setWaitingUplink(true)
+		if a.uplinkReady {
+			a.uplinkLost("a resync found it missing")
+		} else {
+			// Whatever routes the table has through it (a restarted agent's, say) are dead.
+			a.rebind = true
+			a.setWaitingUplink(true)
+		}
 		return errWaitingUplink
 	}
 	if err != nil {
 		return fmt.Errorf("set up uplink: %w", err)
+	}
+	if a.uplinkReady && idx != a.uplink {
+		a.log.Warn("the uplink interface has a new sw_if_index: re-adding every route through it",
+			"uplink", a.cfg.Uplink.String(), "sw_if_index", idx, "was", a.uplink)
+		a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
 	}
 	a.setWaitingUplink(false)
 	a.uplink, a.uplinkReady = idx, true
@@ -514,10 +552,12 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 }
 
 func (a *Agent) doFullSync(ctx context.Context, kind string) error {
-	if !a.uplinkReady {
-		if err := a.setupUplink(ctx); err != nil {
-			return err
-		}
+	// Looked up on every resync, also when set up: how a deleted uplink is noticed without VPP's events.
+	if err := a.setupUplink(ctx); err != nil {
+		return err
+	}
+	if a.rebind {
+		return a.rebindRoutes(ctx)
 	}
 	if a.dumpedListing && a.programmedValid {
 		// The first full resync after the first list: the table was dumped while listing.
@@ -549,6 +589,46 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
+	return a.reconcileAll(ctx)
+}
+
+// rebindRoutes deletes every route of the agent in the table, through the uplink or the index it had
+// before it was lost, then adds every desired route: VPP keeps a route through a deleted interface dead
+// even when an interface of the same name and index comes back, and an identical re-add does not revive
+// it (measured on 26.06).
+func (a *Agent) rebindRoutes(ctx context.Context) error {
+	entries, err := a.dumpTable(ctx)
+	if err != nil {
+		return err
+	}
+	owned, foreign := a.classify(entries)
+	if a.lostKnown && a.lostUplink != a.uplink {
+		current := a.uplink
+		a.uplink = a.lostUplink
+		stale, _ := a.classify(entries)
+		a.uplink = current
+		for p, r := range stale {
+			owned[p] = r
+			delete(foreign, p)
+		}
+	}
+	a.noteUndeletable(owned, foreign)
+	a.programmed, a.foreign = owned, foreign
+	a.programmedValid = true
+	a.dumpedListing = false
+	if len(owned) > 0 && !a.cfg.DryRun {
+		a.log.Info("the uplink is back: deleting and adding again every route through it", "uplink", a.cfg.Uplink.String(),
+			"sw_if_index", a.uplink, "routes", len(owned))
+		dels := make([]vppapi.Route, 0, len(owned))
+		for _, r := range owned {
+			dels = append(dels, r)
+		}
+		a.apply(ctx, nil, dels)
+		if len(a.programmed) > 0 {
+			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(a.programmed))
+		}
+	}
+	a.rebind, a.lostKnown = false, false
 	return a.reconcileAll(ctx)
 }
 
@@ -738,6 +818,7 @@ func (a *Agent) apply(ctx context.Context, adds, dels []vppapi.Route) int {
 	for _, r := range adds {
 		if _, bad := failed[r.Prefix]; !bad {
 			a.programmed[r.Prefix] = r
+			delete(a.deleted, r.Prefix) // added again since (a rebind): not one VPP kept
 		}
 	}
 	for _, r := range dels {
@@ -820,7 +901,7 @@ func (a *Agent) expireGrace(ctx context.Context) {
 			}
 		}
 	}
-	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
+	if a.vppUp && a.uplinkReady && !a.rebind && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
 		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)

@@ -207,6 +207,78 @@ func (v *VPP) ReleaseUplink() {
 	}
 }
 
+// DeleteUplink deletes the uplink as an operator would (a real VPP's loop0 with "delete loopback
+// interface intfc loop0"): the routes through it stay in the FIB, dead (see vppsim.Sim.DeleteInterface).
+func (v *VPP) DeleteUplink() {
+	v.t.Helper()
+	if v.sim != nil {
+		if err := v.sim.DeleteInterface(v.uplink); err != nil {
+			v.t.Fatal(err)
+		}
+		return
+	}
+	v.CLI("delete loopback interface intfc " + v.uplink)
+}
+
+// CreateUplink creates the uplink again after DeleteUplink, as an operator would ("create loopback
+// interface", which reuses the freed loop0 and its sw_if_index): admin down, without addresses. It
+// returns its sw_if_index.
+func (v *VPP) CreateUplink() uint32 {
+	v.t.Helper()
+	if v.sim != nil {
+		idx, err := v.sim.CreateInterface(v.uplink)
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		return idx
+	}
+	if out := strings.TrimSpace(v.CLI("create loopback interface")); out != v.uplink {
+		v.t.Fatalf("vpptest: create loopback interface made %q, not %s", out, v.uplink)
+	}
+	for _, i := range v.Interfaces() {
+		if i.Name == v.uplink {
+			return i.SwIfIndex
+		}
+	}
+	v.t.Fatalf("vpptest: %s not in the interfaces after its creation", v.uplink)
+	return 0
+}
+
+// Unresolved returns, sorted, the API routes of table 0 with a next hop that drop their traffic: an
+// interface of their paths was deleted (vppsim.Route.Unresolved; on a real VPP, read from "show ip fib").
+func (v *VPP) Unresolved() []netip.Prefix {
+	v.t.Helper()
+	var out []netip.Prefix
+	if v.sim != nil {
+		for _, r := range v.sim.APIRoutes(0) {
+			if r.Unresolved {
+				out = append(out, r.Prefix) // sorted
+			}
+		}
+		return out
+	}
+	// "show ip fib table 0" prints each entry as an unindented prefix and its forwarding chain under it:
+	// a route with a next hop whose chain is a dpo-drop cannot forward through its interface.
+	api := map[netip.Prefix]bool{}
+	for _, r := range v.Routes(vppsim.SourceAPI) {
+		api[r.Prefix] = len(r.Paths) > 0 && r.Paths[0].NextHop.IsValid()
+	}
+	var cur netip.Prefix
+	for _, table := range []string{"ip", "ip6"} {
+		for _, l := range strings.Split(v.CLI("show "+table+" fib table 0"), "\n") {
+			if p, err := netip.ParsePrefix(strings.TrimSpace(l)); err == nil && !strings.HasPrefix(l, " ") {
+				cur = p.Masked()
+				continue
+			}
+			if strings.Contains(l, "dpo-drop") && api[cur] && !slices.Contains(out, cur) {
+				out = append(out, cur)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	return out
+}
+
 // WaitUplink waits until the uplink exists and returns when it was first seen.
 func (v *VPP) WaitUplink(within time.Duration) time.Time {
 	v.t.Helper()

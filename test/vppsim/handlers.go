@@ -99,6 +99,9 @@ func handleSwInterfaceDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	s.mu.Lock()
 	var out []*interfaces.SwInterfaceDetails
 	for _, ifc := range s.ifaces {
+		if ifc.deleted {
+			continue
+		}
 		if idx := uint32(m.SwIfIndex); idx != 0 && idx != ^uint32(0) && idx != ifc.index {
 			continue
 		}
@@ -138,12 +141,12 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 func handleSwInterfaceSetFlags(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*interfaces.SwInterfaceSetFlags)
 	s.mu.Lock()
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		s.mu.Unlock()
 		c.reply(ctx, &interfaces.SwInterfaceSetFlagsReply{Retval: rvInvalidSwIfIndex})
 		return
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	up := m.Flags&interface_types.IF_STATUS_API_FLAG_ADMIN_UP != 0
 	var targets []eventTarget
 	var ev interfaces.SwInterfaceEvent
@@ -169,10 +172,10 @@ func handleSwInterfaceAddDelAddress(s *Sim, c *conn, ctx uint32, msg api.Message
 
 // addDelAddress applies sw_interface_add_del_address. Call with s.mu held.
 func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		return rvInvalidSwIfIndex
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	if m.DelAll {
 		if len(ifc.addrs) > 0 {
 			ifc.addrs = nil
@@ -247,8 +250,8 @@ func handleIPAddressDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPAddressDump)
 	s.mu.Lock()
 	var out []*ip.IPAddressDetails
-	if int(m.SwIfIndex) < len(s.ifaces) {
-		for _, a := range s.ifaces[m.SwIfIndex].addrs {
+	if ifc := s.ifaceAt(uint32(m.SwIfIndex)); ifc != nil {
+		for _, a := range ifc.addrs {
 			if a.Addr().Is6() != m.IsIPv6 {
 				continue
 			}
