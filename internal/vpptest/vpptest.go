@@ -275,7 +275,9 @@ func (v *VPP) Unresolved() []netip.Prefix {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
 	return out
 }
 
