@@ -201,18 +201,18 @@ type Agent struct {
 	uplink        uint32
 	uplinkReady   bool
 	waitingUplink bool
+	vppUp         bool
+	needFull      string                   // reason of a full resync that is due as soon as it can run
+	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
+	retry         *time.Timer
+	retryKind     string // the resync kind the retry timer runs
+	grace         *time.Timer
+	graceAt       time.Time // when grace fires; zero when not armed
 	// rebind says that the uplink was missing since the routes in the table were written: they are dead
 	// and must be deleted and added again once it is back. lostUplink is the index it had, when known.
-	rebind       bool
-	lostUplink   uint32
-	lostKnown    bool
-	vppUp        bool
-	needFull     string                   // reason of a full resync that is due as soon as it can run
-	missingSince map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
-	retry        *time.Timer
-	retryKind    string // the resync kind the retry timer runs
-	grace        *time.Timer
-	graceAt      time.Time // when grace fires; zero when not armed
+	rebind     bool
+	lostUplink uint32
+	lostKnown  bool
 
 	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.

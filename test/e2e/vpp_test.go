@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,79 @@ func TestVPPRestartLateUplink(t *testing.T) {
 			t.Errorf("the uplink wait was logged %d times and its end %d times, want at most 2 and as many", waited, appeared)
 		}
 	}
+}
+
+// TestUplinkDeletedAndCreated: an operator deletes the uplink while the agent runs, then creates an
+// interface of that name again. VPP keeps the routes through the deleted interface but drops their
+// traffic, also once the interface is back (measured on 26.06). The agent hears of the deletion from
+// VPP's interface events (its resync is 90 s away): /readyz, the uplink metric and the log say so
+// within seconds; once the interface is back it is set up again (admin up, its address) and every
+// route is deleted and added again, so that all of them forward, without a VPP restart.
+func TestUplinkDeletedAndCreated(t *testing.T) {
+	c := newCluster(t)
+	const nodes = 4
+	blocks := remoteCluster(c, nodes, 60)
+	want := wantRoutes(blocks, nodes)
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink()})
+	a.waitReady(30 * time.Second)
+	eventually(t, 30*time.Second, func() string {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+			return fmt.Sprintf("%d of %d routes", len(got), len(want))
+		}
+		return ""
+	})
+
+	v.DeleteUplink()
+	deleted := time.Now()
+	waiting := "- waiting for uplink " + v.Uplink() + "\n"
+	eventually(t, 10*time.Second, func() string {
+		code, body := a.get("/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, waiting) {
+			return fmt.Sprintf("/readyz = %d %q, want 503 with %q", code, body, waiting)
+		}
+		if m := a.metrics(); m.value(t, "vpp_route_agent_uplink_waiting") != 1 {
+			return "vpp_route_agent_uplink_waiting is not 1"
+		}
+		if countLog(a.proc, "the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it") != 1 {
+			return "the loss is not logged"
+		}
+		return ""
+	})
+	t.Logf("the deletion was reported within %s", time.Since(deleted).Round(time.Millisecond))
+	if got := v.Unresolved(); len(got) != len(want) {
+		t.Fatalf("VPP after the deletion: %d routes drop traffic, want all %d", len(got), len(want))
+	}
+
+	idx := v.CreateUplink()
+	eventually(t, 30*time.Second, func() string {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+			return fmt.Sprintf("%d of %d routes", len(got), len(want))
+		}
+		if got := v.Unresolved(); len(got) != 0 {
+			return fmt.Sprintf("%d routes still drop traffic", len(got))
+		}
+		if ifc := v.Interface(idx); !ifc.AdminUp || !slices.Contains(ifc.Addresses, selfAddr) {
+			return fmt.Sprintf("the uplink is not set up again: %+v", ifc)
+		}
+		return ""
+	})
+	a.waitReady(30 * time.Second)
+	m := a.metrics()
+	if n := m.value(t, "vpp_route_agent_uplink_waiting"); n != 0 {
+		t.Errorf("uplink_waiting %v once ready", n)
+	}
+	if n := m.value(t, "vpp_route_agent_route_operations_total", "op", "delete", "result", "ok"); n != float64(len(want)) {
+		t.Errorf("%v routes deleted, want each of the %d once (to add it again)", n, len(want))
+	}
+	a.stop()
+	checkLogLines(t, a.proc, map[string]int{
+		"the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it": 1,
+		"uplink interface appeared": 1,
+		"the uplink is back: deleting and adding again every route through it": 1,
+		"VPP has no uplink interface yet; waiting for it": 0,
+	})
 }
 
 // countLog counts the JSON log lines of p with message msg.
