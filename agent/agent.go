@@ -58,6 +58,7 @@ type Dataplane interface {
 	EnsureTable(ctx context.Context, tableID uint32) error
 	DumpRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	DumpAPIRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
+	DumpBestRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	Apply(ctx context.Context, adds, deletes []vppapi.Route) vppapi.Result
 	Status() vppapi.Status
 }
@@ -191,7 +192,11 @@ type Agent struct {
 	listedRev     int64
 	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool
-	foreign       map[netip.Prefix]struct{}
+	// foreign are the prefixes in the managed pools whose entry in the table is not the agent's, with the
+	// source it forwards with (0: not known, a dump by paths).
+	foreign map[netip.Prefix]vppapi.Source
+	// takenOver are the desired prefixes a foreign entry holds, as last logged (see noteConflicts).
+	takenOver map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
 	dumpMode string
 	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
@@ -243,7 +248,8 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		cfg: cfg, dp: dp, src: src, reg: reg, log: cfg.Logger,
 		desired:      newDesiredSet(cfg.options().peerCheck()),
 		programmed:   map[netip.Prefix]vppapi.Route{},
-		foreign:      map[netip.Prefix]struct{}{},
+		foreign:      map[netip.Prefix]vppapi.Source{},
+		takenOver:    map[netip.Prefix]struct{}{},
 		deleted:      map[netip.Prefix]vppapi.Route{},
 		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
@@ -570,6 +576,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	owned, foreign := a.classify(entries)
 	a.noteUndeletable(owned, foreign)
+	a.findShadowed(ctx, owned, foreign)
 	if a.programmedValid {
 		drift := 0
 		for p, r := range owned {
@@ -578,7 +585,9 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 			}
 		}
 		for p := range a.programmed {
-			if _, ok := owned[p]; !ok {
+			_, ok := owned[p]
+			_, taken := foreign[p] // a conflict (noteConflicts), not drift to repair
+			if !ok && !taken {
 				drift++
 			}
 		}
@@ -648,10 +657,70 @@ func (a *Agent) reconcileAll(ctx context.Context) error {
 		}
 	}
 	a.applyDirty(ctx, all, a.src.Status().Synced)
-	if n := a.conflicts(); n > 0 {
-		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
-	}
+	a.noteConflicts()
 	return nil
+}
+
+// findShadowed adds to foreign the desired prefixes missing from a dump of API routes because an entry of
+// a higher-priority source holds them: VPP's ip_route_v2_dump leaves out an API route that an interface
+// address of the same prefix shadows (its traffic is gleaned on that interface instead), so without
+// this the agent would take it for deleted and "repair" it, unseen, at every resync. It costs a dump of
+// every source, made only when some desired route is missing.
+func (a *Agent) findShadowed(ctx context.Context, owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]vppapi.Source) {
+	if a.dumpMode != dumpBySource {
+		return // ip_route_dump shows the shadowing entry itself, foreign by its paths
+	}
+	missing := false
+	for p, t := range a.desired.targets {
+		_, have := owned[p]
+		_, isForeign := foreign[p]
+		if t.resolved && !have && !isForeign {
+			missing = true
+			break
+		}
+	}
+	if !missing {
+		return
+	}
+	entries, err := a.dp.DumpBestRoutes(ctx, a.cfg.TableID)
+	if err != nil {
+		a.log.Debug("cannot dump the table by source to tell shadowed routes apart", "err", err)
+		return
+	}
+	for _, e := range entries {
+		if e.TableID != a.cfg.TableID || e.Source == vppapi.SourceAPI {
+			continue
+		}
+		if t, ok := a.desired.targets[e.Prefix]; ok && t.resolved {
+			foreign[e.Prefix] = e.Source
+		}
+	}
+}
+
+// noteConflicts logs each desired prefix that a route of someone else (another client, an interface
+// address, VPP's own entry) holds, once when it starts and once when it ends, and counts the starts:
+// the agent leaves such a prefix alone.
+func (a *Agent) noteConflicts() {
+	for p := range a.takenOver {
+		if _, still := a.foreign[p]; still {
+			if t, ok := a.desired.targets[p]; ok && t.resolved {
+				continue
+			}
+		}
+		delete(a.takenOver, p)
+		a.log.Info("a route prefix is no longer held by a route that is not the agent's", "prefix", p)
+	}
+	for p, src := range a.foreign {
+		t, ok := a.desired.targets[p]
+		if _, known := a.takenOver[p]; known || !ok || !t.resolved {
+			continue
+		}
+		a.takenOver[p] = struct{}{}
+		a.m.conflicts.Inc()
+		a.log.Warn("a route the agent programs is held by a route that is not its own; leaving it alone",
+			"prefix", p, "want_via", t.route.NextHop, "held_by", src.String())
+	}
+	a.m.conflicting.Set(float64(len(a.takenOver)))
 }
 
 // Dump modes: how the last dump told the agent's routes apart.
@@ -685,7 +754,7 @@ func (a *Agent) dumpTable(ctx context.Context) ([]vppapi.FIBEntry, error) {
 // noteUndeletable moves to foreign, for good, the routes VPP kept although it acknowledged their delete:
 // with ip_route_dump, VPP's own recursive-resolution and adjacency /32s look like routes of the agent,
 // and "deleting" them changes nothing. Each is logged and counted once.
-func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]struct{}) {
+func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]vppapi.Source) {
 	for p, r := range a.deleted {
 		if have, ok := owned[p]; ok && have == r {
 			a.undeletable[p] = struct{}{}
@@ -698,17 +767,17 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 	for p := range a.undeletable {
 		if _, ok := owned[p]; ok {
 			delete(owned, p)
-			foreign[p] = struct{}{}
+			foreign[p] = 0
 		}
 	}
 }
 
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
 // the managed pools (which it must never touch).
-func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
+func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]vppapi.Source) {
 	// Room for every entry, or while the first list goes on, for the routes it will add.
 	owned := make(map[netip.Prefix]vppapi.Route, max(len(entries), a.listedTotal))
-	foreign := make(map[netip.Prefix]struct{})
+	foreign := make(map[netip.Prefix]vppapi.Source)
 	for _, e := range entries {
 		if e.TableID != a.cfg.TableID || !inPools(a.pools, e.Prefix) {
 			continue
@@ -716,7 +785,7 @@ func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Rou
 		if r, ok := a.ownedRoute(e); ok {
 			owned[e.Prefix] = r
 		} else {
-			foreign[e.Prefix] = struct{}{}
+			foreign[e.Prefix] = e.Source
 		}
 	}
 	return owned, foreign
@@ -920,17 +989,6 @@ func (a *Agent) armGrace(until time.Time) {
 func (a *Agent) scheduleRetry() {
 	a.retryKind = "retry"
 	a.retry.Reset(retryDelay)
-}
-
-// conflicts counts resolved desired routes that a foreign route in the table blocks.
-func (a *Agent) conflicts() int {
-	n := 0
-	for p := range a.foreign {
-		if t, ok := a.desired.targets[p]; ok && t.resolved {
-			n++
-		}
-	}
-	return n
 }
 
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.

@@ -23,6 +23,8 @@ type Metrics struct {
 	blocks                                 *prometheus.GaugeVec
 	uplinkWaiting                          prometheus.Gauge
 	undeletable                            prometheus.Counter
+	conflicts                              prometheus.Counter
+	conflicting                            prometheus.Gauge
 	eventToFIB                             prometheus.Histogram
 	snapshots                              prometheus.Counter
 }
@@ -62,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while VPP is connected but has no uplink interface of the configured name or index yet."}),
 		undeletable: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_routes_undeletable_total",
 			Help: "Routes VPP kept after the agent deleted them (its own entries, seen only without ip_route_v2_dump); treated as foreign from then on."}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_route_conflicts_total",
+			Help: "Times a route prefix the agent must program was found held by a route that is not its own (another client's, an interface address's, VPP's own); each is logged naming the prefix."}),
+		conflicting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_conflicting",
+			Help: "Route prefixes the agent must program that a route not its own holds now (see /debug/routes foreign_in_pools)."}),
 		eventToFIB: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vpp_route_agent_event_to_fib_seconds",
 			Help:    "Time from receiving an etcd event to VPP acknowledging the FIB write.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}),
@@ -74,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

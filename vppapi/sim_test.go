@@ -1023,3 +1023,52 @@ func TestUplinkDeletedAndCreated(t *testing.T) {
 	readd(routes[:1], want)
 	readd(routes, nil)
 }
+
+// TestAPIRouteShadowedByAddress: an interface address of the same prefix as an API route shadows it
+// (VPP gleans there): ip_route_v2_dump filtered on the API source leaves the route out, the dump of every
+// source shows the interface's entry, and once the address goes the route is back, untouched (measured
+// on VPP 26.06).
+func TestAPIRouteShadowedByAddress(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	idx, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := vppapi.Route{Prefix: pfx("10.244.5.0/26"), NextHop: addr("192.0.2.9"), SwIfIndex: idx}
+	if res := h.c.Apply(ctx, []vppapi.Route{route}, nil); res.Err() != nil {
+		t.Fatal(res.Err())
+	}
+	sources := func() (api []netip.Prefix, best map[netip.Prefix]vppapi.Source) {
+		t.Helper()
+		entries, err := h.c.DumpAPIRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			api = append(api, e.Prefix)
+		}
+		all, err := h.c.DumpBestRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		best = map[netip.Prefix]vppapi.Source{}
+		for _, e := range all {
+			best[e.Prefix] = e.Source
+		}
+		return api, best
+	}
+	if api, best := sources(); !slices.Equal(api, []netip.Prefix{route.Prefix}) || best[route.Prefix] != vppapi.SourceAPI {
+		t.Fatalf("before the address: API routes %v, source of %v %v", api, route.Prefix, best[route.Prefix])
+	}
+	v.SetUplinkAddress(pfx("10.244.5.1/26"), true)
+	if api, best := sources(); len(api) != 0 || best[route.Prefix] != vppapi.SourceInterface {
+		t.Errorf("with the address: API routes %v, source of %v %v; want none and interface", api, route.Prefix, best[route.Prefix])
+	}
+	v.SetUplinkAddress(pfx("10.244.5.1/26"), false)
+	if api, best := sources(); !slices.Equal(api, []netip.Prefix{route.Prefix}) || best[route.Prefix] != vppapi.SourceAPI {
+		t.Errorf("after the address: API routes %v, source of %v %v; want the route back", api, route.Prefix, best[route.Prefix])
+	}
+}

@@ -244,6 +244,24 @@ func (v *VPP) CreateUplink() uint32 {
 	return 0
 }
 
+// SetUplinkAddress adds (or with add false removes) address p on the uplink as an operator would
+// ("set interface ip address [del] loop0 p"): VPP's interface routes for it shadow an API route of the
+// same prefix.
+func (v *VPP) SetUplinkAddress(p netip.Prefix, add bool) {
+	v.t.Helper()
+	if v.sim != nil {
+		if err := v.sim.SetAddress(1, p, add); err != nil {
+			v.t.Fatal(err)
+		}
+		return
+	}
+	del := ""
+	if !add {
+		del = "del "
+	}
+	v.CLI(fmt.Sprintf("set interface ip address %s%s %s", del, v.uplink, p))
+}
+
 // Unresolved returns, sorted, the API routes of table 0 with a next hop that drop their traffic: an
 // interface of their paths was deleted (vppsim.Route.Unresolved; on a real VPP, read from "show ip fib").
 func (v *VPP) Unresolved() []netip.Prefix {
@@ -514,12 +532,6 @@ func (v *VPP) TableRoutes(table uint32, src vppsim.Source) []Route {
 				if src == 0 || r.Source == src {
 					out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 				}
-			}
-		}
-		if src == vppsim.SourceAPI { // shadowed API routes too, as ip_route_v2_dump returns them
-			out = out[:0]
-			for _, r := range v.sim.APIRoutes(table) {
-				out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 			}
 		}
 		return out

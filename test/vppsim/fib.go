@@ -221,25 +221,6 @@ func (e *entry) best() (Source, []fibPath) {
 	}
 }
 
-// source returns the contribution of src (nil: none).
-func (e *entry) source(src Source) []fibPath {
-	switch src {
-	case SourceSpecial:
-		return e.special
-	case SourceInterface:
-		return e.iface
-	case SourceAPI:
-		return e.api
-	case SourceAdjacency:
-		return e.adj
-	case SourceRR:
-		return e.rr
-	case SourceDefault:
-		return e.deflt
-	}
-	return nil
-}
-
 func (e *entry) empty() bool {
 	return e.special == nil && e.iface == nil && e.api == nil && e.adj == nil && e.rr == nil && e.deflt == nil
 }

@@ -374,9 +374,10 @@ func handleIPRouteDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 }
 
 // handleIPRouteV2Dump is ip_route_dump with sources: src 0 dumps every entry
-// with its best source, any other src only the entries that source
-// contributes to, with that source's paths (measured on 26.06: src 8 returns
-// the API routes only). Each detail carries its source.
+// with its best source, any other src only the entries whose best source it
+// is (measured on 26.06: src 8 returns the API routes only, and leaves out an
+// API route an interface address of the same prefix shadows, whichever came
+// first). Each detail carries its source.
 func handleIPRouteV2Dump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPRouteV2Dump)
 	s.mu.Lock()
@@ -390,8 +391,8 @@ func handleIPRouteV2Dump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	}
 }
 
-// dumpTable returns the routes of a table in no particular order: those of
-// source src, or with src 0 every entry with its best source. Call with s.mu
+// dumpTable returns the routes of a table in no particular order: those whose
+// best source is src, or with src 0 every entry with its best source. Call with s.mu
 // held.
 func (s *Sim) dumpTable(table ip.IPTable, src Source) []ip.IPRouteV2 {
 	t := s.tables[tableKey{table.TableID, table.IsIP6}]
@@ -401,11 +402,8 @@ func (s *Sim) dumpTable(table ip.IPTable, src Source) []ip.IPRouteV2 {
 	var out []ip.IPRouteV2
 	for _, e := range t.entryList() {
 		from, paths := e.best()
-		if src != 0 {
-			from, paths = src, e.source(src)
-			if paths == nil {
-				continue
-			}
+		if src != 0 && from != src {
+			continue
 		}
 		if len(paths) > 255 {
 			paths = paths[:255] // n_paths is a u8

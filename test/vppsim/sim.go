@@ -30,6 +30,7 @@ import (
 	"go.fd.io/govpp/binapi/fib_types"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
+	"go.fd.io/govpp/binapi/ip_types"
 )
 
 // DefaultInterface is the interface a Sim has when Config.Interfaces is nil.
@@ -573,6 +574,20 @@ func (s *Sim) SetLinkState(swIfIndex uint32, up bool) error {
 	ev := ifaceEvent(ifc)
 	s.mu.Unlock()
 	s.sendEvents(targets, ev)
+	return nil
+}
+
+// SetAddress adds (or with add false removes) address p, host bits and prefix length as an operator
+// gives them ("set interface ip address [del]"), on interface swIfIndex, with
+// sw_interface_add_del_address's checks; a non-zero retval is an error.
+func (s *Sim) SetAddress(swIfIndex uint32, p netip.Prefix, add bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := &interfaces.SwInterfaceAddDelAddress{SwIfIndex: interface_types.InterfaceIndex(swIfIndex), IsAdd: add,
+		Prefix: ip_types.AddressWithPrefix(prefixToAPI(p))}
+	if rv := s.addDelAddress(m); rv != rvOK {
+		return fmt.Errorf("vppsim: set address %v on sw_if_index %d (add %v): retval %d", p, swIfIndex, add, rv)
+	}
 	return nil
 }
 
