@@ -44,7 +44,6 @@ func (c *Client) DumpRoutes(ctx context.Context, tableID uint32) ([]FIBEntry, er
 	return c.dumpRoutes(ctx, tableID, "routes", func(t ip.IPTable) api.Message { return &ip.IPRouteDump{Table: t} })
 }
 
-
 // DumpAPIRoutes dumps the IPv4 and then the IPv6 routes of table tableID that were added over the binary
 // API (by any client: ours and others'), with their API paths, through ip_route_v2_dump filtered on the
 // API source. VPP's own entries (special, interface, recursive-resolution and adjacency /32s) and CLI

@@ -154,7 +154,7 @@ func TestUplinkDeletedAndCreated(t *testing.T) {
 		"the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it": 1,
 		"uplink interface appeared": 1,
 		"the uplink is back: deleting and adding again every route through it": 1,
-		"VPP has no uplink interface yet; waiting for it": 0,
+		"VPP has no uplink interface yet; waiting for it":                      0,
 	})
 }
 
