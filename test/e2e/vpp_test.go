@@ -158,6 +158,77 @@ func TestUplinkDeletedAndCreated(t *testing.T) {
 	})
 }
 
+// TestAddressInBlockIsConflict: an operator configures on the uplink an interface address of the prefix
+// of a block the agent routes: VPP gleans there instead of forwarding to the block's node, and its API
+// dump no longer shows the agent's route. The agent logs that prefix once as held by the interface and
+// counts one conflict, resync after resync, with no drift repaired; once the address goes, the route
+// forwards again and the conflict ends.
+func TestAddressInBlockIsConflict(t *testing.T) {
+	c := newCluster(t)
+	blocks := remoteCluster(c, 2, 4)
+	want := wantRoutes(blocks, 2)
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink(), extra: []string{"--resync-interval", "1s"}})
+	a.waitReady(30 * time.Second)
+	eventually(t, 30*time.Second, func() string {
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+			return fmt.Sprintf("%d of %d routes", len(got), len(want))
+		}
+		return ""
+	})
+	taken := blocks[1]
+	address := netip.PrefixFrom(taken.Addr().Next(), taken.Bits())
+	v.SetUplinkAddress(address, true)
+	const msg = "a route the agent programs is held by a route that is not its own; leaving it alone"
+	periodic := func(m metrics) float64 {
+		return m.value(t, "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok")
+	}
+	var seen float64
+	eventually(t, 30*time.Second, func() string {
+		m := a.metrics()
+		if m.value(t, "vpp_route_agent_routes_conflicting") != 1 {
+			return "vpp_route_agent_routes_conflicting is not 1"
+		}
+		seen = periodic(m)
+		return ""
+	})
+	eventually(t, 30*time.Second, func() string { // three more resyncs that see the address
+		if n := periodic(a.metrics()) - seen; n < 3 {
+			return fmt.Sprintf("%v periodic resyncs so far, want 3", n)
+		}
+		return ""
+	})
+	m := a.metrics()
+	if n := m.value(t, "vpp_route_agent_route_conflicts_total"); n != 1 {
+		t.Errorf("vpp_route_agent_route_conflicts_total = %v, want 1", n)
+	}
+	if n := m.value(t, "vpp_route_agent_drift_corrections_total"); n != 0 {
+		t.Errorf("vpp_route_agent_drift_corrections_total = %v: the conflict was taken for drift", n)
+	}
+	var logged []string
+	for _, r := range a.records() {
+		if r.str("msg") == msg {
+			logged = append(logged, r.str("prefix")+" held by "+r.str("held_by"))
+		}
+	}
+	if wantLog := []string{taken.String() + " held by interface"}; !slices.Equal(logged, wantLog) {
+		t.Errorf("conflicts logged %q, want %q", logged, wantLog)
+	}
+
+	v.SetUplinkAddress(address, false)
+	eventually(t, 30*time.Second, func() string {
+		if m := a.metrics(); m.value(t, "vpp_route_agent_routes_conflicting") != 0 {
+			return "vpp_route_agent_routes_conflicting is not 0"
+		}
+		if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+			return fmt.Sprintf("%d of %d routes", len(got), len(want))
+		}
+		return ""
+	})
+	a.stop()
+}
+
 // countLog counts the JSON log lines of p with message msg.
 func countLog(p *proc, msg string) int {
 	n := 0
