@@ -340,6 +340,12 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
 	}
+	if a.vppStalled() {
+		if a.needFull == "" {
+			a.needFull = "retry" // once VPP answers again
+		}
+		return
+	}
 	ctx, done := a.busy(ctx)
 	defer done()
 	ops := a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
@@ -371,8 +377,8 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 // programListed adds, while the first list goes on, the listed routes of the prefixes in dirty (nil:
 // all) that VPP has no route for, dumping the table first if it has not been since VPP connected.
 func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct{}) {
-	if !a.vppUp || a.cfg.DryRun {
-		return
+	if !a.vppUp || a.cfg.DryRun || a.vppStalled() {
+		return // the first full resync adds what is missing
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
@@ -455,6 +461,12 @@ func (a *Agent) uplinkLost(why string) {
 	a.needFull = "uplink-lost"
 }
 
+// vppStalled reports whether the connected VPP is not answering (vppapi.Status.Stalled): the loop then
+// leaves VPP alone, each request would only wait out its timeout, and goes on taking etcd's changes,
+// so that what is missing is VPP, not a view of etcd held up behind it; a full resync runs once VPP
+// answers again (or reconnects).
+func (a *Agent) vppStalled() bool { return a.dp.Status().Stalled }
+
 // errWaitingUplink is doFullSync's error while VPP has no uplink interface yet: a state, not a failure.
 var errWaitingUplink = errors.New("waiting for the uplink interface")
 
@@ -525,8 +537,8 @@ func (a *Agent) busy(ctx context.Context) (context.Context, func()) {
 
 // fullSync reads the table from VPP and makes the owned routes equal the desired ones.
 func (a *Agent) fullSync(ctx context.Context, kind string) {
-	if a.snap == nil || !a.vppUp {
-		a.needFull = kind // runs as soon as there is a snapshot and a connection
+	if a.snap == nil || !a.vppUp || a.vppStalled() {
+		a.needFull = kind // runs as soon as there is a snapshot and a connection that answers
 		return
 	}
 	a.needFull = ""
@@ -969,6 +981,12 @@ func (a *Agent) expireGrace(ctx context.Context) {
 				dirty[p] = struct{}{}
 			}
 		}
+	}
+	if len(dirty) > 0 && a.vppStalled() {
+		if a.needFull == "" {
+			a.needFull = "retry" // once VPP answers again
+		}
+		return
 	}
 	if a.vppUp && a.uplinkReady && !a.rebind && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)

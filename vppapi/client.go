@@ -133,6 +133,11 @@ type Status struct {
 	// RouteSource says whether the connected VPP dumps routes by source (ip_route_v2_dump), so that
 	// DumpAPIRoutes works.
 	RouteSource bool
+	// Stalled says that the connected VPP is not answering: a request went unanswered for ReplyTimeout
+	// with no reply to anything meanwhile (a frozen or hung VPP), since StalledSince. The next reply ends
+	// it; two unanswered health probes end the connection.
+	Stalled      bool
+	StalledSince time.Time
 }
 
 // Client talks to one VPP over its binary API socket. Run keeps the connection; the other methods use
@@ -149,6 +154,9 @@ type Client struct {
 	// lastReply is when any operation last received a reply (unix nanoseconds): a busy VPP answering
 	// other requests is alive even if a health probe queued behind them times out.
 	lastReply atomic.Int64
+	// stalledSince is when VPP was found not answering (unix nanoseconds), 0 while it answers (see
+	// Status.Stalled).
+	stalledSince atomic.Int64
 
 	mu     sync.Mutex
 	sess   *session // current connection, nil when disconnected
@@ -203,7 +211,11 @@ func (c *Client) Connected() bool {
 func (c *Client) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.status
+	st := c.status
+	if since := c.stalledSince.Load(); since != 0 && st.Connected {
+		st.Stalled, st.StalledSince = true, time.Unix(0, since)
+	}
+	return st
 }
 
 // Run owns the connection: it connects, checks compatibility, reads VPP's version and pid, probes the
@@ -369,6 +381,7 @@ func (c *Client) ping(ctx context.Context, sess *session) (uint32, error) {
 
 // publish makes sess the current connection.
 func (c *Client) publish(sess *session, reconnect bool) {
+	c.stalledSince.Store(0)
 	c.mu.Lock()
 	c.sess = sess
 	c.status.Connected = true
@@ -573,6 +586,7 @@ func (c *Client) streamError(octx context.Context, err error) error {
 	case errors.Is(err, core.ErrNotConnected):
 		return fmt.Errorf("%w: %w", ErrNotConnected, err)
 	case errors.Is(err, ErrTimeout):
+		c.noteTimeout()
 		c.kickHealth()
 		return fmt.Errorf("no reply within %v: %w", c.cfg.ReplyTimeout, ErrTimeout)
 	case errors.As(err, new(net.Error)):
@@ -617,8 +631,33 @@ func (c *Client) failed(req api.Message, err error) error {
 	return err
 }
 
-// noteReply records that VPP just answered.
-func (c *Client) noteReply() { c.lastReply.Store(time.Now().UnixNano()) }
+// noteReply records that VPP just answered, ending a stall.
+func (c *Client) noteReply() {
+	c.lastReply.Store(time.Now().UnixNano())
+	if c.stalledSince.Load() != 0 && c.stalledSince.Swap(0) != 0 {
+		c.mu.Lock() // against a teardown setting it to 0 meanwhile
+		if c.sess != nil {
+			c.metrics.setConnected(true)
+		}
+		c.mu.Unlock()
+		c.log.Info("VPP answers again")
+	}
+}
+
+// noteTimeout records that a request went unanswered for ReplyTimeout; when VPP answered nothing else
+// meanwhile either, it is stalled: vpp_connected is 0 from then on until it answers or the connection
+// ends, and Status says so at once, instead of after the two unanswered health probes that end the
+// connection.
+func (c *Client) noteTimeout() {
+	now := time.Now().UnixNano()
+	if now-c.lastReply.Load() < int64(c.cfg.ReplyTimeout) || !c.Connected() {
+		return
+	}
+	if c.stalledSince.CompareAndSwap(0, now) {
+		c.metrics.setConnected(false)
+		c.log.Warn("VPP is not answering: no reply to anything within the reply timeout", "timeout", c.cfg.ReplyTimeout)
+	}
+}
 
 // replyError returns the api.VPPApiError of a reply's non-zero retval, else nil.
 func replyError(reply api.Message) error {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,6 +165,32 @@ func (v *VPP) Stop() {
 		return
 	}
 	v.proc.Stop()
+}
+
+// Freeze makes VPP stop answering anything with its sockets open, as a SIGSTOPped VPP does (a real VPP
+// is sent SIGSTOP; the simulator gets the Frozen fault), until Thaw.
+func (v *VPP) Freeze() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.SetFaults(vppsim.Faults{Frozen: true})
+		return
+	}
+	if err := v.proc.Signal(syscall.SIGSTOP); err != nil {
+		v.t.Fatal(err)
+	}
+	v.t.Cleanup(func() { _ = v.proc.Signal(syscall.SIGCONT) }) // so that Stop can end it
+}
+
+// Thaw ends a Freeze: VPP answers again, what it received meanwhile first.
+func (v *VPP) Thaw() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.SetFaults(vppsim.Faults{})
+		return
+	}
+	if err := v.proc.Signal(syscall.SIGCONT); err != nil {
+		v.t.Fatal(err)
+	}
 }
 
 // PID returns VPP's pid as control_ping reports it.

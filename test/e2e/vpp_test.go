@@ -229,6 +229,41 @@ func TestAddressInBlockIsConflict(t *testing.T) {
 	a.stop()
 }
 
+// TestVPPFrozenAtColdStart: VPP freezes (SIGSTOP on a real VPP, the simulator's Frozen fault) just
+// after the agent connected, while it lists etcd and programs the first routes. Once the agent's health
+// probe has gone unanswered, /readyz names VPP and nothing of etcd (the loop does not wait out VPP's
+// timeouts while etcd's list waits behind it), and vpp_route_agent_vpp_connected is 0, until VPP thaws;
+// then every route is programmed.
+func TestVPPFrozenAtColdStart(t *testing.T) {
+	c := newCluster(t)
+	const nodes = 4
+	blocks := remoteCluster(c, nodes, 2000)
+	want := wantRoutes(blocks, nodes)
+	v := vpptest.New(t, vpptest.Options{})
+	a := startAgent(t, agentConfig{node: "node-self", etcd: c.etcd.Endpoint(), socket: v.Socket(), uplink: selfAddr,
+		uplinkIf: v.Uplink()})
+	a.proc.waitLog("connected to VPP", 15*time.Second)
+	v.Freeze()
+	a.proc.waitLog("VPP health probe got no reply", 30*time.Second)
+	var answers []string
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		code, body := a.get("/readyz")
+		connected := a.metrics().value(t, "vpp_route_agent_vpp_connected")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "- VPP not ") || strings.Contains(body, "etcd") || connected != 0 {
+			answers = append(answers, fmt.Sprintf("%d %q vpp_connected %v", code, body, connected))
+		}
+	}
+	if len(answers) > 0 {
+		t.Errorf("%d answers of /readyz and vpp_connected while VPP was frozen did not name VPP alone, the first: %s", len(answers), answers[0])
+	}
+	v.Thaw()
+	a.waitReady(60 * time.Second)
+	if got := v.APIRoutes(pool); !maps.Equal(got, want) {
+		t.Errorf("%d of %d routes once VPP thawed", len(got), len(want))
+	}
+	a.stop()
+}
+
 // countLog counts the JSON log lines of p with message msg.
 func countLog(p *proc, msg string) int {
 	n := 0

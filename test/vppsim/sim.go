@@ -97,6 +97,10 @@ type Faults struct {
 	// ReplyDelay delays the processing of every request that has a handler,
 	// as a busy VPP main thread would.
 	ReplyDelay time.Duration
+	// Frozen stops reading every connection, new ones included (their
+	// handshake too), with the sockets open: a SIGSTOPped VPP. What was sent
+	// meanwhile is processed once it is off.
+	Frozen bool
 }
 
 // Sim is one simulated VPP. Its methods are safe for concurrent use.
