@@ -1072,3 +1072,40 @@ func TestAPIRouteShadowedByAddress(t *testing.T) {
 		t.Errorf("after the address: API routes %v, source of %v %v; want the route back", api, route.Prefix, best[route.Prefix])
 	}
 }
+
+// TestFrozenVPPIsStalled: a request to a frozen VPP (SIGSTOP, the simulator's Frozen fault) times out
+// with no other reply meanwhile: the client says at once that VPP is not answering (Status.Stalled,
+// vpp_connected 0) rather than after the health probes that end the connection; once VPP thaws it is
+// connected and answering again.
+func TestFrozenVPPIsStalled(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), func(c *vppapi.Config) { c.HealthInterval = time.Hour })
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	if st := h.c.Status(); st.Stalled {
+		t.Fatalf("stalled before the freeze: %+v", st)
+	}
+	v.Freeze()
+	if _, err := h.c.DumpAPIRoutes(ctx, 0); !errors.Is(err, vppapi.ErrTimeout) {
+		t.Fatalf("dump from a frozen VPP: %v, want ErrTimeout", err)
+	}
+	if st := h.c.Status(); !st.Connected || !st.Stalled || st.StalledSince.IsZero() {
+		t.Errorf("after a request timed out: %+v, want connected and stalled", st)
+	}
+	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_connected"); got != 0 {
+		t.Errorf("vpp_connected = %v while VPP does not answer", got)
+	}
+	v.Thaw()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := h.c.DumpAPIRoutes(ctx, 0)
+		st := h.c.Status()
+		if err == nil && st.Connected && !st.Stalled && metricValue(t, h.reg, "vpp_route_agent_vpp_connected") == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not answering again after the thaw: %v, %+v", err, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
