@@ -614,7 +614,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 }
 
 // rebindRoutes deletes every route of the agent in the table, through the uplink or the index it had
-// before it was lost, then adds every desired route: VPP keeps a route through a deleted interface dead
+// before it was lost, adds them back through the uplink, then reconciles as usual: VPP keeps a route through a deleted interface dead
 // even when an interface of the same name and index comes back, and an identical re-add does not revive
 // it (measured on 26.06).
 func (a *Agent) rebindRoutes(ctx context.Context) error {
@@ -648,6 +648,17 @@ func (a *Agent) rebindRoutes(ctx context.Context) error {
 		if len(a.programmed) > 0 {
 			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(a.programmed))
 		}
+		// Back as they were, through the uplink as it is now: the reconcile below then changes only what it
+		// would have changed anyway (it keeps the routes inside held blocks, those of peers in their grace,
+		// and every route while etcd is out of sync).
+		adds := make([]vppapi.Route, 0, len(dels))
+		for _, r := range dels {
+			if r.NextHop.IsValid() { // not a multipath leftover: the reconcile sets those
+				r.SwIfIndex = a.uplink
+				adds = append(adds, r)
+			}
+		}
+		a.apply(ctx, adds, nil)
 	}
 	a.rebind, a.lostKnown = false, false
 	return a.reconcileAll(ctx)
