@@ -16,6 +16,11 @@
 // 26.06). So an uplink found missing is waited for like a late one, and once it is back (set up again)
 // every route through it, or through the index it had, is deleted and added anew.
 //
+// A desired prefix that a route not the agent's holds (another client's, an interface address's, whose
+// API route VPP's dump by source then leaves out) is left alone, logged once and counted as a conflict.
+// A VPP that leaves a request unanswered is left alone until it answers (vppapi.Status.Stalled), so that
+// etcd's changes are still taken and /readyz names VPP.
+//
 // At start the routes are programmed while etcd is being listed: each part of the first list
 // (blockwatch.Listed) goes into the desired routes, and those VPP has no route for are added at once,
 // against a dump of the table taken when the first part came. Nothing is replaced or deleted before
