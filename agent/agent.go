@@ -10,6 +10,17 @@
 // ResyncInterval; between them each etcd change updates only the route prefixes it touches. An uplink
 // that VPP has not created yet is waited for, polled every 100ms.
 //
+// Every full resync looks the uplink up again, and VPP's interface events say at once when it is
+// deleted. VPP keeps the routes through a deleted interface, dumped as before, but they drop their
+// traffic for good, even once an interface of the same name takes the same index again (measured on
+// 26.06). So an uplink found missing is waited for like a late one, and once it is back (set up again)
+// every route through it, or through the index it had, is deleted and added anew.
+//
+// A desired prefix that a route not the agent's holds (another client's, an interface address's, whose
+// API route VPP's dump by source then leaves out) is left alone, logged once and counted as a conflict.
+// A VPP that leaves a request unanswered is left alone until it answers (vppapi.Status.Stalled), so that
+// etcd's changes are still taken and /readyz names VPP.
+//
 // At start the routes are programmed while etcd is being listed: each part of the first list
 // (blockwatch.Listed) goes into the desired routes, and those VPP has no route for are added at once,
 // against a dump of the table taken when the first part came. Nothing is replaced or deleted before
@@ -52,6 +63,7 @@ type Dataplane interface {
 	EnsureTable(ctx context.Context, tableID uint32) error
 	DumpRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	DumpAPIRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
+	DumpBestRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	Apply(ctx context.Context, adds, deletes []vppapi.Route) vppapi.Result
 	Status() vppapi.Status
 }
@@ -187,7 +199,11 @@ type Agent struct {
 	listedRev     int64
 	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool
-	foreign       map[netip.Prefix]struct{}
+	// foreign are the prefixes in the managed pools whose entry in the table is not the agent's, with the
+	// source it forwards with (0: not known, a dump by paths).
+	foreign map[netip.Prefix]vppapi.Source
+	// takenOver are the desired prefixes a foreign entry holds, as last logged (see noteConflicts).
+	takenOver map[netip.Prefix]struct{}
 	// dumpMode is how the last dump told the routes of the agent apart (dumpBySource, dumpAll); "" before any.
 	dumpMode string
 	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
@@ -204,6 +220,11 @@ type Agent struct {
 	retryKind     string // the resync kind the retry timer runs
 	grace         *time.Timer
 	graceAt       time.Time // when grace fires; zero when not armed
+	// rebind says that the uplink was missing since the routes in the table were written: they are dead
+	// and must be deleted and added again once it is back. lostUplink is the index it had, when known.
+	rebind     bool
+	lostUplink uint32
+	lostKnown  bool
 
 	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.
@@ -234,7 +255,8 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		cfg: cfg, dp: dp, src: src, reg: reg, log: cfg.Logger,
 		desired:      newDesiredSet(cfg.options().peerCheck()),
 		programmed:   map[netip.Prefix]vppapi.Route{},
-		foreign:      map[netip.Prefix]struct{}{},
+		foreign:      map[netip.Prefix]vppapi.Source{},
+		takenOver:    map[netip.Prefix]struct{}{},
 		deleted:      map[netip.Prefix]vppapi.Route{},
 		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
@@ -324,8 +346,14 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	dirty := a.desired.update(snap)
 	a.trackPeers()
 	a.releaseHeld(prev, snap, dirty)
-	if !a.vppUp || !a.uplinkReady {
+	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
+	}
+	if a.vppStalled() {
+		if a.needFull == "" {
+			a.needFull = "retry" // once VPP answers again
+		}
+		return
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
@@ -358,13 +386,13 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 // programListed adds, while the first list goes on, the listed routes of the prefixes in dirty (nil:
 // all) that VPP has no route for, dumping the table first if it has not been since VPP connected.
 func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct{}) {
-	if !a.vppUp || a.cfg.DryRun {
-		return
+	if !a.vppUp || a.cfg.DryRun || a.vppStalled() {
+		return // the first full resync adds what is missing
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
-	if !a.uplinkReady && a.setupUplink(ctx) != nil {
-		return // the full resync reports it
+	if !a.uplinkReady && a.setupUplink(ctx) != nil || a.rebind {
+		return // the full resync reports it, or re-adds every route
 	}
 	if !a.programmedValid {
 		entries, err := a.dumpTable(ctx)
@@ -423,8 +451,30 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.uplinkReady = false
 		a.programmedValid = false
 		a.setWaitingUplink(false)
+	case vppapi.InterfaceDeleted:
+		if a.vppUp && a.uplinkReady && ev.SwIfIndex == a.uplink {
+			a.uplinkLost("VPP deleted it")
+		}
 	}
 }
+
+// uplinkLost records that the uplink the routes go through is gone: the agent waits for an interface
+// of its name (or index) again, and then re-adds every route (rebind).
+func (a *Agent) uplinkLost(why string) {
+	a.log.Warn("the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it",
+		"uplink", a.cfg.Uplink.String(), "sw_if_index", a.uplink, "why", why, "routes", len(a.programmed))
+	a.uplinkReady = false
+	a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
+	a.waitingUplink = true // logged above, instead of setWaitingUplink's line for a first wait
+	a.m.uplinkWaiting.Set(1)
+	a.needFull = "uplink-lost"
+}
+
+// vppStalled reports whether the connected VPP is not answering (vppapi.Status.Stalled): the loop then
+// leaves VPP alone, each request would only wait out its timeout, and goes on taking etcd's changes,
+// so that what is missing is VPP, not a view of etcd held up behind it; a full resync runs once VPP
+// answers again (or reconnects).
+func (a *Agent) vppStalled() bool { return a.dp.Status().Stalled }
 
 // errWaitingUplink is doFullSync's error while VPP has no uplink interface yet: a state, not a failure.
 var errWaitingUplink = errors.New("waiting for the uplink interface")
@@ -442,11 +492,22 @@ func (a *Agent) setupUplink(ctx context.Context) error {
 		}
 	}
 	if errors.Is(err, vppapi.ErrNoInterface) {
-		a.setWaitingUplink(true)
+		if a.uplinkReady {
+			a.uplinkLost("a resync found it missing")
+		} else {
+			// Whatever routes the table has through it (a restarted agent's, say) are dead.
+			a.rebind = true
+			a.setWaitingUplink(true)
+		}
 		return errWaitingUplink
 	}
 	if err != nil {
 		return fmt.Errorf("set up uplink: %w", err)
+	}
+	if a.uplinkReady && idx != a.uplink {
+		a.log.Warn("the uplink interface has a new sw_if_index: re-adding every route through it",
+			"uplink", a.cfg.Uplink.String(), "sw_if_index", idx, "was", a.uplink)
+		a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
 	}
 	a.setWaitingUplink(false)
 	a.uplink, a.uplinkReady = idx, true
@@ -485,8 +546,8 @@ func (a *Agent) busy(ctx context.Context) (context.Context, func()) {
 
 // fullSync reads the table from VPP and makes the owned routes equal the desired ones.
 func (a *Agent) fullSync(ctx context.Context, kind string) {
-	if a.snap == nil || !a.vppUp {
-		a.needFull = kind // runs as soon as there is a snapshot and a connection
+	if a.snap == nil || !a.vppUp || a.vppStalled() {
+		a.needFull = kind // runs as soon as there is a snapshot and a connection that answers
 		return
 	}
 	a.needFull = ""
@@ -518,10 +579,12 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 }
 
 func (a *Agent) doFullSync(ctx context.Context, kind string) error {
-	if !a.uplinkReady {
-		if err := a.setupUplink(ctx); err != nil {
-			return err
-		}
+	// Looked up on every resync, also when set up: how a deleted uplink is noticed without VPP's events.
+	if err := a.setupUplink(ctx); err != nil {
+		return err
+	}
+	if a.rebind {
+		return a.rebindRoutes(ctx)
 	}
 	if a.dumpedListing && a.programmedValid {
 		// The first full resync after the first list: the table was dumped while listing.
@@ -534,6 +597,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	owned, foreign := a.classify(entries)
 	a.noteUndeletable(owned, foreign)
+	a.findShadowed(ctx, owned, foreign)
 	if a.programmedValid {
 		drift := 0
 		for p, r := range owned {
@@ -542,7 +606,9 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 			}
 		}
 		for p := range a.programmed {
-			if _, ok := owned[p]; !ok {
+			_, ok := owned[p]
+			_, taken := foreign[p] // a conflict (noteConflicts), not drift to repair
+			if !ok && !taken {
 				drift++
 			}
 		}
@@ -553,6 +619,57 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
+	return a.reconcileAll(ctx)
+}
+
+// rebindRoutes deletes every route of the agent in the table, through the uplink or the index it had
+// before it was lost, adds them back through the uplink, then reconciles as usual: VPP keeps a route through a deleted interface dead
+// even when an interface of the same name and index comes back, and an identical re-add does not revive
+// it (measured on 26.06).
+func (a *Agent) rebindRoutes(ctx context.Context) error {
+	entries, err := a.dumpTable(ctx)
+	if err != nil {
+		return err
+	}
+	owned, foreign := a.classify(entries)
+	if a.lostKnown && a.lostUplink != a.uplink {
+		current := a.uplink
+		a.uplink = a.lostUplink
+		stale, _ := a.classify(entries)
+		a.uplink = current
+		for p, r := range stale {
+			owned[p] = r
+			delete(foreign, p)
+		}
+	}
+	a.noteUndeletable(owned, foreign)
+	a.programmed, a.foreign = owned, foreign
+	a.programmedValid = true
+	a.dumpedListing = false
+	if len(owned) > 0 && !a.cfg.DryRun {
+		a.log.Info("the uplink is back: deleting and adding again every route through it", "uplink", a.cfg.Uplink.String(),
+			"sw_if_index", a.uplink, "routes", len(owned))
+		dels := make([]vppapi.Route, 0, len(owned))
+		for _, r := range owned {
+			dels = append(dels, r)
+		}
+		a.apply(ctx, nil, dels)
+		if len(a.programmed) > 0 {
+			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(a.programmed))
+		}
+		// Back as they were, through the uplink as it is now: the reconcile below then changes only what it
+		// would have changed anyway (it keeps the routes inside held blocks, those of peers in their grace,
+		// and every route while etcd is out of sync).
+		adds := make([]vppapi.Route, 0, len(dels))
+		for _, r := range dels {
+			if r.NextHop.IsValid() { // not a multipath leftover: the reconcile sets those
+				r.SwIfIndex = a.uplink
+				adds = append(adds, r)
+			}
+		}
+		a.apply(ctx, adds, nil)
+	}
+	a.rebind, a.lostKnown = false, false
 	return a.reconcileAll(ctx)
 }
 
@@ -572,10 +689,70 @@ func (a *Agent) reconcileAll(ctx context.Context) error {
 		}
 	}
 	a.applyDirty(ctx, all, a.src.Status().Synced)
-	if n := a.conflicts(); n > 0 {
-		a.log.Warn("desired routes blocked by foreign routes in the table; not touching them", "routes", n)
-	}
+	a.noteConflicts()
 	return nil
+}
+
+// findShadowed adds to foreign the desired prefixes missing from a dump of API routes because an entry of
+// a higher-priority source holds them: VPP's ip_route_v2_dump leaves out an API route that an interface
+// address of the same prefix shadows (its traffic is gleaned on that interface instead), so without
+// this the agent would take it for deleted and "repair" it, unseen, at every resync. It costs a dump of
+// every source, made only when some desired route is missing.
+func (a *Agent) findShadowed(ctx context.Context, owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]vppapi.Source) {
+	if a.dumpMode != dumpBySource {
+		return // ip_route_dump shows the shadowing entry itself, foreign by its paths
+	}
+	missing := false
+	for p, t := range a.desired.targets {
+		_, have := owned[p]
+		_, isForeign := foreign[p]
+		if t.resolved && !have && !isForeign {
+			missing = true
+			break
+		}
+	}
+	if !missing {
+		return
+	}
+	entries, err := a.dp.DumpBestRoutes(ctx, a.cfg.TableID)
+	if err != nil {
+		a.log.Debug("cannot dump the table by source to tell shadowed routes apart", "err", err)
+		return
+	}
+	for _, e := range entries {
+		if e.TableID != a.cfg.TableID || e.Source == vppapi.SourceAPI {
+			continue
+		}
+		if t, ok := a.desired.targets[e.Prefix]; ok && t.resolved {
+			foreign[e.Prefix] = e.Source
+		}
+	}
+}
+
+// noteConflicts logs each desired prefix that a route of someone else (another client, an interface
+// address, VPP's own entry) holds, once when it starts and once when it ends, and counts the starts:
+// the agent leaves such a prefix alone.
+func (a *Agent) noteConflicts() {
+	for p := range a.takenOver {
+		if _, still := a.foreign[p]; still {
+			if t, ok := a.desired.targets[p]; ok && t.resolved {
+				continue
+			}
+		}
+		delete(a.takenOver, p)
+		a.log.Info("a route prefix is no longer held by a route that is not the agent's", "prefix", p)
+	}
+	for p, src := range a.foreign {
+		t, ok := a.desired.targets[p]
+		if _, known := a.takenOver[p]; known || !ok || !t.resolved {
+			continue
+		}
+		a.takenOver[p] = struct{}{}
+		a.m.conflicts.Inc()
+		a.log.Warn("a route the agent programs is held by a route that is not its own; leaving it alone",
+			"prefix", p, "want_via", t.route.NextHop, "held_by", src.String())
+	}
+	a.m.conflicting.Set(float64(len(a.takenOver)))
 }
 
 // Dump modes: how the last dump told the agent's routes apart.
@@ -609,7 +786,7 @@ func (a *Agent) dumpTable(ctx context.Context) ([]vppapi.FIBEntry, error) {
 // noteUndeletable moves to foreign, for good, the routes VPP kept although it acknowledged their delete:
 // with ip_route_dump, VPP's own recursive-resolution and adjacency /32s look like routes of the agent,
 // and "deleting" them changes nothing. Each is logged and counted once.
-func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]struct{}) {
+func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map[netip.Prefix]vppapi.Source) {
 	for p, r := range a.deleted {
 		if have, ok := owned[p]; ok && have == r {
 			a.undeletable[p] = struct{}{}
@@ -622,7 +799,7 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 	for p := range a.undeletable {
 		if _, ok := owned[p]; ok {
 			delete(owned, p)
-			foreign[p] = struct{}{}
+			foreign[p] = 0
 		}
 	}
 }
@@ -630,10 +807,10 @@ func (a *Agent) noteUndeletable(owned map[netip.Prefix]vppapi.Route, foreign map
 // classify splits a table dump into the routes this agent owns and the prefixes of other routes inside
 // the managed pools (which it must never touch). A route the agent programmed stays its own when its
 // pool is deleted, so that it is withdrawn like any route whose source went (see leftBehind).
-func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]struct{}) {
+func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Route, map[netip.Prefix]vppapi.Source) {
 	// Room for every entry, or while the first list goes on, for the routes it will add.
 	owned := make(map[netip.Prefix]vppapi.Route, max(len(entries), a.listedTotal))
-	foreign := make(map[netip.Prefix]struct{})
+	foreign := make(map[netip.Prefix]vppapi.Source)
 	for _, e := range entries {
 		if e.TableID != a.cfg.TableID {
 			continue
@@ -647,7 +824,7 @@ func (a *Agent) classify(entries []vppapi.FIBEntry) (map[netip.Prefix]vppapi.Rou
 		if r, ok := a.ownedRoute(e); ok {
 			owned[e.Prefix] = r
 		} else {
-			foreign[e.Prefix] = struct{}{}
+			foreign[e.Prefix] = e.Source
 		}
 	}
 	return owned, foreign
@@ -770,6 +947,7 @@ func (a *Agent) apply(ctx context.Context, adds, dels []vppapi.Route) int {
 	for _, r := range adds {
 		if _, bad := failed[r.Prefix]; !bad {
 			a.programmed[r.Prefix] = r
+			delete(a.deleted, r.Prefix) // added again since (a rebind): not one VPP kept
 		}
 	}
 	for _, r := range dels {
@@ -857,7 +1035,13 @@ func (a *Agent) expireGrace(ctx context.Context) {
 			}
 		}
 	}
-	if a.vppUp && a.uplinkReady && len(dirty) > 0 {
+	if len(dirty) > 0 && a.vppStalled() {
+		if a.needFull == "" {
+			a.needFull = "retry" // once VPP answers again
+		}
+		return
+	}
+	if a.vppUp && a.uplinkReady && !a.rebind && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
 		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
@@ -876,17 +1060,6 @@ func (a *Agent) armGrace(until time.Time) {
 func (a *Agent) scheduleRetry() {
 	a.retryKind = "retry"
 	a.retry.Reset(retryDelay)
-}
-
-// conflicts counts resolved desired routes that a foreign route in the table blocks.
-func (a *Agent) conflicts() int {
-	n := 0
-	for p := range a.foreign {
-		if t, ok := a.desired.targets[p]; ok && t.resolved {
-			n++
-		}
-	}
-	return n
 }
 
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.

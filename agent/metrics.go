@@ -24,6 +24,8 @@ type Metrics struct {
 	uplinkWaiting                          prometheus.Gauge
 	undeletable                            prometheus.Counter
 	defaultBlocks                          prometheus.Counter
+	conflicts                              prometheus.Counter
+	conflicting                            prometheus.Gauge
 	eventToFIB                             prometheus.Histogram
 	snapshots                              prometheus.Counter
 }
@@ -65,6 +67,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Routes VPP kept after the agent deleted them (its own entries, seen only without ip_route_v2_dump); treated as foreign from then on."}),
 		defaultBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_default_route_blocks_total",
 			Help: "Blocks of prefix length 0 seen (each once): they would be default routes and are never programmed."}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_route_conflicts_total",
+			Help: "Times a route prefix the agent must program was found held by a route that is not its own (another client's, an interface address's, VPP's own); each is logged naming the prefix."}),
+		conflicting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_conflicting",
+			Help: "Route prefixes the agent must program that a route not its own holds now (see /debug/routes foreign_in_pools)."}),
 		eventToFIB: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vpp_route_agent_event_to_fib_seconds",
 			Help:    "Time from receiving an etcd event to VPP acknowledging the FIB write.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}),
@@ -77,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).
@@ -99,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // syncKinds are the kind label values of the resync metrics: what triggered a full resync.
 func syncKinds() []string {
-	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "relist-pools"}
+	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "uplink-lost", "relist-pools"}
 	for _, r := range blockwatch.RelistReasons() {
 		kinds = append(kinds, "relist-"+r)
 	}

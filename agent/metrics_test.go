@@ -31,8 +31,8 @@ func TestMetricsExportedBeforeAnyEvent(t *testing.T) {
 			t.Errorf("%s is not exported before any event", name)
 		}
 	}
-	if n := got["vpp_route_agent_syncs_total"]; n != 2*12 {
-		t.Errorf("vpp_route_agent_syncs_total has %d series, want 24 (12 kinds, ok and error)", n)
+	if n := got["vpp_route_agent_syncs_total"]; n != 2*13 {
+		t.Errorf("vpp_route_agent_syncs_total has %d series, want 26 (13 kinds, ok and error)", n)
 	}
 	// vpp_route_agent_blocks is per-agent totals by kind, never a series per node.
 	if n := got["vpp_route_agent_blocks"]; n != 3 {

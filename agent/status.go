@@ -203,6 +203,8 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		missing = append(missing, "VPP not connected: "+st.LastError)
 	case !st.Connected:
 		missing = append(missing, "VPP not connected")
+	case st.Stalled:
+		missing = append(missing, "VPP not answering since "+st.StalledSince.UTC().Format(time.RFC3339))
 	case v.waitingUplink:
 		missing = append(missing, "waiting for "+a.cfg.Uplink.String())
 	case !v.vppConnected || !v.uplinkReady:

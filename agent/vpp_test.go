@@ -250,3 +250,64 @@ func TestStalledVPPShows(t *testing.T) {
 	a.sim.SetFaults(vppsim.Faults{})
 	c.waitFor("ready again", settle, func() bool { ok, _ := a.agent.Ready(); return ok })
 }
+
+// TestUplinkDeletedNoticedByResync: a VPP without interface events (want_interface_events of another
+// CRC) deletes the uplink; the periodic resync notices, the agent waits for it and says so, and once an
+// interface of that name is back, with the same sw_if_index or another, every route is deleted and added
+// again through it, so that none stays dead: those kept for a vanished peer's grace too.
+func TestUplinkDeletedNoticedByResync(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		newIndex bool // another interface takes the freed index first
+	}{{"same index", false}, {"new index", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, clusterOpts{resync: 200 * time.Millisecond, grace: time.Hour, sim: func(cfg *vppsim.Config) {
+				cfg.CRCOverrides = map[string]string{"want_interface_events": "deadbeef"}
+			}}, "a", "b")
+			c.putBlock("10.244.2.0/26", "b", nil)
+			c.putBlock("10.244.3.0/26", "b", nil)
+			want := c.want(map[string]string{"10.244.2.0/26": "b", "10.244.3.0/26": "b"})
+			c.eventually("a", want, settle)
+			// b's registration is gone: its routes are kept for the peer-loss grace, through the uplink's
+			// return too.
+			c.stop("b")
+			c.del(hosts + "b/peerip/ipv4/1")
+			c.del(hosts + "b/peerip/ipv6/1")
+			c.waitFor("b missing", 30*time.Second, func() bool { return len(c.debug("a").Missing) > 0 })
+			sim := c.nodes["a"].sim
+			if err := sim.DeleteInterface(uplinkName); err != nil {
+				t.Fatal(err)
+			}
+			c.waitFor("the agent says the uplink is missing", 30*time.Second, func() bool {
+				_, missing := c.nodes["a"].agent.Ready()
+				return slices.Contains(missing, "waiting for uplink "+uplinkName) &&
+					c.metric("a", "vpp_route_agent_uplink_waiting") == 1
+			})
+			if tc.newIndex {
+				if _, err := sim.CreateInterface("loop9"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			idx, err := sim.CreateInterface(uplinkName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (idx != 1) != tc.newIndex {
+				t.Fatalf("the uplink came back as sw_if_index %d", idx)
+			}
+			for i := range want {
+				want[i] = strings.Replace(want[i], "@1", fmt.Sprintf("@%d", idx), 1)
+			}
+			c.waitFor("ready", 30*time.Second, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
+			c.eventually("a", want, 30*time.Second) // the dead routes were there all along with the same index
+			for _, r := range sim.APIRoutes(0) {
+				if r.Unresolved {
+					t.Errorf("%s still drops traffic", r.Prefix)
+				}
+			}
+			if n := c.nodes["a"].logs.count("the uplink interface is gone from VPP"); n != 1 {
+				t.Errorf("the loss was logged %d times, want once", n)
+			}
+		})
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,7 +58,7 @@ func routeSourceMessages() []api.Message {
 // vpp_route_agent_vpp_api_errors_total.
 func requestMessageNames() []string {
 	var names []string
-	for _, m := range append(usedMessages(), routeSourceMessages()...) {
+	for _, m := range slices.Concat(usedMessages(), routeSourceMessages(), interfaceEventMessages()) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -78,6 +80,11 @@ const (
 	// Incompatible: VPP lacks messages this package uses; Err is an *IncompatibleError naming them and
 	// the VPP version. Run disconnects and retries with backoff.
 	Incompatible
+	// InterfaceDeleted: VPP deleted the interface SwIfIndex (its sw_interface_event with deleted set).
+	// It comes between a Connected and the next Disconnected. Routes through a deleted interface stay
+	// in VPP's FIB but drop their traffic, even once another interface takes the index (measured on
+	// 26.06); a VPP without interface events sends none, and its clients notice by looking.
+	InterfaceDeleted
 )
 
 // String returns the kind's name.
@@ -89,6 +96,8 @@ func (k EventKind) String() string {
 		return "disconnected"
 	case Incompatible:
 		return "incompatible"
+	case InterfaceDeleted:
+		return "interface-deleted"
 	default:
 		return fmt.Sprintf("EventKind(%d)", int(k))
 	}
@@ -106,6 +115,8 @@ type Event struct {
 	Restarted bool
 	// Err says why the connection ended (Disconnected) or was refused (Incompatible).
 	Err error
+	// SwIfIndex is the interface of an InterfaceDeleted.
+	SwIfIndex uint32
 }
 
 // Status is a snapshot of the connection, for health endpoints and logs.
@@ -122,6 +133,11 @@ type Status struct {
 	// RouteSource says whether the connected VPP dumps routes by source (ip_route_v2_dump), so that
 	// DumpAPIRoutes works.
 	RouteSource bool
+	// Stalled says that the connected VPP is not answering: a request went unanswered for ReplyTimeout
+	// with no reply to anything meanwhile (a frozen or hung VPP), since StalledSince. The next reply ends
+	// it; two unanswered health probes end the connection.
+	Stalled      bool
+	StalledSince time.Time
 }
 
 // Client talks to one VPP over its binary API socket. Run keeps the connection; the other methods use
@@ -138,6 +154,9 @@ type Client struct {
 	// lastReply is when any operation last received a reply (unix nanoseconds): a busy VPP answering
 	// other requests is alive even if a health probe queued behind them times out.
 	lastReply atomic.Int64
+	// stalledSince is when VPP was found not answering (unix nanoseconds), 0 while it answers (see
+	// Status.Stalled).
+	stalledSince atomic.Int64
 
 	mu     sync.Mutex
 	sess   *session // current connection, nil when disconnected
@@ -192,7 +211,11 @@ func (c *Client) Connected() bool {
 func (c *Client) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.status
+	st := c.status
+	if since := c.stalledSince.Load(); since != 0 && st.Connected {
+		st.Stalled, st.StalledSince = true, time.Unix(0, since)
+	}
+	return st
 }
 
 // Run owns the connection: it connects, checks compatibility, reads VPP's version and pid, probes the
@@ -217,13 +240,16 @@ func (c *Client) Run(ctx context.Context) error {
 			restarted := lastPID != 0 && sess.pid != lastPID
 			lastPID = sess.pid
 			connects++
+			w := c.watchInterfaces(ctx, sess)
 			c.publish(sess, connects > 1)
 			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted,
 				"route_source_dump", sess.routeSource)
 			c.emit(ctx, Event{Kind: Connected, PID: sess.pid, Version: sess.version, Restarted: restarted})
+			watched := c.forwardInterfaceEvents(ctx, sess, w)
 
 			err = c.serve(ctx, sess)
 			c.teardown(sess, err)
+			<-watched // no InterfaceDeleted after the Disconnected
 			if err != nil {
 				c.log.Warn("lost connection to VPP", "error", err)
 			}
@@ -355,6 +381,7 @@ func (c *Client) ping(ctx context.Context, sess *session) (uint32, error) {
 
 // publish makes sess the current connection.
 func (c *Client) publish(sess *session, reconnect bool) {
+	c.stalledSince.Store(0)
 	c.mu.Lock()
 	c.sess = sess
 	c.status.Connected = true
@@ -415,6 +442,56 @@ func (c *Client) emit(ctx context.Context, ev Event) {
 	case <-ctx.Done():
 		c.log.Warn("event buffer full, dropping event", "kind", ev.Kind)
 	}
+}
+
+// interfaceEventMessages are the messages of VPP's interface events; a VPP without them is still
+// compatible (see InterfaceDeleted).
+func interfaceEventMessages() []api.Message {
+	return []api.Message{(*interfaces.WantInterfaceEvents)(nil), (*interfaces.WantInterfaceEventsReply)(nil),
+		(*interfaces.SwInterfaceEvent)(nil)}
+}
+
+// watchInterfaces subscribes to VPP's interface events on sess, before its Connected is emitted so that
+// no deletion after it goes unheard; nil when VPP has none or refuses (a deleted uplink is then
+// noticed by looking). The subscription is made anew on every connection: VPP forgets it with its
+// client.
+func (c *Client) watchInterfaces(ctx context.Context, sess *session) api.Watcher {
+	if checkCompatibility(sess.conn, interfaceEventMessages()...) != nil {
+		c.log.Info("VPP has no interface events: a deleted uplink is noticed at the next resync")
+		return nil
+	}
+	w, err := sess.conn.WatchEvent(sess.ctx, (*interfaces.SwInterfaceEvent)(nil))
+	if err == nil {
+		_, err = c.call(ctx, sess, &interfaces.WantInterfaceEvents{EnableDisable: 1, PID: uint32(os.Getpid())})
+		if err != nil {
+			w.Close()
+		}
+	}
+	if err != nil {
+		c.log.Warn("subscribing to VPP's interface events failed: a deleted uplink is noticed at the next resync", "error", err)
+		return nil
+	}
+	return w
+}
+
+// forwardInterfaceEvents emits an InterfaceDeleted for each deletion w reports, from a goroutine that
+// ends with the session; the returned channel is closed then.
+func (c *Client) forwardInterfaceEvents(ctx context.Context, sess *session, w api.Watcher) <-chan struct{} {
+	done := make(chan struct{})
+	if w == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		defer w.Close()
+		for m := range w.Events() { // closed when the session ends
+			if ev, ok := m.(*interfaces.SwInterfaceEvent); ok && ev.Deleted {
+				c.emit(ctx, Event{Kind: InterfaceDeleted, PID: sess.pid, Version: sess.version, SwIfIndex: uint32(ev.SwIfIndex)})
+			}
+		}
+	}()
+	return done
 }
 
 // serve probes the connection's health until it fails (returning why) or ctx is done (returning nil).
@@ -509,6 +586,7 @@ func (c *Client) streamError(octx context.Context, err error) error {
 	case errors.Is(err, core.ErrNotConnected):
 		return fmt.Errorf("%w: %w", ErrNotConnected, err)
 	case errors.Is(err, ErrTimeout):
+		c.noteTimeout()
 		c.kickHealth()
 		return fmt.Errorf("no reply within %v: %w", c.cfg.ReplyTimeout, ErrTimeout)
 	case errors.As(err, new(net.Error)):
@@ -553,8 +631,33 @@ func (c *Client) failed(req api.Message, err error) error {
 	return err
 }
 
-// noteReply records that VPP just answered.
-func (c *Client) noteReply() { c.lastReply.Store(time.Now().UnixNano()) }
+// noteReply records that VPP just answered, ending a stall.
+func (c *Client) noteReply() {
+	c.lastReply.Store(time.Now().UnixNano())
+	if c.stalledSince.Load() != 0 && c.stalledSince.Swap(0) != 0 {
+		c.mu.Lock() // against a teardown setting it to 0 meanwhile
+		if c.sess != nil {
+			c.metrics.setConnected(true)
+		}
+		c.mu.Unlock()
+		c.log.Info("VPP answers again")
+	}
+}
+
+// noteTimeout records that a request went unanswered for ReplyTimeout; when VPP answered nothing else
+// meanwhile either, it is stalled: vpp_connected is 0 from then on until it answers or the connection
+// ends, and Status says so at once, instead of after the two unanswered health probes that end the
+// connection.
+func (c *Client) noteTimeout() {
+	now := time.Now().UnixNano()
+	if now-c.lastReply.Load() < int64(c.cfg.ReplyTimeout) || !c.Connected() {
+		return
+	}
+	if c.stalledSince.CompareAndSwap(0, now) {
+		c.metrics.setConnected(false)
+		c.log.Warn("VPP is not answering: no reply to anything within the reply timeout", "timeout", c.cfg.ReplyTimeout)
+	}
+}
 
 // replyError returns the api.VPPApiError of a reply's non-zero retval, else nil.
 func replyError(reply api.Message) error {
@@ -571,6 +674,8 @@ func replyError(reply api.Message) error {
 	case *vpe.ShowVersionReply:
 		rv = r.Retval
 	case *memclnt.ControlPingReply:
+		rv = r.Retval
+	case *interfaces.WantInterfaceEventsReply:
 		rv = r.Retval
 	}
 	return api.RetvalToVPPApiError(rv)

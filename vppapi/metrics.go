@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vpp_route_agent_vpp_connected",
-			Help: "1 while connected to a compatible VPP over the binary API, else 0.",
+			Help: "1 while connected to a compatible VPP over the binary API and it answers (0 from a request left unanswered for the reply timeout with no other reply meanwhile), else 0.",
 		}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vpp_route_agent_vpp_reconnects_total",

@@ -929,3 +929,183 @@ func TestRestartDuringApply(t *testing.T) {
 		t.Errorf("Apply after the restart: %v; sim has %d routes", res.Err(), len(sim.APIRoutes(0)))
 	}
 }
+
+// TestUplinkDeletedAndCreated is VPP 26.06's behaviour when an operator deletes the interface routes go
+// through and creates it again (measured; the simulator reproduces it): the client hears of the
+// deletion; the routes stay in the dump, through the deleted index, but drop traffic; a route through
+// that index is refused; the interface comes back with the same name and index, admin down and without
+// addresses; the routes stay dead after it is set up again and re-added unchanged, and only a delete and
+// add revives one.
+func TestUplinkDeletedAndCreated(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	up := vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("192.0.2.7/24")}}
+	idx, err := h.c.SetupUplink(ctx, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []vppapi.Route{
+		{Prefix: pfx("10.244.3.0/26"), NextHop: addr("192.0.2.9"), SwIfIndex: idx},
+		{Prefix: pfx("10.244.4.0/26"), NextHop: addr("192.0.2.9"), SwIfIndex: idx},
+	}
+	if res := h.c.Apply(ctx, routes, nil); res.Err() != nil {
+		t.Fatal(res.Err())
+	}
+	if got := v.Unresolved(); len(got) != 0 {
+		t.Fatalf("unresolved before the deletion: %v", got)
+	}
+
+	v.DeleteUplink()
+	if ev := h.expect(vppapi.InterfaceDeleted); ev.SwIfIndex != idx {
+		t.Errorf("InterfaceDeleted for sw_if_index %d, want %d", ev.SwIfIndex, idx)
+	}
+	if _, err := h.c.LookupUplink(ctx, up); !errors.Is(err, vppapi.ErrNoInterface) {
+		t.Errorf("LookupUplink of the deleted uplink: %v, want ErrNoInterface", err)
+	}
+	want := []netip.Prefix{routes[0].Prefix, routes[1].Prefix}
+	checkDump := func(when string) {
+		t.Helper()
+		entries, err := h.c.DumpAPIRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []netip.Prefix
+		for _, e := range entries {
+			if len(e.Paths) != 1 || e.Paths[0].SwIfIndex != idx || e.Paths[0].NextHop != addr("192.0.2.9") {
+				t.Errorf("%s: %v dumped with paths %+v, want via 192.0.2.9 on sw_if_index %d", when, e.Prefix, e.Paths, idx)
+			}
+			got = append(got, e.Prefix)
+		}
+		slices.SortFunc(got, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: API routes %v, want %v", when, got, want)
+		}
+		if got := v.Unresolved(); !slices.Equal(got, want) {
+			t.Errorf("%s: routes dropping traffic %v, want %v", when, got, want)
+		}
+	}
+	checkDump("deleted")
+	res := h.c.Apply(ctx, []vppapi.Route{{Prefix: pfx("10.244.5.0/26"), NextHop: addr("192.0.2.9"), SwIfIndex: idx}}, nil)
+	if len(res.Failed) != 1 || !errors.Is(res.Failed[0].Err, api.NO_MATCHING_INTERFACE) {
+		t.Errorf("a route through the deleted index: %+v, want NO_MATCHING_INTERFACE", res.Failed)
+	}
+
+	if again := v.CreateUplink(); again != idx {
+		t.Errorf("the uplink came back as sw_if_index %d, want %d (VPP reuses it)", again, idx)
+	}
+	if ifc := v.Interface(idx); ifc.Name != v.Uplink() || ifc.AdminUp || len(ifc.Addresses) != 0 {
+		t.Errorf("the created uplink: %+v, want %s admin down without addresses", ifc, v.Uplink())
+	}
+	checkDump("created")
+	if _, err := h.c.SetupUplink(ctx, up); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.c.Apply(ctx, routes, nil); res.Err() != nil { // identical: a no-op for VPP
+		t.Fatal(res.Err())
+	}
+	checkDump("set up and re-added unchanged")
+	// A route added again while a dead one with the same paths is still there shares its dead path
+	// list; once no dead route with those paths is left, an add resolves.
+	readd := func(rs []vppapi.Route, wantDead []netip.Prefix) {
+		t.Helper()
+		if res := h.c.Apply(ctx, nil, rs); res.Err() != nil {
+			t.Fatal(res.Err())
+		}
+		if res := h.c.Apply(ctx, rs, nil); res.Err() != nil {
+			t.Fatal(res.Err())
+		}
+		if got := v.Unresolved(); !slices.Equal(got, wantDead) {
+			t.Errorf("after deleting and adding %d routes: routes dropping traffic %v, want %v", len(rs), got, wantDead)
+		}
+	}
+	readd(routes[:1], want)
+	readd(routes, nil)
+}
+
+// TestAPIRouteShadowedByAddress: an interface address of the same prefix as an API route shadows it
+// (VPP gleans there): ip_route_v2_dump filtered on the API source leaves the route out, the dump of every
+// source shows the interface's entry, and once the address goes the route is back, untouched (measured
+// on VPP 26.06).
+func TestAPIRouteShadowedByAddress(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	idx, err := h.c.SetupUplink(ctx, vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := vppapi.Route{Prefix: pfx("10.244.5.0/26"), NextHop: addr("192.0.2.9"), SwIfIndex: idx}
+	if res := h.c.Apply(ctx, []vppapi.Route{route}, nil); res.Err() != nil {
+		t.Fatal(res.Err())
+	}
+	sources := func() (api []netip.Prefix, best map[netip.Prefix]vppapi.Source) {
+		t.Helper()
+		entries, err := h.c.DumpAPIRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			api = append(api, e.Prefix)
+		}
+		all, err := h.c.DumpBestRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		best = map[netip.Prefix]vppapi.Source{}
+		for _, e := range all {
+			best[e.Prefix] = e.Source
+		}
+		return api, best
+	}
+	if api, best := sources(); !slices.Equal(api, []netip.Prefix{route.Prefix}) || best[route.Prefix] != vppapi.SourceAPI {
+		t.Fatalf("before the address: API routes %v, source of %v %v", api, route.Prefix, best[route.Prefix])
+	}
+	v.SetUplinkAddress(pfx("10.244.5.1/26"), true)
+	if api, best := sources(); len(api) != 0 || best[route.Prefix] != vppapi.SourceInterface {
+		t.Errorf("with the address: API routes %v, source of %v %v; want none and interface", api, route.Prefix, best[route.Prefix])
+	}
+	v.SetUplinkAddress(pfx("10.244.5.1/26"), false)
+	if api, best := sources(); !slices.Equal(api, []netip.Prefix{route.Prefix}) || best[route.Prefix] != vppapi.SourceAPI {
+		t.Errorf("after the address: API routes %v, source of %v %v; want the route back", api, route.Prefix, best[route.Prefix])
+	}
+}
+
+// TestFrozenVPPIsStalled: a request to a frozen VPP (SIGSTOP, the simulator's Frozen fault) times out
+// with no other reply meanwhile: the client says at once that VPP is not answering (Status.Stalled,
+// vpp_connected 0) rather than after the health probes that end the connection; once VPP thaws it is
+// connected and answering again.
+func TestFrozenVPPIsStalled(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), func(c *vppapi.Config) { c.HealthInterval = time.Hour })
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	if st := h.c.Status(); st.Stalled {
+		t.Fatalf("stalled before the freeze: %+v", st)
+	}
+	v.Freeze()
+	if _, err := h.c.DumpAPIRoutes(ctx, 0); !errors.Is(err, vppapi.ErrTimeout) {
+		t.Fatalf("dump from a frozen VPP: %v, want ErrTimeout", err)
+	}
+	if st := h.c.Status(); !st.Connected || !st.Stalled || st.StalledSince.IsZero() {
+		t.Errorf("after a request timed out: %+v, want connected and stalled", st)
+	}
+	if got := metricValue(t, h.reg, "vpp_route_agent_vpp_connected"); got != 0 {
+		t.Errorf("vpp_connected = %v while VPP does not answer", got)
+	}
+	v.Thaw()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := h.c.DumpAPIRoutes(ctx, 0)
+		st := h.c.Status()
+		if err == nil && st.Connected && !st.Stalled && metricValue(t, h.reg, "vpp_route_agent_vpp_connected") == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not answering again after the thaw: %v, %+v", err, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -54,6 +54,47 @@ type FIBEntry struct {
 	TableID uint32
 	Prefix  netip.Prefix
 	Paths   []Path
+	// Source is the FIB source the entry forwards with (ip_route_v2_dump: SourceAPI for DumpAPIRoutes);
+	// 0 when the dump does not say (ip_route_dump).
+	Source Source
+}
+
+// Source is a FIB source of VPP 26.06 (fib_source_t): which part of VPP owns the paths an entry forwards
+// with. Higher-priority sources (lower values) shadow lower ones for the same prefix.
+type Source uint8
+
+// FIB sources a route agent meets.
+const (
+	SourceSpecial   Source = 1
+	SourceInterface Source = 4 // an interface address: connected (glean), local, network and broadcast
+	SourceAPI       Source = 8 // ip_route_add_del, by any client
+	SourceCLI       Source = 9
+	SourceAdjacency Source = 15
+	SourceRR        Source = 18 // recursive resolution
+	SourceDefault   Source = 20
+)
+
+// String names the source as "show ip fib" does.
+func (s Source) String() string {
+	switch s {
+	case 0:
+		return "unknown"
+	case SourceSpecial:
+		return "special"
+	case SourceInterface:
+		return "interface"
+	case SourceAPI:
+		return "api"
+	case SourceCLI:
+		return "cli"
+	case SourceAdjacency:
+		return "adjacency"
+	case SourceRR:
+		return "recursive-resolution"
+	case SourceDefault:
+		return "default-route"
+	}
+	return "source-" + strconv.Itoa(int(s))
 }
 
 // Path is one path of a dumped route.

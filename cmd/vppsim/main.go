@@ -232,6 +232,23 @@ func newHandler(sim *vppsim.Sim) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	// DELETE /interface?name=X deletes an interface as "delete loopback interface" does (its routes stay,
+	// dead); POST /interface?name=X creates one, answering its sw_if_index.
+	mux.HandleFunc("DELETE /interface", func(w http.ResponseWriter, r *http.Request) {
+		if err := sim.DeleteInterface(r.URL.Query().Get("name")); err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /interface", func(w http.ResponseWriter, r *http.Request) {
+		idx, err := sim.CreateInterface(r.URL.Query().Get("name"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		writeJSON(w, map[string]uint32{"sw_if_index": idx})
+	})
 	// POST /neighbor?sw_if_index=N&address=A plays a resolved ARP/ND entry: VPP's adjacency /32 (/128).
 	mux.HandleFunc("POST /neighbor", func(w http.ResponseWriter, r *http.Request) {
 		idx, err := strconv.ParseUint(r.URL.Query().Get("sw_if_index"), 10, 32)

@@ -229,6 +229,28 @@ func TestProcess(t *testing.T) {
 		t.Errorf("/interfaces = %+v", ifs)
 	}
 
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+httpAddr+"/interface?name=eth1", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE /interface: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	getJSON(t, "http://"+httpAddr+"/interfaces", &ifs)
+	if len(ifs) != 2 {
+		t.Errorf("/interfaces after deleting eth1 = %+v", ifs)
+	}
+	resp, err = http.Post("http://"+httpAddr+"/interface?name=eth1", "", nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /interface: %v %v", resp, err)
+	}
+	var created struct {
+		SwIfIndex uint32 `json:"sw_if_index"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&created); err != nil || created.SwIfIndex != 2 {
+		t.Errorf("POST /interface answered %+v, %v; want sw_if_index 2 (reused)", created, err)
+	}
+	resp.Body.Close()
+
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}

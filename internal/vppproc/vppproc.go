@@ -263,6 +263,15 @@ func (v *VPP) Stop() {
 	v.cmd = nil
 }
 
+// Signal sends sig to the running VPP (SIGSTOP freezes it: its sockets stay open and nothing answers;
+// SIGCONT thaws it).
+func (v *VPP) Signal(sig os.Signal) error {
+	if v.cmd == nil || v.cmd.Process == nil {
+		return errors.New("vppproc: VPP is not running")
+	}
+	return v.cmd.Process.Signal(sig)
+}
+
 // Restart stops VPP and starts it again in the same directory: a new pid, an empty FIB, and the
 // startup-config interfaces absent for the first 2 s.
 func (v *VPP) Restart(ctx context.Context) error {

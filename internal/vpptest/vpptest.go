@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,6 +167,32 @@ func (v *VPP) Stop() {
 	v.proc.Stop()
 }
 
+// Freeze makes VPP stop answering anything with its sockets open, as a SIGSTOPped VPP does (a real VPP
+// is sent SIGSTOP; the simulator gets the Frozen fault), until Thaw.
+func (v *VPP) Freeze() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.SetFaults(vppsim.Faults{Frozen: true})
+		return
+	}
+	if err := v.proc.Signal(syscall.SIGSTOP); err != nil {
+		v.t.Fatal(err)
+	}
+	v.t.Cleanup(func() { _ = v.proc.Signal(syscall.SIGCONT) }) // so that Stop can end it
+}
+
+// Thaw ends a Freeze: VPP answers again, what it received meanwhile first.
+func (v *VPP) Thaw() {
+	v.t.Helper()
+	if v.sim != nil {
+		v.sim.SetFaults(vppsim.Faults{})
+		return
+	}
+	if err := v.proc.Signal(syscall.SIGCONT); err != nil {
+		v.t.Fatal(err)
+	}
+}
+
 // PID returns VPP's pid as control_ping reports it.
 func (v *VPP) PID() uint32 {
 	if v.sim != nil {
@@ -205,6 +232,98 @@ func (v *VPP) ReleaseUplink() {
 			v.t.Fatal(err)
 		}
 	}
+}
+
+// DeleteUplink deletes the uplink as an operator would (a real VPP's loop0 with "delete loopback
+// interface intfc loop0"): the routes through it stay in the FIB, dead (see vppsim.Sim.DeleteInterface).
+func (v *VPP) DeleteUplink() {
+	v.t.Helper()
+	if v.sim != nil {
+		if err := v.sim.DeleteInterface(v.uplink); err != nil {
+			v.t.Fatal(err)
+		}
+		return
+	}
+	v.CLI("delete loopback interface intfc " + v.uplink)
+}
+
+// CreateUplink creates the uplink again after DeleteUplink, as an operator would ("create loopback
+// interface", which reuses the freed loop0 and its sw_if_index): admin down, without addresses. It
+// returns its sw_if_index.
+func (v *VPP) CreateUplink() uint32 {
+	v.t.Helper()
+	if v.sim != nil {
+		idx, err := v.sim.CreateInterface(v.uplink)
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		return idx
+	}
+	if out := strings.TrimSpace(v.CLI("create loopback interface")); out != v.uplink {
+		v.t.Fatalf("vpptest: create loopback interface made %q, not %s", out, v.uplink)
+	}
+	for _, i := range v.Interfaces() {
+		if i.Name == v.uplink {
+			return i.SwIfIndex
+		}
+	}
+	v.t.Fatalf("vpptest: %s not in the interfaces after its creation", v.uplink)
+	return 0
+}
+
+// SetUplinkAddress adds (or with add false removes) address p on the uplink as an operator would
+// ("set interface ip address [del] loop0 p"): VPP's interface routes for it shadow an API route of the
+// same prefix.
+func (v *VPP) SetUplinkAddress(p netip.Prefix, add bool) {
+	v.t.Helper()
+	if v.sim != nil {
+		if err := v.sim.SetAddress(1, p, add); err != nil {
+			v.t.Fatal(err)
+		}
+		return
+	}
+	del := ""
+	if !add {
+		del = "del "
+	}
+	v.CLI(fmt.Sprintf("set interface ip address %s%s %s", del, v.uplink, p))
+}
+
+// Unresolved returns, sorted, the API routes of table 0 with a next hop that drop their traffic: an
+// interface of their paths was deleted (vppsim.Route.Unresolved; on a real VPP, read from "show ip fib").
+func (v *VPP) Unresolved() []netip.Prefix {
+	v.t.Helper()
+	var out []netip.Prefix
+	if v.sim != nil {
+		for _, r := range v.sim.APIRoutes(0) {
+			if r.Unresolved {
+				out = append(out, r.Prefix) // sorted
+			}
+		}
+		return out
+	}
+	// "show ip fib table 0" prints each entry as an unindented prefix and its forwarding chain under it:
+	// a route with a next hop whose chain is a dpo-drop cannot forward through its interface.
+	api := map[netip.Prefix]bool{}
+	for _, r := range v.Routes(vppsim.SourceAPI) {
+		api[r.Prefix] = len(r.Paths) > 0 && r.Paths[0].NextHop.IsValid()
+	}
+	var cur netip.Prefix
+	for _, table := range []string{"ip", "ip6"} {
+		for _, l := range strings.Split(v.CLI("show "+table+" fib table 0"), "\n") {
+			if p, err := netip.ParsePrefix(strings.TrimSpace(l)); err == nil && !strings.HasPrefix(l, " ") {
+				cur = p.Masked()
+				continue
+			}
+			if strings.Contains(l, "dpo-drop") && api[cur] && !slices.Contains(out, cur) {
+				out = append(out, cur)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return out
 }
 
 // WaitUplink waits until the uplink exists and returns when it was first seen.
@@ -440,12 +559,6 @@ func (v *VPP) TableRoutes(table uint32, src vppsim.Source) []Route {
 				if src == 0 || r.Source == src {
 					out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 				}
-			}
-		}
-		if src == vppsim.SourceAPI { // shadowed API routes too, as ip_route_v2_dump returns them
-			out = out[:0]
-			for _, r := range v.sim.APIRoutes(table) {
-				out = append(out, Route{Prefix: r.Prefix, Source: r.Source, Paths: r.Paths})
 			}
 		}
 		return out

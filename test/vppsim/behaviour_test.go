@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -409,4 +410,57 @@ func TestDecodeIsBounded(t *testing.T) {
 		}
 	}
 	var _ api.Message = (*memclnt.RPCCall)(nil)
+}
+
+// TestDeleteCreateInterface: the index rules of DeleteInterface and CreateInterface, and what a deletion
+// takes with it (addresses and their routes, neighbour adjacencies) and leaves (API routes, dead).
+func TestDeleteCreateInterface(t *testing.T) {
+	s, err := New(Config{Interfaces: []string{"loop0", "loop1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetAddress(1, netip.MustParsePrefix("192.0.2.7/24"), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ResolveNeighbor(1, netip.MustParseAddr("192.0.2.9")); err != nil {
+		t.Fatal(err)
+	}
+	route := Route{Prefix: netip.MustParsePrefix("10.244.3.0/26"), Paths: []Path{{NextHop: netip.MustParseAddr("192.0.2.9"), SwIfIndex: 1}}}
+	if err := s.AddRoute(route); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteInterface("nope"); err == nil {
+		t.Error("deleting a missing interface succeeded")
+	}
+	if err := s.DeleteInterface("loop0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteInterface("loop0"); err == nil {
+		t.Error("deleting a deleted interface succeeded")
+	}
+	var sources []string
+	for _, r := range s.Routes(0, false) {
+		sources = append(sources, fmt.Sprintf("%v %v unresolved=%v", r.Prefix, r.Source, r.Unresolved))
+	}
+	if want := "10.244.3.0/26 api unresolved=true"; len(sources) != 6 || !slices.Contains(sources, want) {
+		t.Errorf("table 0 after the deletion: %q; want the 5 defaults and %q", sources, want)
+	}
+	if err := s.AddRoute(Route{Prefix: netip.MustParsePrefix("10.244.4.0/26"), Paths: route.Paths}); err == nil {
+		t.Error("a route through the deleted interface was added")
+	}
+	if _, err := s.CreateInterface("loop1"); err == nil {
+		t.Error("creating an existing name succeeded")
+	}
+	if idx, err := s.CreateInterface("tap0"); err != nil || idx != 1 {
+		t.Errorf("tap0 created as %d, %v; want the freed index 1", idx, err)
+	}
+	if idx, err := s.CreateInterface("loop0"); err != nil || idx != 3 {
+		t.Errorf("loop0 created as %d, %v; want the next index 3", idx, err)
+	}
+	if r, _ := s.APIRoute(0, route.Prefix); !r.Unresolved {
+		t.Error("the dead route came back to life with the new interfaces")
+	}
+	if got := s.Interfaces(); len(got) != 4 || got[1].Name != "tap0" || got[1].AdminUp || len(got[1].Addresses) != 0 {
+		t.Errorf("interfaces: %+v", got)
+	}
 }

@@ -77,6 +77,9 @@ func (c *conn) serve() {
 				return
 			}
 		}
+		if !c.waitThawed() {
+			return
+		}
 		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
 			c.logEnd(err)
 			return
@@ -101,6 +104,27 @@ func (c *conn) serve() {
 			return
 		}
 	}
+}
+
+// waitThawed waits while the Frozen fault is on, having flushed what was answered; false when the
+// connection is killed meanwhile.
+func (c *conn) waitThawed() bool {
+	if !c.s.faults.Load().Frozen {
+		return true
+	}
+	if err := c.flush(); err != nil {
+		return false
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for c.s.faults.Load().Frozen {
+		select {
+		case <-t.C:
+		case <-c.done:
+			return false
+		}
+	}
+	return true
 }
 
 func (c *conn) logEnd(err error) {

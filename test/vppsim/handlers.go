@@ -99,6 +99,9 @@ func handleSwInterfaceDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	s.mu.Lock()
 	var out []*interfaces.SwInterfaceDetails
 	for _, ifc := range s.ifaces {
+		if ifc.deleted {
+			continue
+		}
 		if idx := uint32(m.SwIfIndex); idx != 0 && idx != ^uint32(0) && idx != ifc.index {
 			continue
 		}
@@ -138,12 +141,12 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 func handleSwInterfaceSetFlags(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*interfaces.SwInterfaceSetFlags)
 	s.mu.Lock()
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		s.mu.Unlock()
 		c.reply(ctx, &interfaces.SwInterfaceSetFlagsReply{Retval: rvInvalidSwIfIndex})
 		return
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	up := m.Flags&interface_types.IF_STATUS_API_FLAG_ADMIN_UP != 0
 	var targets []eventTarget
 	var ev interfaces.SwInterfaceEvent
@@ -169,10 +172,10 @@ func handleSwInterfaceAddDelAddress(s *Sim, c *conn, ctx uint32, msg api.Message
 
 // addDelAddress applies sw_interface_add_del_address. Call with s.mu held.
 func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		return rvInvalidSwIfIndex
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	if m.DelAll {
 		if len(ifc.addrs) > 0 {
 			ifc.addrs = nil
@@ -247,8 +250,8 @@ func handleIPAddressDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPAddressDump)
 	s.mu.Lock()
 	var out []*ip.IPAddressDetails
-	if int(m.SwIfIndex) < len(s.ifaces) {
-		for _, a := range s.ifaces[m.SwIfIndex].addrs {
+	if ifc := s.ifaceAt(uint32(m.SwIfIndex)); ifc != nil {
+		for _, a := range ifc.addrs {
 			if a.Addr().Is6() != m.IsIPv6 {
 				continue
 			}
@@ -371,9 +374,10 @@ func handleIPRouteDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 }
 
 // handleIPRouteV2Dump is ip_route_dump with sources: src 0 dumps every entry
-// with its best source, any other src only the entries that source
-// contributes to, with that source's paths (measured on 26.06: src 8 returns
-// the API routes only). Each detail carries its source.
+// with its best source, any other src only the entries whose best source it
+// is (measured on 26.06: src 8 returns the API routes only, and leaves out an
+// API route an interface address of the same prefix shadows, whichever came
+// first). Each detail carries its source.
 func handleIPRouteV2Dump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPRouteV2Dump)
 	s.mu.Lock()
@@ -387,8 +391,8 @@ func handleIPRouteV2Dump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	}
 }
 
-// dumpTable returns the routes of a table in no particular order: those of
-// source src, or with src 0 every entry with its best source. Call with s.mu
+// dumpTable returns the routes of a table in no particular order: those whose
+// best source is src, or with src 0 every entry with its best source. Call with s.mu
 // held.
 func (s *Sim) dumpTable(table ip.IPTable, src Source) []ip.IPRouteV2 {
 	t := s.tables[tableKey{table.TableID, table.IsIP6}]
@@ -398,11 +402,8 @@ func (s *Sim) dumpTable(table ip.IPTable, src Source) []ip.IPRouteV2 {
 	var out []ip.IPRouteV2
 	for _, e := range t.entryList() {
 		from, paths := e.best()
-		if src != 0 {
-			from, paths = src, e.source(src)
-			if paths == nil {
-				continue
-			}
+		if src != 0 && from != src {
+			continue
 		}
 		if len(paths) > 255 {
 			paths = paths[:255] // n_paths is a u8
