@@ -15,7 +15,9 @@ import (
 	"go.fd.io/govpp/api"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/memclnt"
+	"go.fd.io/govpp/binapi/teib"
 	"go.fd.io/govpp/binapi/vpe"
 	"go.fd.io/govpp/core"
 )
@@ -45,6 +47,20 @@ func usedMessages() []api.Message {
 	}
 }
 
+// tunnelMessages are the messages of the IPIP tunnel operations (tunnel.go), all in VPP's core. They are
+// checked on connect with usedMessages.
+func tunnelMessages() []api.Message {
+	return []api.Message{
+		(*ipip.IpipAddTunnel)(nil), (*ipip.IpipAddTunnelReply)(nil),
+		(*ipip.IpipDelTunnel)(nil), (*ipip.IpipDelTunnelReply)(nil),
+		(*ipip.IpipTunnelDump)(nil), (*ipip.IpipTunnelDetails)(nil),
+		(*interfaces.SwInterfaceSetUnnumbered)(nil), (*interfaces.SwInterfaceSetUnnumberedReply)(nil),
+		(*interfaces.SwInterfaceSetMtu)(nil), (*interfaces.SwInterfaceSetMtuReply)(nil),
+		(*teib.TeibEntryAddDel)(nil), (*teib.TeibEntryAddDelReply)(nil),
+		(*teib.TeibDump)(nil), (*teib.TeibDetails)(nil),
+	}
+}
+
 // routeSourceMessages are the messages of DumpAPIRoutes. VPP has had them since 23.10, marked "in
 // progress" (CRC unchanged from 25.10 to 26.06); a VPP without them is still compatible, and
 // DumpAPIRoutes fails with ErrUnsupported there.
@@ -56,7 +72,7 @@ func routeSourceMessages() []api.Message {
 // vpp_route_agent_vpp_api_errors_total.
 func requestMessageNames() []string {
 	var names []string
-	for _, m := range append(usedMessages(), routeSourceMessages()...) {
+	for _, m := range append(append(usedMessages(), tunnelMessages()...), routeSourceMessages()...) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -277,7 +293,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 
-	compatErr := checkCompatibility(conn, usedMessages()...)
+	compatErr := checkCompatibility(conn, append(usedMessages(), tunnelMessages()...)...)
 	sess.version = "unknown"
 	var missing []string
 	var cerr *api.CompatibilityError
@@ -571,6 +587,16 @@ func replyError(reply api.Message) error {
 	case *vpe.ShowVersionReply:
 		rv = r.Retval
 	case *memclnt.ControlPingReply:
+		rv = r.Retval
+	case *ipip.IpipAddTunnelReply:
+		rv = r.Retval
+	case *ipip.IpipDelTunnelReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetUnnumberedReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetMtuReply:
+		rv = r.Retval
+	case *teib.TeibEntryAddDelReply:
 		rv = r.Retval
 	}
 	return api.RetvalToVPPApiError(rv)

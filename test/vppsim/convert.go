@@ -111,7 +111,7 @@ func (s *Sim) pathFromAPI(in fib_types.FibPath) (fibPath, int32) {
 			return p, rvNoSuchFIB
 		}
 		p.tableID = in.TableID
-	} else if int(p.swIfIndex) >= len(s.ifaces) {
+	} else if s.ifaceAt(p.swIfIndex) == nil {
 		return p, rvNoMatchingInterface
 	}
 	return p, rvOK
@@ -157,7 +157,7 @@ func (s *Sim) pathFromExported(in Path, ip6 bool) (fibPath, bool) {
 	}
 	switch p.typ {
 	case fib_types.FIB_API_PATH_TYPE_NORMAL:
-		if p.swIfIndex != ^uint32(0) && int(p.swIfIndex) >= len(s.ifaces) {
+		if p.swIfIndex != ^uint32(0) && s.ifaceAt(p.swIfIndex) == nil {
 			return p, false
 		}
 	case fib_types.FIB_API_PATH_TYPE_DROP, fib_types.FIB_API_PATH_TYPE_ICMP_UNREACH, fib_types.FIB_API_PATH_TYPE_ICMP_PROHIBIT:

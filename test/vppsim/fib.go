@@ -82,6 +82,9 @@ type Route struct {
 	Prefix  netip.Prefix `json:"prefix"`
 	Source  Source       `json:"source"`
 	Paths   []Path       `json:"paths"`
+	// Unresolved says that the route drops its traffic because an interface of its paths was deleted
+	// (see DeleteInterface); the dump does not show it, "show ip fib" does.
+	Unresolved bool `json:"unresolved,omitempty"`
 }
 
 // Interface is a snapshot of one simulated interface.
@@ -190,6 +193,12 @@ type entry struct {
 	special []fibPath // cannot be overridden
 	iface   []fibPath
 	api     []fibPath
+	// apiDead marks API paths bound to an interface that was deleted: VPP keeps the route, dumped as
+	// before, but drops its traffic, even once an interface takes the index again, until the path set
+	// changes (an identical re-add is a no-op) or the route is deleted and added again, and then only
+	// if no other dead route with the same paths is left (measured on 26.06: "oper-flags:drop ...
+	// unresolved" in show ip fib).
+	apiDead bool
 	adj     []fibPath
 	rr      []fibPath
 	deflt   []fibPath // the lowest priority
@@ -249,6 +258,8 @@ type fibTable struct {
 	// recursive-resolution contribution.
 	rrRefs    map[netip.Addr]int
 	rrEntries map[netip.Prefix]*entry
+	// dead are the entries whose API paths are dead (entry.apiDead).
+	dead map[*entry]struct{}
 }
 
 var (
@@ -276,7 +287,7 @@ func comparePrefixes(a, b netip.Prefix) int {
 // newTable creates a table with the routes VPP puts in every table.
 func (s *Sim) newTable(key tableKey, name string) *fibTable {
 	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry), rrRefs: make(map[netip.Addr]int),
-		rrEntries: make(map[netip.Prefix]*entry)}
+		rrEntries: make(map[netip.Prefix]*entry), dead: make(map[*entry]struct{})}
 	if key.ip6 {
 		for _, p := range defaultV6 {
 			s.getEntry(t, p).deflt = []fibPath{dropPath(true)}
@@ -333,6 +344,23 @@ func (s *Sim) setAPI(t *fibTable, e *entry, paths []fibPath) {
 				delete(t.rrRefs, p.nh)
 			}
 		}
+	}
+	if !slices.Equal(e.api, paths) {
+		// New paths resolve afresh, unless a dead route with the same paths is still there: VPP shares
+		// one path list between them (measured).
+		e.apiDead = false
+		for d := range t.dead {
+			if d != e && slices.Equal(d.api, paths) {
+				e.apiDead = true
+				break
+			}
+		}
+	}
+	if e.apiDead && paths != nil {
+		t.dead[e] = struct{}{}
+	} else {
+		e.apiDead = false
+		delete(t.dead, e)
 	}
 	e.api = paths
 	for _, p := range e.api {
@@ -426,7 +454,7 @@ func (s *Sim) apiDelete(t *fibTable, p netip.Prefix) {
 }
 
 func (t *fibTable) export(e *entry, src Source, paths []fibPath) Route {
-	r := Route{TableID: t.key.id, Prefix: e.prefix, Source: src, Paths: make([]Path, len(paths))}
+	r := Route{TableID: t.key.id, Prefix: e.prefix, Source: src, Paths: make([]Path, len(paths)), Unresolved: src == SourceAPI && e.apiDead}
 	for i, p := range paths {
 		r.Paths[i] = p.export()
 	}
@@ -437,10 +465,17 @@ func (t *fibTable) export(e *entry, src Source, paths []fibPath) Route {
 type iface struct {
 	index   uint32
 	name    string
+	deleted bool // its index is free: VPP gives it to the next interface created
 	adminUp bool
 	carrier bool // physical link; VPP reports link up only while admin up too
 	mac     [6]byte
 	addrs   []netip.Prefix // address with prefix length, host bits kept
+	// tunnel is set for an IPIP tunnel's interface (tunnel.go).
+	tunnel *ipipTunnel
+	// unnumbered is the index whose addresses this interface borrows; nil if none.
+	unnumbered *uint32
+	// mtu is the L3/IPv4/IPv6/MPLS MTU as set by sw_interface_set_mtu; nil: the default.
+	mtu *[4]uint32
 }
 
 // linkUp is the link state VPP reports: a hardware interface's link comes up
@@ -479,7 +514,7 @@ func (s *Sim) syncInterfaceRoutes() {
 		s.ifacePrefixes[e.prefix] = struct{}{}
 	}
 	for _, ifc := range s.ifaces {
-		if !ifc.adminUp {
+		if !ifc.adminUp || ifc.deleted {
 			continue
 		}
 		for _, a := range ifc.addrs {

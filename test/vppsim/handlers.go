@@ -33,6 +33,15 @@ var handlers = map[string]handlerFunc{
 	"ip_route_add_del":             handleIPRouteAddDel,
 	"ip_route_dump":                handleIPRouteDump,
 	"ip_route_v2_dump":             handleIPRouteV2Dump,
+	// tunnel.go
+	"ipip_add_tunnel":             handleIPIPAddTunnel,
+	"ipip_del_tunnel":             handleIPIPDelTunnel,
+	"ipip_tunnel_dump":            handleIPIPTunnelDump,
+	"sw_interface_set_unnumbered": handleSwInterfaceSetUnnumbered,
+	"ip_unnumbered_dump":          handleIPUnnumberedDump,
+	"sw_interface_set_mtu":        handleSwInterfaceSetMtu,
+	"teib_entry_add_del":          handleTEIBEntryAddDel,
+	"teib_dump":                   handleTEIBDump,
 }
 
 // handleSockclntCreate registers the connection as a client and answers with
@@ -99,6 +108,9 @@ func handleSwInterfaceDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	s.mu.Lock()
 	var out []*interfaces.SwInterfaceDetails
 	for _, ifc := range s.ifaces {
+		if ifc.deleted {
+			continue
+		}
 		if idx := uint32(m.SwIfIndex); idx != 0 && idx != ^uint32(0) && idx != ifc.index {
 			continue
 		}
@@ -132,18 +144,24 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 		d.LinkMtu = 9000
 		d.Mtu = []uint32{9000, 0, 0, 0}
 	}
+	if ifc.mtu != nil {
+		d.Mtu = ifc.mtu[:]
+	}
+	if ifc.tunnel != nil {
+		tunnelDetails(d)
+	}
 	return d
 }
 
 func handleSwInterfaceSetFlags(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*interfaces.SwInterfaceSetFlags)
 	s.mu.Lock()
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		s.mu.Unlock()
 		c.reply(ctx, &interfaces.SwInterfaceSetFlagsReply{Retval: rvInvalidSwIfIndex})
 		return
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	up := m.Flags&interface_types.IF_STATUS_API_FLAG_ADMIN_UP != 0
 	var targets []eventTarget
 	var ev interfaces.SwInterfaceEvent
@@ -169,10 +187,10 @@ func handleSwInterfaceAddDelAddress(s *Sim, c *conn, ctx uint32, msg api.Message
 
 // addDelAddress applies sw_interface_add_del_address. Call with s.mu held.
 func (s *Sim) addDelAddress(m *interfaces.SwInterfaceAddDelAddress) int32 {
-	if int(m.SwIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(uint32(m.SwIfIndex))
+	if ifc == nil {
 		return rvInvalidSwIfIndex
 	}
-	ifc := s.ifaces[m.SwIfIndex]
 	if m.DelAll {
 		if len(ifc.addrs) > 0 {
 			ifc.addrs = nil
@@ -247,8 +265,8 @@ func handleIPAddressDump(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	m := msg.(*ip.IPAddressDump)
 	s.mu.Lock()
 	var out []*ip.IPAddressDetails
-	if int(m.SwIfIndex) < len(s.ifaces) {
-		for _, a := range s.ifaces[m.SwIfIndex].addrs {
+	if ifc := s.ifaceAt(uint32(m.SwIfIndex)); ifc != nil {
+		for _, a := range ifc.addrs {
 			if a.Addr().Is6() != m.IsIPv6 {
 				continue
 			}

@@ -126,6 +126,7 @@ type Sim struct {
 	ifacePrefixes map[netip.Prefix]struct{}
 	statsIndex    uint32
 	lateIfaces    *time.Timer // creates the interfaces after InterfaceDelay; nil when none is due
+	teib          []teibEntry // TEIB entries, in the order added (tunnel.go)
 
 	rmu    sync.Mutex // guards the request log below
 	reqs   []Request
@@ -220,6 +221,7 @@ func (s *Sim) reset() {
 		ifc.adminUp = false
 		ifc.carrier = ifc.index != 0
 		ifc.addrs = nil
+		ifc.deleted = false // the startup-config creates it again
 	}
 }
 
@@ -380,6 +382,7 @@ func (s *Sim) Restart() error {
 	s.stop()
 	s.mu.Lock()
 	s.reset()
+	s.dropTunnels()
 	s.mu.Unlock()
 	return s.listen(path)
 }
@@ -534,7 +537,7 @@ func (s *Sim) ResolveNeighbor(swIfIndex uint32, addr netip.Addr) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if int(swIfIndex) >= len(s.ifaces) || swIfIndex == 0 {
+	if s.ifaceAt(swIfIndex) == nil || swIfIndex == 0 {
 		return fmt.Errorf("resolve neighbor %v: no interface with sw_if_index %d", addr, swIfIndex)
 	}
 	t := s.tables[tableKey{0, addr.Is6()}]
@@ -547,9 +550,11 @@ func (s *Sim) ResolveNeighbor(swIfIndex uint32, addr netip.Addr) error {
 func (s *Sim) Interfaces() []Interface {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Interface, len(s.ifaces))
-	for i, ifc := range s.ifaces {
-		out[i] = ifc.export()
+	out := make([]Interface, 0, len(s.ifaces))
+	for _, ifc := range s.ifaces {
+		if !ifc.deleted {
+			out = append(out, ifc.export())
+		}
 	}
 	return out
 }
@@ -560,17 +565,101 @@ func (s *Sim) Interfaces() []Interface {
 // flapping link would).
 func (s *Sim) SetLinkState(swIfIndex uint32, up bool) error {
 	s.mu.Lock()
-	if int(swIfIndex) >= len(s.ifaces) {
+	ifc := s.ifaceAt(swIfIndex)
+	if ifc == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("set link state: no interface with sw_if_index %d", swIfIndex)
 	}
-	ifc := s.ifaces[swIfIndex]
 	ifc.carrier = up
 	targets := s.eventTargets()
 	ev := ifaceEvent(ifc)
 	s.mu.Unlock()
 	s.sendEvents(targets, ev)
 	return nil
+}
+
+// ifaceAt returns the interface of index idx, nil when there is none (or it was deleted). Call with
+// s.mu held.
+func (s *Sim) ifaceAt(idx uint32) *iface {
+	if int64(idx) >= int64(len(s.ifaces)) || s.ifaces[idx].deleted {
+		return nil
+	}
+	return s.ifaces[idx]
+}
+
+// DeleteInterface deletes the interface named name, as "delete loopback interface intfc <name>" does
+// on VPP 26.06 (measured): it leaves the dumps, its addresses and their interface routes go, a
+// neighbour adjacency on it goes, and every API route through it stays in the FIB, dumped as before
+// with the deleted sw_if_index in its paths, but drops its traffic (Route.Unresolved) for good: an
+// interface created later with that name and index does not revive it, only a changed path set or a
+// delete and add does, once no dead route with the same paths is left (they share a path list). Adding a route through the deleted index fails with -54. Every client
+// registered for interface events gets sw_interface_event with deleted set, flags 0.
+func (s *Sim) DeleteInterface(name string) error {
+	s.mu.Lock()
+	var ifc *iface
+	for _, i := range s.ifaces {
+		if i.name == name && !i.deleted && i.index != 0 {
+			ifc = i
+		}
+	}
+	if ifc == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("vppsim: delete interface %s: no such interface", name)
+	}
+	ifc.deleted, ifc.adminUp, ifc.addrs = true, false, nil
+	s.syncInterfaceRoutes()
+	for _, t := range s.tables {
+		for _, e := range t.entries {
+			for _, p := range e.api {
+				if p.swIfIndex == ifc.index {
+					e.apiDead = true
+					t.dead[e] = struct{}{}
+				}
+			}
+			if len(e.adj) > 0 && e.adj[0].swIfIndex == ifc.index {
+				e.adj = nil
+				t.gc(e)
+			}
+		}
+		s.syncRR(t)
+	}
+	targets := s.eventTargets()
+	ev := interfaces.SwInterfaceEvent{SwIfIndex: interface_types.InterfaceIndex(ifc.index), Deleted: true}
+	s.mu.Unlock()
+	s.sendEvents(targets, ev)
+	return nil
+}
+
+// CreateInterface creates an interface named name, as "create loopback interface" does: it takes the
+// index of a deleted interface of that name (VPP reuses the freed loopback instance and sw_if_index,
+// measured), else the lowest free one, else the next; it is admin down, without addresses, and every
+// client registered for interface events gets sw_interface_event. It returns the sw_if_index.
+func (s *Sim) CreateInterface(name string) (uint32, error) {
+	if name == "" || len(name) >= 64 {
+		return 0, fmt.Errorf("vppsim: interface name %q: must be 1-63 bytes", name)
+	}
+	s.mu.Lock()
+	var ifc *iface
+	for _, i := range s.ifaces {
+		switch {
+		case i.name == name && !i.deleted:
+			s.mu.Unlock()
+			return 0, fmt.Errorf("vppsim: interface %s exists already", name)
+		case i.deleted && (ifc == nil || i.name == name && ifc.name != name):
+			ifc = i
+		}
+	}
+	if ifc == nil {
+		idx := uint32(len(s.ifaces))
+		ifc = &iface{index: idx, mac: [6]byte{0x02, 0xfe, byte(idx >> 24), byte(idx >> 16), byte(idx >> 8), byte(idx)}}
+		s.ifaces = append(s.ifaces, ifc)
+	}
+	ifc.name, ifc.deleted, ifc.adminUp, ifc.carrier, ifc.addrs = name, false, false, true, nil
+	targets := s.eventTargets()
+	ev := ifaceEvent(ifc)
+	s.mu.Unlock()
+	s.sendEvents(targets, ev)
+	return ifc.index, nil
 }
 
 type eventTarget struct {
