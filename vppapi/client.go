@@ -17,7 +17,6 @@ import (
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/memclnt"
-	"go.fd.io/govpp/binapi/teib"
 	"go.fd.io/govpp/binapi/vpe"
 	"go.fd.io/govpp/core"
 )
@@ -56,8 +55,6 @@ func tunnelMessages() []api.Message {
 		(*ipip.IpipTunnelDump)(nil), (*ipip.IpipTunnelDetails)(nil),
 		(*interfaces.SwInterfaceSetUnnumbered)(nil), (*interfaces.SwInterfaceSetUnnumberedReply)(nil),
 		(*interfaces.SwInterfaceSetMtu)(nil), (*interfaces.SwInterfaceSetMtuReply)(nil),
-		(*teib.TeibEntryAddDel)(nil), (*teib.TeibEntryAddDelReply)(nil),
-		(*teib.TeibDump)(nil), (*teib.TeibDetails)(nil),
 	}
 }
 
@@ -595,8 +592,6 @@ func replyError(reply api.Message) error {
 	case *interfaces.SwInterfaceSetUnnumberedReply:
 		rv = r.Retval
 	case *interfaces.SwInterfaceSetMtuReply:
-		rv = r.Retval
-	case *teib.TeibEntryAddDelReply:
 		rv = r.Retval
 	}
 	return api.RetvalToVPPApiError(rv)

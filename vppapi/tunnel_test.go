@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.fd.io/govpp/adapter/socketclient"
@@ -181,9 +182,9 @@ func TestIPIPTunnel(t *testing.T) {
 }
 
 // TestIPIPTunnelDelete: deleting a tunnel twice succeeds (VPP's -6 counts as gone); the tunnel leaves
-// the dumps; a route through it stays dumped with its index (VPP keeps it, dead), a new route through the
-// deleted index fails with -54, and a delete without paths removes the stale one; the next tunnel takes
-// the freed index.
+// the dumps; a route through it stays dumped with its index (VPP keeps it, dropping), a new route through
+// the deleted index fails with -54; the next tunnel takes the freed index, and the stale route still
+// drops until it is deleted (no paths) and added again.
 func TestIPIPTunnelDelete(t *testing.T) {
 	v, h, uplink := tunnelSetup(t)
 	ctx := ctxT(t)
@@ -192,13 +193,16 @@ func TestIPIPTunnelDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("198.51.100.9"), Unnumbered: uplink})
+	idx, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("192.0.2.9"), Unnumbered: uplink})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := vppapi.Route{Prefix: pfx("10.244.3.0/26"), SwIfIndex: idx}
 	if res := h.c.Apply(ctx, []vppapi.Route{r}, nil); res.Err() != nil {
 		t.Fatal(res.Err())
+	}
+	if !forwards(t, v, r.Prefix) {
+		t.Fatalf("route through the tunnel does not forward")
 	}
 	for range 2 {
 		if err := h.c.DeleteIPIPTunnel(ctx, idx); err != nil {
@@ -231,21 +235,52 @@ func TestIPIPTunnelDelete(t *testing.T) {
 	}) {
 		t.Errorf("route through the deleted tunnel not dumped as before: %v", fib)
 	}
+	if forwards(t, v, r.Prefix) {
+		t.Errorf("route through the deleted tunnel still forwards")
+	}
 	res := h.c.Apply(ctx, []vppapi.Route{{Prefix: pfx("10.244.5.0/26"), SwIfIndex: idx}}, nil)
 	if len(res.Failed) != 1 || !errors.Is(res.Failed[0].Err, api.NO_MATCHING_INTERFACE) {
 		t.Errorf("route through a deleted tunnel: %+v, want -54", res)
 	}
+
+	next, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("192.0.2.3"), Unnumbered: uplink})
+	if err != nil || next != idx {
+		t.Fatalf("the next tunnel: sw_if_index %d, %v; want the freed %d", next, err, idx)
+	}
+	if forwards(t, v, r.Prefix) {
+		t.Errorf("the stale route forwards through the tunnel that took its index")
+	}
+	// A delete (no paths) and an add bring it back.
 	if res := h.c.Apply(ctx, nil, []vppapi.Route{r}); res.Err() != nil || res.Deleted != 1 {
 		t.Errorf("delete the stale route: %+v", res)
 	}
 	if fib, err = h.c.DumpAPIRoutes(ctx, 0); err != nil || slices.ContainsFunc(fib, func(e vppapi.FIBEntry) bool { return e.Prefix == r.Prefix }) {
 		t.Errorf("stale route still there after its delete (%v): %v", err, fib)
 	}
-
-	next, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("203.0.113.1"), Unnumbered: uplink})
-	if err != nil || next != idx {
-		t.Errorf("the next tunnel: sw_if_index %d, %v; want the freed %d", next, err, idx)
+	if res := h.c.Apply(ctx, []vppapi.Route{r}, nil); res.Err() != nil {
+		t.Fatal(res.Err())
 	}
+	if !forwards(t, v, r.Prefix) {
+		t.Errorf("the route added again through the new tunnel does not forward")
+	}
+}
+
+// forwards reports whether the API route of p in table 0 forwards (its path resolves) rather than drops:
+// the simulator's Route.Unresolved, a real VPP's "show ip fib".
+func forwards(t *testing.T, v *vpptest.VPP, p netip.Prefix) bool {
+	t.Helper()
+	if sim := v.Sim(); sim != nil {
+		r, ok := sim.APIRoute(0, p)
+		if !ok {
+			t.Fatalf("no API route %v", p)
+		}
+		return !r.Unresolved
+	}
+	out := v.CLI("show ip fib " + p.String())
+	if !strings.Contains(out, p.String()) {
+		t.Fatalf("show ip fib %v: %s", p, out)
+	}
+	return !strings.Contains(out, "dpo-drop")
 }
 
 // TestIPIPCodes holds the simulator to the codes VPP 26.06 answers the tunnel messages with.
@@ -353,5 +388,31 @@ func TestIPIPMultipoint(t *testing.T) {
 	}
 	if entries, err := h.c.DumpTEIB(ctx); err != nil || len(entries) != 0 {
 		t.Errorf("DumpTEIB after the delete = %v, %v", entries, err)
+	}
+
+	// The trap: a tunnel deleted before its entries leaves them behind, undeletable (-2), and the next
+	// tunnel that takes its index inherits them.
+	if err := h.c.AddTEIBEntry(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.DeleteIPIPTunnel(ctx, idx); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := h.c.DumpTEIB(ctx); err != nil || !slices.Equal(entries, []vppapi.TEIBEntry{e}) {
+		t.Errorf("DumpTEIB after the tunnel's delete = %v, %v; want the stale [%v]", entries, err, e)
+	}
+	del := &teib.TeibEntryAddDel{IsAdd: 0, Entry: teib.TeibEntry{SwIfIndex: interface_types.InterfaceIndex(idx), Peer: apiAddr("10.255.0.2")}}
+	if rv := retval(t, ch, del, new(teib.TeibEntryAddDelReply)); rv != -2 {
+		t.Errorf("delete a stale TEIB entry: %d, want -2", rv)
+	}
+	again, err := h.c.EnsureIPIPMultipoint(ctx, addr(nodeIP), 0, uplink, 0)
+	if err != nil || again != idx {
+		t.Fatalf("p2mp tunnel again: %d, %v; want the freed %d", again, err, idx)
+	}
+	if entries, err := h.c.DumpTEIB(ctx); err != nil || !slices.Equal(entries, []vppapi.TEIBEntry{e}) {
+		t.Errorf("DumpTEIB with the new tunnel = %v, %v; want the inherited [%v]", entries, err, e)
+	}
+	if rv := retval(t, ch, del, new(teib.TeibEntryAddDelReply)); rv != 0 {
+		t.Errorf("delete the inherited TEIB entry: %d, want 0", rv)
 	}
 }
