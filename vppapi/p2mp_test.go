@@ -1,9 +1,9 @@
 package vppapi
 
 // Point-to-multipoint IPIP with TEIB entries, kept for BenchmarkIPIPPeers and TestIPIPMultipoint only:
-// measured against one p2p tunnel per peer, it did not earn its place in the package (see the report in
-// docs/performance.md). These are methods of Client in a _test.go file so that the benchmark compares
-// both designs through the same request machinery.
+// measured against one p2p tunnel per peer, it did not earn its place in the package (README,
+// Performance). These are methods of Client in a _test.go file so that the benchmark compares both
+// designs through the same request machinery.
 
 import (
 	"context"
