@@ -178,6 +178,14 @@ func TestIPIPTunnel(t *testing.T) {
 		if i < 0 || !slices.Equal(fib[i].Paths, viaTunnel) {
 			t.Errorf("%s: %v not dumped via sw_if_index %d without next hop: %v", name, r.Prefix, idx, fib)
 		}
+		// VPP resolves the tunnel's destination once a route uses the tunnel: a recursive-resolution /32
+		// via the peer on the uplink, which only the dump of every source shows.
+		rr := slices.ContainsFunc(fib, func(e vppapi.FIBEntry) bool {
+			return e.Prefix == pfx(peerIP+"/32") && slices.Equal(e.Paths, []vppapi.Path{{NextHop: addr(peerIP), SwIfIndex: uplink}})
+		})
+		if rr != (name == "DumpRoutes") {
+			t.Errorf("%s: %s/32 via %s on the uplink dumped: %v, want %v: %v", name, peerIP, peerIP, rr, !rr, fib)
+		}
 	}
 }
 
@@ -224,6 +232,9 @@ func TestIPIPTunnelDelete(t *testing.T) {
 	}
 	if _, ok := unnumbered(t, ch)[idx]; ok {
 		t.Errorf("ip_unnumbered_dump still has the deleted tunnel")
+	}
+	if all, err := h.c.DumpRoutes(ctx, 0); err != nil || slices.ContainsFunc(all, func(e vppapi.FIBEntry) bool { return e.Prefix == pfx("192.0.2.9/32") }) {
+		t.Errorf("the deleted tunnel's destination still resolved (%v): %v", err, all)
 	}
 
 	fib, err := h.c.DumpAPIRoutes(ctx, 0)

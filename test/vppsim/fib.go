@@ -370,6 +370,7 @@ func (s *Sim) setAPI(t *fibTable, e *entry, paths []fibPath) {
 	}
 	t.gc(e)
 	s.syncRR(t)
+	s.trackTunnels(paths)
 }
 
 // recursive reports whether p resolves through the FIB (a next hop, no
@@ -406,9 +407,22 @@ func (s *Sim) syncRR(t *fibTable) {
 			cover = []fibPath{dropPath(nh.Is6())}
 		}
 		e := s.getEntry(t, host)
-		e.rr = slices.Clone(cover)
+		e.rr = rrPaths(cover, nh)
 		t.rrEntries[host] = e
 	}
+}
+
+// rrPaths are the paths a recursive-resolution /32 (/128) of nh forwards with under cover's paths: the
+// cover's, except that an attached (connected) path becomes "via nh" on its interface, as VPP resolves
+// a host through its connected cover (measured: "192.0.2.2/32 via 192.0.2.2 if 1" under 192.0.2.1/24).
+func rrPaths(cover []fibPath, nh netip.Addr) []fibPath {
+	out := slices.Clone(cover)
+	for i, p := range out {
+		if p.attached && !p.nh.IsValid() {
+			out[i] = fibPath{typ: fib_types.FIB_API_PATH_TYPE_NORMAL, proto: p.proto, swIfIndex: p.swIfIndex, nh: nh, weight: 1}
+		}
+	}
+	return out
 }
 
 // apiReplace sets the API paths of prefix p (ip_route_add_del, not multipath).

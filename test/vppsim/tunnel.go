@@ -28,6 +28,10 @@ import (
 //     index for the next interface; API routes through it stay, dumped as before, but drop (dead), even
 //     once a new tunnel takes the index, until deleted and added again. A delete carrying a path via the
 //     deleted index is -54, as is an add.
+//   - A route through an admin-up p2p tunnel makes VPP resolve the tunnel's dst in its outer table: a
+//     recursive-resolution /32 (/128) via dst on the uplink (under a connected cover), dumped by
+//     ip_route_dump, until the tunnel is deleted; not when the tunnel was down as its route came. Not
+//     modelled: routes through a tunnel whose dst is unreachable drop (no API shows it).
 //   - sw_interface_set_unnumbered: an unknown sw_if_index (the one with the address) is -10, an unknown
 //     unnumbered_sw_if_index -2; setting it again, or removing it when not set, is 0.
 //   - sw_interface_set_mtu stores the four values as given (dumped in sw_interface_details.mtu); an
@@ -59,6 +63,9 @@ type ipipTunnel struct {
 	src, dst  netip.Addr
 	tableID   uint32
 	mode      tunnel_types.TunnelMode
+	// tracked: VPP resolves dst in the outer table, with a recursive-resolution /32 (/128), since a route
+	// first went through the tunnel while it was admin up (measured), until the tunnel is deleted.
+	tracked bool
 }
 
 // teibEntry is one TEIB entry.
@@ -212,6 +219,14 @@ func handleIPIPDelTunnel(s *Sim, c *conn, ctx uint32, msg api.Message) {
 // removeInterface deletes ifc as VPP does (see DeleteInterface): API routes through it stay but are dead,
 // its addresses and adjacencies go, and so does every interface's unnumbered use of it. Call with s.mu held.
 func (s *Sim) removeInterface(ifc *iface) {
+	if tun := ifc.tunnel; tun != nil && tun.tracked {
+		if t := s.tables[tableKey{tun.tableID, tun.dst.Is6()}]; t != nil {
+			if t.rrRefs[tun.dst]--; t.rrRefs[tun.dst] <= 0 {
+				delete(t.rrRefs, tun.dst)
+			}
+		}
+		tun.tracked = false
+	}
 	ifc.deleted, ifc.adminUp, ifc.addrs, ifc.unnumbered, ifc.mtu = true, false, nil, nil, nil
 	for _, other := range s.ifaces {
 		if other.unnumbered != nil && *other.unnumbered == ifc.index {
@@ -232,6 +247,25 @@ func (s *Sim) removeInterface(ifc *iface) {
 				t.gc(e)
 			}
 		}
+		s.syncRR(t)
+	}
+}
+
+// trackTunnels starts resolving the destination of each admin-up p2p tunnel that paths go through (see
+// ipipTunnel.tracked). Call with s.mu held.
+func (s *Sim) trackTunnels(paths []fibPath) {
+	for _, p := range paths {
+		ifc := s.ifaceAt(p.swIfIndex)
+		if ifc == nil || ifc.tunnel == nil || !ifc.adminUp || ifc.tunnel.tracked || ifc.tunnel.dst.IsUnspecified() {
+			continue
+		}
+		tun := ifc.tunnel
+		t := s.tables[tableKey{tun.tableID, tun.dst.Is6()}]
+		if t == nil {
+			continue
+		}
+		tun.tracked = true
+		t.rrRefs[tun.dst]++
 		s.syncRR(t)
 	}
 }
