@@ -91,10 +91,14 @@ func (s IPIPSpec) String() string {
 // answers a second ipip_add_tunnel of the same (src, dst, table) with -79 and the existing tunnel's
 // index, which counts as success, and the other settings are absolute. Routes through the tunnel need
 // no next hop: Route{Prefix, SwIfIndex: tunnel}.
+//
+// A spec that cannot make a tunnel (an address missing, src = dst, mixed families, dst 0.0.0.0) fails
+// before anything is sent. When a setting fails after the tunnel exists, the error comes with the
+// tunnel's index, so that the caller can delete it or ensure it again.
 func (c *Client) EnsureIPIPTunnel(ctx context.Context, spec IPIPSpec) (uint32, error) {
 	idx, err := c.ensureIPIP(ctx, spec)
 	if err != nil {
-		return 0, fmt.Errorf("ensure %v: %w", spec, err)
+		return idx, fmt.Errorf("ensure %v: %w", spec, err)
 	}
 	return idx, nil
 }
@@ -118,10 +122,7 @@ func (c *Client) ensureIPIP(ctx context.Context, spec IPIPSpec) (uint32, error) 
 	if err != nil {
 		return 0, err
 	}
-	if err := c.configureTunnel(ctx, sess, idx, spec.Unnumbered, spec.MTU); err != nil {
-		return idx, err
-	}
-	return idx, nil
+	return idx, c.configureTunnel(ctx, sess, idx, spec.Unnumbered, spec.MTU)
 }
 
 // addIPIP sends ipip_add_tunnel and returns the tunnel's index, the existing one's if VPP has it.

@@ -294,6 +294,37 @@ func forwards(t *testing.T, v *vpptest.VPP, p netip.Prefix) bool {
 	return !strings.Contains(out, "dpo-drop")
 }
 
+// TestEnsureIPIPTunnelRejects: a spec that cannot make a tunnel fails with a clear error and creates
+// nothing; an unknown outer table or unnumbered interface fails with VPP's code, the latter with the
+// index of the tunnel it created.
+func TestEnsureIPIPTunnelRejects(t *testing.T) {
+	v, h, uplink := tunnelSetup(t)
+	ctx := ctxT(t)
+	for _, spec := range []vppapi.IPIPSpec{
+		{Dst: addr(peerIP), Unnumbered: uplink},
+		{Src: addr(nodeIP), Dst: addr(nodeIP), Unnumbered: uplink},
+		{Src: addr(nodeIP), Dst: addr("2001:db8::2"), Unnumbered: uplink},
+		{Src: addr(nodeIP), Dst: addr("0.0.0.0"), Unnumbered: uplink},
+	} {
+		if _, err := h.c.EnsureIPIPTunnel(ctx, spec); err == nil {
+			t.Errorf("EnsureIPIPTunnel(%+v) succeeded", spec)
+		}
+	}
+	if tunnels, err := h.c.DumpIPIPTunnels(ctx); err != nil || len(tunnels) != 0 {
+		t.Errorf("tunnels after rejected specs: %v, %v", tunnels, err)
+	}
+	if _, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr(peerIP), TableID: 77, Unnumbered: uplink}); !errors.Is(err, api.NO_SUCH_FIB) {
+		t.Errorf("unknown outer table: %v, want -3", err)
+	}
+	idx, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr(peerIP), Unnumbered: 99})
+	if !errors.Is(err, api.INVALID_SW_IF_INDEX_2) || idx == 0 {
+		t.Errorf("unknown unnumbered interface: %d, %v; want -10 with the tunnel's index", idx, err)
+	}
+	if d := ifaceDetails(t, rawChannel(t, v), idx); d == nil || d.Flags != 0 {
+		t.Errorf("the half-configured tunnel %d: %+v, want it admin down", idx, d)
+	}
+}
+
 // TestIPIPCodes holds the simulator to the codes VPP 26.06 answers the tunnel messages with.
 func TestIPIPCodes(t *testing.T) {
 	v, h, uplink := tunnelSetup(t)
