@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -536,6 +537,12 @@ func (c *Client) streamError(octx context.Context, err error) error {
 // call sends one request on its own stream and returns its reply, or an error wrapping api.VPPApiError
 // if the reply's retval is not 0.
 func (c *Client) call(ctx context.Context, sess *session, req api.Message) (api.Message, error) {
+	return c.callExpecting(ctx, sess, req)
+}
+
+// callExpecting is call for a request to which the retvals in expected are answers, not failures (an
+// ensure's "already exists"): they are returned all the same, but not counted as API errors.
+func (c *Client) callExpecting(ctx context.Context, sess *session, req api.Message, expected ...api.VPPApiError) (api.Message, error) {
 	octx, stop := sess.opContext(ctx)
 	defer stop()
 	s, err := c.newStream(octx, sess, 2)
@@ -552,7 +559,10 @@ func (c *Client) call(ctx context.Context, sess *session, req api.Message) (api.
 	}
 	c.noteReply()
 	if err := replyError(reply); err != nil {
-		c.metrics.apiError(req.GetMessageName())
+		var rv api.VPPApiError
+		if !errors.As(err, &rv) || !slices.Contains(expected, rv) {
+			c.metrics.apiError(req.GetMessageName())
+		}
 		return reply, err
 	}
 	return reply, nil

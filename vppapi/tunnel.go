@@ -134,7 +134,7 @@ func (c *Client) addIPIP(ctx context.Context, sess *session, src, dst netip.Addr
 	}}
 	req.Tunnel.Src.Af = putAPIAddress(&req.Tunnel.Src.Un, src)
 	req.Tunnel.Dst.Af = putAPIAddress(&req.Tunnel.Dst.Un, dst)
-	reply, err := c.call(ctx, sess, req)
+	reply, err := c.callExpecting(ctx, sess, req, api.IF_ALREADY_EXISTS)
 	r, _ := reply.(*ipip.IpipAddTunnelReply)
 	switch {
 	case err == nil && r != nil:
@@ -213,7 +213,7 @@ func (c *Client) DeleteIPIPTunnel(ctx context.Context, swIfIndex uint32) error {
 	if err != nil {
 		return fmt.Errorf("delete IPIP tunnel sw_if_index %d: %w", swIfIndex, err)
 	}
-	_, err = c.call(ctx, sess, &ipip.IpipDelTunnel{SwIfIndex: interface_types.InterfaceIndex(swIfIndex)})
+	_, err = c.callExpecting(ctx, sess, &ipip.IpipDelTunnel{SwIfIndex: interface_types.InterfaceIndex(swIfIndex)}, api.NO_SUCH_ENTRY)
 	if err != nil && !errors.Is(err, api.NO_SUCH_ENTRY) {
 		return fmt.Errorf("delete IPIP tunnel sw_if_index %d: %w", swIfIndex, err)
 	}

@@ -137,6 +137,9 @@ func TestIPIPTunnel(t *testing.T) {
 	if err != nil || again != idx {
 		t.Fatalf("EnsureIPIPTunnel again = %d, %v; want %d (VPP's -79 carries the existing index)", again, err, idx)
 	}
+	if n := apiErrors(t, h.reg, "ipip_add_tunnel"); n != 0 {
+		t.Errorf("an existing tunnel counted as %v API errors", n)
+	}
 
 	tunnels, err := h.c.DumpIPIPTunnels(ctx)
 	if err != nil {
@@ -216,6 +219,9 @@ func TestIPIPTunnelDelete(t *testing.T) {
 		if err := h.c.DeleteIPIPTunnel(ctx, idx); err != nil {
 			t.Fatalf("DeleteIPIPTunnel: %v", err)
 		}
+	}
+	if n := apiErrors(t, h.reg, "ipip_del_tunnel"); n != 0 {
+		t.Errorf("a tunnel already gone counted as %v API errors", n)
 	}
 	if rv := retval(t, ch, &ipip.IpipDelTunnel{SwIfIndex: interface_types.InterfaceIndex(idx)}, new(ipip.IpipDelTunnelReply)); rv != -6 {
 		t.Errorf("ipip_del_tunnel of a deleted tunnel: %d, want -6", rv)
