@@ -369,7 +369,7 @@ func (s *Sim) setAPI(t *fibTable, e *entry, paths []fibPath) {
 		}
 	}
 	t.gc(e)
-	s.syncRR(t)
+	s.syncRRAfter(t, e.prefix)
 	s.trackTunnels(paths)
 }
 
@@ -385,6 +385,17 @@ func (p fibPath) recursive() bool {
 // 10.1.7.1 makes "10.1.7.1/32 via 192.0.2.9 if 1" under the covering
 // "10.1.7.0/26 via 192.0.2.9 if 1").
 func (s *Sim) syncRR(t *fibTable) {
+	all := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if t.key.ip6 {
+		all = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	s.syncRRAfter(t, all)
+}
+
+// syncRRAfter is syncRR after a change to the entry of prefix changed (the zero Prefix: none): only the
+// recursive-resolution entries that changed may cover, and new ones, are computed again. It keeps a
+// table of many tunnels or recursive next hops from costing a full recomputation per route.
+func (s *Sim) syncRRAfter(t *fibTable, changed netip.Prefix) {
 	for p, e := range t.rrEntries {
 		if _, ok := t.rrRefs[p.Addr()]; !ok {
 			e.rr = nil
@@ -394,6 +405,9 @@ func (s *Sim) syncRR(t *fibTable) {
 	}
 	for nh := range t.rrRefs {
 		host := netip.PrefixFrom(nh, nh.BitLen())
+		if _, ok := t.rrEntries[host]; ok && !(changed.IsValid() && changed.Contains(nh)) {
+			continue
+		}
 		var cover []fibPath
 		for bits := nh.BitLen() - 1; bits >= 0; bits-- {
 			if c := t.entries[netip.PrefixFrom(nh, bits).Masked()]; c != nil {

@@ -227,13 +227,16 @@ func (s *Sim) removeInterface(ifc *iface) {
 		}
 		tun.tracked = false
 	}
+	hadAddrs := len(ifc.addrs) > 0 && ifc.adminUp
 	ifc.deleted, ifc.adminUp, ifc.addrs, ifc.unnumbered, ifc.mtu = true, false, nil, nil, nil
 	for _, other := range s.ifaces {
 		if other.unnumbered != nil && *other.unnumbered == ifc.index {
 			other.unnumbered = nil
 		}
 	}
-	s.syncInterfaceRoutes()
+	if hadAddrs {
+		s.syncInterfaceRoutes()
+	}
 	for _, t := range s.tables {
 		for _, e := range t.entries {
 			for _, p := range e.api {
@@ -245,9 +248,10 @@ func (s *Sim) removeInterface(ifc *iface) {
 			if len(e.adj) > 0 && e.adj[0].swIfIndex == ifc.index && !s.hasTEIB(ifc.index, e.prefix) {
 				e.adj = nil
 				t.gc(e)
+				s.syncRRAfter(t, e.prefix)
 			}
 		}
-		s.syncRR(t)
+		s.syncRRAfter(t, netip.Prefix{}) // the tunnel's destination, no longer resolved
 	}
 }
 
@@ -266,7 +270,7 @@ func (s *Sim) trackTunnels(paths []fibPath) {
 		}
 		tun.tracked = true
 		t.rrRefs[tun.dst]++
-		s.syncRR(t)
+		s.syncRRAfter(t, netip.Prefix{})
 	}
 }
 
