@@ -17,6 +17,7 @@ import (
 	"go.fd.io/govpp/api"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/memclnt"
 	"go.fd.io/govpp/binapi/vpe"
 	"go.fd.io/govpp/core"
@@ -47,6 +48,18 @@ func usedMessages() []api.Message {
 	}
 }
 
+// tunnelMessages are the messages of the IPIP tunnel operations (tunnel.go), all in VPP's core. They are
+// checked on connect with usedMessages.
+func tunnelMessages() []api.Message {
+	return []api.Message{
+		(*ipip.IpipAddTunnel)(nil), (*ipip.IpipAddTunnelReply)(nil),
+		(*ipip.IpipDelTunnel)(nil), (*ipip.IpipDelTunnelReply)(nil),
+		(*ipip.IpipTunnelDump)(nil), (*ipip.IpipTunnelDetails)(nil),
+		(*interfaces.SwInterfaceSetUnnumbered)(nil), (*interfaces.SwInterfaceSetUnnumberedReply)(nil),
+		(*interfaces.SwInterfaceSetMtu)(nil), (*interfaces.SwInterfaceSetMtuReply)(nil),
+	}
+}
+
 // routeSourceMessages are the messages of DumpAPIRoutes. VPP has had them since 23.10, marked "in
 // progress" (CRC unchanged from 25.10 to 26.06); a VPP without them is still compatible, and
 // DumpAPIRoutes fails with ErrUnsupported there.
@@ -58,7 +71,7 @@ func routeSourceMessages() []api.Message {
 // vpp_route_agent_vpp_api_errors_total.
 func requestMessageNames() []string {
 	var names []string
-	for _, m := range slices.Concat(usedMessages(), routeSourceMessages(), interfaceEventMessages()) {
+	for _, m := range slices.Concat(usedMessages(), tunnelMessages(), routeSourceMessages(), interfaceEventMessages()) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -303,7 +316,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 
-	compatErr := checkCompatibility(conn, usedMessages()...)
+	compatErr := checkCompatibility(conn, append(usedMessages(), tunnelMessages()...)...)
 	sess.version = "unknown"
 	var missing []string
 	var cerr *api.CompatibilityError
@@ -601,6 +614,12 @@ func (c *Client) streamError(octx context.Context, err error) error {
 // call sends one request on its own stream and returns its reply, or an error wrapping api.VPPApiError
 // if the reply's retval is not 0.
 func (c *Client) call(ctx context.Context, sess *session, req api.Message) (api.Message, error) {
+	return c.callExpecting(ctx, sess, req)
+}
+
+// callExpecting is call for a request to which the retvals in expected are answers, not failures (an
+// ensure's "already exists"): they are returned all the same, but not counted as API errors.
+func (c *Client) callExpecting(ctx context.Context, sess *session, req api.Message, expected ...api.VPPApiError) (api.Message, error) {
 	octx, stop := sess.opContext(ctx)
 	defer stop()
 	s, err := c.newStream(octx, sess, 2)
@@ -617,7 +636,10 @@ func (c *Client) call(ctx context.Context, sess *session, req api.Message) (api.
 	}
 	c.noteReply()
 	if err := replyError(reply); err != nil {
-		c.metrics.apiError(req.GetMessageName())
+		var rv api.VPPApiError
+		if !errors.As(err, &rv) || !slices.Contains(expected, rv) {
+			c.metrics.apiError(req.GetMessageName())
+		}
 		return reply, err
 	}
 	return reply, nil
@@ -676,6 +698,14 @@ func replyError(reply api.Message) error {
 	case *memclnt.ControlPingReply:
 		rv = r.Retval
 	case *interfaces.WantInterfaceEventsReply:
+		rv = r.Retval
+	case *ipip.IpipAddTunnelReply:
+		rv = r.Retval
+	case *ipip.IpipDelTunnelReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetUnnumberedReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetMtuReply:
 		rv = r.Retval
 	}
 	return api.RetvalToVPPApiError(rv)

@@ -606,3 +606,7 @@ func apiAddress(a netip.Addr) ip_types.Address {
 	}
 	return ip_types.Address{Af: ip_types.ADDRESS_IP6, Un: ip_types.AddressUnionIP6(a.As16())}
 }
+
+// Sim returns the simulator, nil against a real VPP: for checks of state the API does not show (a
+// route's forwarding), which a real VPP answers through CLI.
+func (v *VPP) Sim() *vppsim.Sim { return v.sim }

@@ -350,7 +350,8 @@ func (s *Sim) setAPI(t *fibTable, e *entry, paths []fibPath) {
 		}
 	}
 	t.gc(e)
-	s.syncRR(t)
+	s.syncRRAfter(t, e.prefix)
+	s.trackTunnels(paths)
 }
 
 // recursive reports whether p resolves through the FIB (a next hop, no
@@ -365,6 +366,17 @@ func (p fibPath) recursive() bool {
 // 10.1.7.1 makes "10.1.7.1/32 via 192.0.2.9 if 1" under the covering
 // "10.1.7.0/26 via 192.0.2.9 if 1").
 func (s *Sim) syncRR(t *fibTable) {
+	all := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if t.key.ip6 {
+		all = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	s.syncRRAfter(t, all)
+}
+
+// syncRRAfter is syncRR after a change to the entry of prefix changed (the zero Prefix: none): only the
+// recursive-resolution entries that changed may cover, and new ones, are computed again. It keeps a
+// table of many tunnels or recursive next hops from costing a full recomputation per route.
+func (s *Sim) syncRRAfter(t *fibTable, changed netip.Prefix) {
 	for p, e := range t.rrEntries {
 		if _, ok := t.rrRefs[p.Addr()]; !ok {
 			e.rr = nil
@@ -374,6 +386,9 @@ func (s *Sim) syncRR(t *fibTable) {
 	}
 	for nh := range t.rrRefs {
 		host := netip.PrefixFrom(nh, nh.BitLen())
+		if _, ok := t.rrEntries[host]; ok && !(changed.IsValid() && changed.Contains(nh)) {
+			continue
+		}
 		var cover []fibPath
 		for bits := nh.BitLen() - 1; bits >= 0; bits-- {
 			if c := t.entries[netip.PrefixFrom(nh, bits).Masked()]; c != nil {
@@ -387,9 +402,22 @@ func (s *Sim) syncRR(t *fibTable) {
 			cover = []fibPath{dropPath(nh.Is6())}
 		}
 		e := s.getEntry(t, host)
-		e.rr = slices.Clone(cover)
+		e.rr = rrPaths(cover, nh)
 		t.rrEntries[host] = e
 	}
+}
+
+// rrPaths are the paths a recursive-resolution /32 (/128) of nh forwards with under cover's paths: the
+// cover's, except that an attached (connected) path becomes "via nh" on its interface, as VPP resolves
+// a host through its connected cover (measured: "192.0.2.2/32 via 192.0.2.2 if 1" under 192.0.2.1/24).
+func rrPaths(cover []fibPath, nh netip.Addr) []fibPath {
+	out := slices.Clone(cover)
+	for i, p := range out {
+		if p.attached && !p.nh.IsValid() {
+			out[i] = fibPath{typ: fib_types.FIB_API_PATH_TYPE_NORMAL, proto: p.proto, swIfIndex: p.swIfIndex, nh: nh, weight: 1}
+		}
+	}
+	return out
 }
 
 // apiReplace sets the API paths of prefix p (ip_route_add_del, not multipath).
@@ -451,6 +479,12 @@ type iface struct {
 	carrier bool // physical link; VPP reports link up only while admin up too
 	mac     [6]byte
 	addrs   []netip.Prefix // address with prefix length, host bits kept
+	// tunnel is set for an IPIP tunnel's interface (tunnel.go).
+	tunnel *ipipTunnel
+	// unnumbered is the index whose addresses this interface borrows; nil if none.
+	unnumbered *uint32
+	// mtu is the L3/IPv4/IPv6/MPLS MTU as set by sw_interface_set_mtu; nil: the default.
+	mtu *[4]uint32
 }
 
 // linkUp is the link state VPP reports: a hardware interface's link comes up

@@ -33,6 +33,15 @@ var handlers = map[string]handlerFunc{
 	"ip_route_add_del":             handleIPRouteAddDel,
 	"ip_route_dump":                handleIPRouteDump,
 	"ip_route_v2_dump":             handleIPRouteV2Dump,
+	// tunnel.go
+	"ipip_add_tunnel":             handleIPIPAddTunnel,
+	"ipip_del_tunnel":             handleIPIPDelTunnel,
+	"ipip_tunnel_dump":            handleIPIPTunnelDump,
+	"sw_interface_set_unnumbered": handleSwInterfaceSetUnnumbered,
+	"ip_unnumbered_dump":          handleIPUnnumberedDump,
+	"sw_interface_set_mtu":        handleSwInterfaceSetMtu,
+	"teib_entry_add_del":          handleTEIBEntryAddDel,
+	"teib_dump":                   handleTEIBDump,
 }
 
 // handleSockclntCreate registers the connection as a client and answers with
@@ -134,6 +143,12 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 		d.LinkSpeed = 10_000_000 // kbit/s
 		d.LinkMtu = 9000
 		d.Mtu = []uint32{9000, 0, 0, 0}
+	}
+	if ifc.mtu != nil {
+		d.Mtu = ifc.mtu[:]
+	}
+	if ifc.tunnel != nil {
+		tunnelDetails(d)
 	}
 	return d
 }

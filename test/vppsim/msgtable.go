@@ -11,7 +11,9 @@ import (
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_neighbor"
+	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/memclnt"
+	"go.fd.io/govpp/binapi/teib"
 	"go.fd.io/govpp/binapi/vlib"
 	"go.fd.io/govpp/binapi/vpe"
 )
@@ -64,6 +66,8 @@ func binapiPackages() [][]api.Message {
 		ip.AllMessages(),
 		ip_neighbor.AllMessages(),
 		fib.AllMessages(),
+		ipip.AllMessages(),
+		teib.AllMessages(),
 	}
 }
 

@@ -131,6 +131,7 @@ type Sim struct {
 	ifacePrefixes map[netip.Prefix]struct{}
 	statsIndex    uint32
 	lateIfaces    *time.Timer // creates the interfaces after InterfaceDelay; nil when none is due
+	teib          []teibEntry // TEIB entries, in the order added (tunnel.go)
 
 	rmu    sync.Mutex // guards the request log below
 	reqs   []Request
@@ -386,6 +387,7 @@ func (s *Sim) Restart() error {
 	s.stop()
 	s.mu.Lock()
 	s.reset()
+	s.dropTunnels()
 	s.mu.Unlock()
 	return s.listen(path)
 }
