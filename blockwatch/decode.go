@@ -147,12 +147,20 @@ func pool(name string, value []byte) (calico.IPPool, error) {
 	return p, nil
 }
 
-// poolEqual compares the fields of two pools (every field: TestPoolEqualComparesEveryField).
+// poolEqual compares the fields of two pools (every field: TestPoolEqualComparesEveryField). An
+// empty mode is Never, as calico.DecodeIPPool reads it.
 func poolEqual(a, b calico.IPPool) bool {
 	return a.Name == b.Name && a.CIDR == b.CIDR && a.BlockSize == b.BlockSize && a.Disabled == b.Disabled &&
 		a.NodeSelector == b.NodeSelector && a.NamespaceSelector == b.NamespaceSelector &&
 		slices.Equal(a.AllowedUses, b.AllowedUses) && a.AssignmentMode == b.AssignmentMode &&
-		a.IPIPMode == b.IPIPMode && a.VXLANMode == b.VXLANMode
+		modeOf(a.IPIPMode) == modeOf(b.IPIPMode) && modeOf(a.VXLANMode) == modeOf(b.VXLANMode)
+}
+
+func modeOf(m calico.EncapMode) calico.EncapMode {
+	if m == "" {
+		return calico.EncapNever
+	}
+	return m
 }
 
 // resourceName parses a key under prefix whose last segment is a Calico resource's name (a pool, a
