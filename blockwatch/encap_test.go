@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 )
 
 // encapFixture reads one file of calico/testdata/encap ({"key", "value"}).
@@ -329,6 +331,58 @@ func TestFieldLabel(t *testing.T) {
 	} {
 		if got := fieldLabel(in); got != want {
 			t.Errorf("fieldLabel(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestListingCarriesNodes: the parts of the first list carry the Nodes and the tunnel configuration,
+// which the list reads before the blocks.
+func TestListingCarriesNodes(t *testing.T) {
+	_, cli := startEtcd(t)
+	putBlock(t, cli, calicotest.Block(mustPrefix("10.244.1.0/26"), "node-b", 1))
+	put(t, cli, calico.NodeKey("node-b"), nodeValue("node-b", `{"bgp":{"ipv4Address":"192.0.2.12/24"},"ipv4VXLANTunnelAddr":"10.244.1.0"}`))
+	put(t, cli, calico.FelixConfigurationKey("default"), felixValue("default", `{"vxlanVNI":77}`))
+	h := newHarness(t, cli, nil)
+	h.run()
+	full := h.next()
+	var l *Listed
+	select {
+	case l = <-h.w.Listing():
+	case <-time.After(waitLimit):
+		t.Fatal("no listed part")
+	}
+	if len(l.Blocks) != 1 || !nodeEqual(l.Nodes["node-b"], full.Nodes["node-b"]) || l.Nodes["node-b"].V4.VXLANTunnelAddr != mustAddr("10.244.1.0") ||
+		l.Tunnel != full.Tunnel || l.Tunnel.VXLANVNI != 77 {
+		t.Errorf("part: blocks %v nodes %v tunnel %+v; snapshot nodes %v tunnel %+v", l.Blocks, l.Nodes, l.Tunnel, full.Nodes, full.Tunnel)
+	}
+}
+
+// TestCoalesceNodes: coalescing takes the union of the changed nodes and ORs TunnelChanged; folded
+// into the first list's snapshot, there are no changed nodes.
+func TestCoalesceNodes(t *testing.T) {
+	got := coalesce(&Snapshot{ChangedNodes: []string{"a", "c"}, TunnelChanged: true}, &Snapshot{ChangedNodes: []string{"b", "c"}})
+	if !slices.Equal(got.ChangedNodes, []string{"a", "b", "c"}) || !got.TunnelChanged {
+		t.Errorf("coalesce = %v %v", got.ChangedNodes, got.TunnelChanged)
+	}
+	got = coalesce(&Snapshot{Full: true, RelistReason: ReasonInitial, TunnelChanged: true}, &Snapshot{ChangedNodes: []string{"b"}})
+	if got.ChangedNodes != nil || !got.TunnelChanged {
+		t.Errorf("coalesced into the first list's: %v %v", got.ChangedNodes, got.TunnelChanged)
+	}
+}
+
+func TestConfigValidateNodes(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{NodeName: "node-a.example.com"}, ""},
+		{Config{NodeName: "a/b"}, `NodeName "a/b"`},
+		{Config{NodePrefix: "/calico/resources/"}, "overlap"},
+		{Config{FelixConfigurationPrefix: "felix/"}, "must start and end"},
+	} {
+		err := tc.cfg.Validate()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v: Validate() = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
 }
