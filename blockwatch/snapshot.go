@@ -80,7 +80,9 @@ type Snapshot struct {
 	// telling "absent" from "keep what you had".
 	Nodes map[string]calico.Node
 	// ChangedNodes lists, sorted, the nodes whose routing data (Nodes) changed since the previous
-	// snapshot (none for a Watcher's first list).
+	// snapshot, created and deleted ones included (none for a Watcher's first list). The routes to
+	// a listed node's blocks may need recomputing; when this node itself is listed, its subnet may
+	// have changed, and with it the encapsulation of every route to a CrossSubnet pool.
 	ChangedNodes []string
 	// Tunnel is this node's effective tunnel configuration: calico.EffectiveTunnelConfig of the
 	// FelixConfigurations "default" and "node.<Config.NodeName>" (each its last good value, if any).
