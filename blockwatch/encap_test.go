@@ -136,6 +136,9 @@ func TestNodesAndFelixConfigs(t *testing.T) {
 	if !s.Full || !nodeEqual(s.Nodes["node-a"], a) || len(s.Nodes) != 4 || s.ChangedNodes != nil || s.TunnelChanged || s.Tunnel != want {
 		t.Fatalf("relist: full %v nodes %v changed %v tunnel %+v (changed %v)", s.Full, s.Nodes, s.ChangedNodes, s.Tunnel, s.TunnelChanged)
 	}
+	if n := h.counter("vpp_route_agent_field_problems_total", "kind", "Node"); n != nodeProblemCount {
+		t.Errorf("field_problems{Node} = %v after a relist, want %v (each problem reported once)", n, nodeProblemCount)
+	}
 
 	// Deletes remove: the node, and this node's override (back to the default's settings).
 	del(t, cli, calico.NodeKey("node-b"))
