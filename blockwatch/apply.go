@@ -3,6 +3,8 @@ package blockwatch
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
@@ -33,6 +35,12 @@ type decoded struct {
 	// srcAffinities: the affinity's node and state (affinityState).
 	node, affinity string
 	ipam           calico.IPAMConfig // srcIPAMConfig
+	calicoNode     calico.Node       // srcNodes (name: the node's)
+	// srcFelixConfigs (name: the resource's): which one this node reads, and its value (nil:
+	// deleted); ignored is set for every other FelixConfiguration, which is not read at all.
+	felixSlot int
+	felix     *calico.FelixConfiguration
+	ignored   bool
 }
 
 // decode decodes one key and its value (or its delete, with del). It is pure.
@@ -62,6 +70,18 @@ func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
 		} else if !del {
 			d.ipam, d.valErr = calico.DecodeIPAMConfig(value)
 		}
+	case srcNodes:
+		if d.name, d.keyErr = resourceName(key, w.dec.nodePrefix, calico.KindNode); d.keyErr == nil && !del {
+			d.calicoNode, d.valErr = node(d.name, value)
+		}
+	case srcFelixConfigs:
+		d.name = strings.TrimPrefix(key, w.dec.felixPrefix)
+		var ours bool
+		if d.felixSlot, ours = w.dec.felixSlot(d.name); !ours {
+			d.ignored = true // another node's override, or a name felix does not read
+		} else if !del {
+			d.felix, d.valErr = felixConfig(d.name, value)
+		}
 	}
 	return d
 }
@@ -73,6 +93,9 @@ func (w *Watcher) decode(src source, kv *mvccpb.KeyValue, del bool) decoded {
 // value never resurrects a key deleted while the watch was down. Changes are recorded in ch (nil
 // while relisting: the relist diffs whole views instead).
 func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
+	if d.ignored {
+		return
+	}
 	if d.keyErr != nil {
 		w.malformed(d.src, d.key, d.rev, d.keyErr)
 		return
@@ -139,6 +162,11 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 			if p, ok = prev.pools[d.name]; !ok || d.created > prev.poolRevs[d.name] {
 				return
 			}
+		} else if p.Name != "" {
+			// A pool whose modes Calico would refuse is kept with them as written: the consumer
+			// reads them as felix does (IPPool.Encap) and sees the problems (IPPool.EncapProblems).
+			old := prev.pools[d.name]
+			w.fieldProblems(old.EncapProblems(), p.EncapProblems())
 		}
 		c.setPool(d.name, p, d.rev, ch)
 	case srcAffinities:
@@ -149,5 +177,67 @@ func (w *Watcher) install(c, prev *cache, d *decoded, ch *changes) {
 		}
 	case srcIPAMConfig:
 		c.installIPAMConfig(prev, d)
+	case srcNodes:
+		if r, ok := c.nodeRevs[d.name]; ok && d.rev <= r {
+			return
+		}
+		n := d.calicoNode
+		if d.valErr != nil {
+			var ok bool
+			if n, ok = prev.nodes[d.name]; !ok || d.created > prev.nodeRevs[d.name] {
+				return
+			}
+		} else if n.Name != "" {
+			old := prev.nodes[d.name]
+			w.fieldProblems(nodeProblems(old), nodeProblems(n))
+		}
+		name := c.name(d.name)
+		if n.Name != "" {
+			n.Name = name
+		}
+		c.setNode(name, n, d.rev, ch)
+	case srcFelixConfigs:
+		if e := c.felix[d.felixSlot]; e.cfg != nil && d.rev <= e.rev {
+			return
+		}
+		cfg := d.felix
+		if d.valErr != nil {
+			old := prev.felix[d.felixSlot]
+			if old.cfg == nil || d.created > old.rev {
+				return
+			}
+			cfg = old.cfg
+		} else if cfg != nil {
+			var old []calico.FieldProblem
+			if p := prev.felix[d.felixSlot].cfg; p != nil {
+				old = p.Problems
+			}
+			w.fieldProblems(old, cfg.Problems)
+		}
+		c.setFelix(d.felixSlot, cfg, d.rev, ch)
+	}
+}
+
+// nodeProblems returns the problems of both families of n, each once (a problem of the structure they
+// share is listed in both).
+func nodeProblems(n calico.Node) []calico.FieldProblem {
+	out := slices.Clone(n.V4.Problems)
+	for _, p := range n.V6.Problems {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// fieldProblems logs and counts the problems in now that were not in before: each problem of a key
+// is reported once, when it appears (again after it was fixed), not on every write or relist.
+func (w *Watcher) fieldProblems(before, now []calico.FieldProblem) {
+	for _, p := range now {
+		if slices.Contains(before, p) {
+			continue
+		}
+		w.metrics.fieldProblem(p.Kind, p.Field)
+		w.log.Warn("Calico resource field cannot be used as written", "kind", p.Kind, "field", p.Field, "problem", p.Error())
 	}
 }

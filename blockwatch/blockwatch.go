@@ -1,11 +1,13 @@
 // Package blockwatch keeps a consistent view of Calico's IPAM blocks, the peer IPs route agents
-// register, and Calico's IP pools, read from etcd, and hands it out as immutable snapshots. Who owns
+// register, Calico's IP pools, the routing fields of Calico's Nodes (addresses, VXLAN tunnel
+// endpoints) and this node's tunnel settings (FelixConfigurations "default" and "node.<name>"), read
+// from etcd, and hands it out as immutable snapshots. Who owns
 // each block comes from the block values or, with Calico's strict affinity, from the affinity keys
 // (Config.Ownership, see Ownership); the snapshot is the same routing view either way.
 //
 // # Consistency
 //
-// Run lists the three prefixes at one etcd revision R (the first request fixes R, every later page
+// Run lists every watched prefix at one etcd revision R (the first request fixes R, every later page
 // and prefix is read WithRev(R)), builds a fresh view, and only then replaces the previous one and
 // emits a Full snapshot. It then watches each prefix from R itself (WithRequireLeader,
 // WithProgressNotify; the events of revision R are delivered again and ignored, as no newer than the
@@ -19,16 +21,17 @@
 // never a partial view: a block missing from a snapshot is absent from etcd (at the revision the
 // snapshot reflects), never merely not read yet. (The parts of the first list that Listing hands out
 // before its Full snapshot are not snapshots, and say nothing of what they do not hold.) Each prefix's watch applies events in revision order
-// and only when newer than the revision already applied to the key; the three watches are independent
-// streams, so a snapshot taken between their responses may reflect one prefix at a slightly later
+// and only when newer than the revision already applied to the key; the prefixes' watches are
+// independent streams, so a snapshot taken between their responses may reflect one prefix at a slightly later
 // revision than another.
 //
 // # Malformed values
 //
 // A key or value that cannot be decoded (bad JSON, a block whose value's cidr differs from its key, a
 // key calico.ParseKey rejects or a foreign key under a prefix, a peer value that is not an address
-// of the key's family, a bad pool) is logged with its key, counted in
-// vpp_route_agent_malformed_values_total, and skipped; it never stops the watch. A key whose new value
+// of the key's family, a bad pool, a Node or FelixConfiguration that is not JSON or whose
+// metadata.name differs from its key) is logged with its key, counted in
+// vpp_route_agent_malformed_values_total{source}, and skipped; it never stops the watch. A key whose new value
 // is malformed KEEPS its last good value, so a bad write never withdraws routes; only a delete (or a
 // block value with deleted:true) removes a key. A block key whose value is malformed is also listed
 // in Snapshot.Held, with the reason, whether or not a good value was seen before: its key names the
@@ -41,7 +44,18 @@
 // the older good value stays. Block invariants beyond the CIDR (calico.Block.Validate) are not
 // checked: routing needs only the owner and the borrowed addresses.
 //
-// Only routing data is kept in memory (Block, Peer, calico.IPPool), not the raw values.
+// A field of a resource that decodes but cannot be used as written (calico.FieldProblem: a pool
+// mode Calico would refuse, a Node address or VTEP MAC that does not parse, a FelixConfiguration
+// setting out of range) does not make the value malformed: the resource is kept with the problem
+// recorded (calico.NodeFamily.Problems, Snapshot.TunnelProblems; a pool's calico.IPPool.EncapProblems),
+// and the problem is logged once per key when it appears and counted in
+// vpp_route_agent_field_problems_total{kind,field}. A pool whose modes have problems is kept with its
+// modes as written: calico.IPPool.Encap gives felix's reading of them, and whether to re-encapsulate
+// on such a value is the consumer's decision.
+//
+// Only routing data is kept in memory (Block, Peer, calico.IPPool, calico.Node without its labels,
+// the two FelixConfigurations' tunnel settings), not the raw values; FelixConfigurations of other
+// nodes are not decoded at all.
 package blockwatch
 
 import (
@@ -94,8 +108,9 @@ type Status struct {
 	Problem   string
 }
 
-// Watcher lists and watches the block (or affinity), hosts and pool prefixes, and the IPAM config
-// unless ownership comes from the blocks, and emits snapshots on Updates.
+// Watcher lists and watches the block (or affinity), hosts, pool, Node and FelixConfiguration
+// prefixes, and the IPAM config unless ownership comes from the blocks, and emits snapshots on
+// Updates.
 type Watcher struct {
 	cfg     Config
 	dec     decoder
@@ -317,11 +332,15 @@ func (w *Watcher) setSynced(synced bool) {
 	w.status.Synced = synced
 }
 
-// watch watches the three prefixes from the revision of the Full snapshot full until a watch
+// watch watches the listed prefixes from the revision of the Full snapshot full until a watch
 // fails, a relist is requested or ctx ends. It emits full once the watches are established (or have
 // failed: the view has been replaced, so the snapshot must go out either way), then a snapshot for
 // every batch of responses that changes routing data. It returns the relist reason and the error
 // that ended it (nil for a requested relist).
+//
+// Each source's watch has a goroutine forwarding its responses, in order, to one channel (forward),
+// so that one select serves every source; they, and the probe's, stop with the watch's context,
+// and watch returns only once they have.
 func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	rev := full.Revision
 	// The client shares one gRPC stream between watches whose contexts carry the same metadata; a
@@ -336,149 +355,188 @@ func (w *Watcher) watch(ctx context.Context, full *Snapshot) (string, error) {
 	defer wg.Wait()
 	defer cancel()
 
-	// Watch blocks until the server has created the watch: bound that like any other request.
-	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
-	var chans [numSources]clientv3.WatchChan
-	for src, prefix := range w.prefixes {
-		if prefix == "" {
-			continue
-		}
-		// From rev, not rev+1: see the package comment.
-		key, end := keyRange(source(src), prefix)
-		chans[src] = w.cfg.Client.Watch(wctx, key, clientv3.WithRange(end), clientv3.WithRev(rev),
-			clientv3.WithProgressNotify())
-	}
-	established := deadline.Stop()
-	w.emit(full)
-	w.mu.Lock()
-	w.status.Revision, w.status.Synced = rev, established
-	w.status.Ownership, w.status.Problem = full.Ownership, full.Problem
-	if full.RelistReason != ReasonInitial {
-		w.status.Relists++
-	}
-	w.mu.Unlock()
+	events, established := w.startWatches(wctx, cancel, rev, &wg)
+	w.emitFull(full, established)
 	if !established {
 		return ReasonWatchError, fmt.Errorf("create watches from revision %d: not established within %s",
 			rev, w.cfg.RequestTimeout)
 	}
-
-	probe := make(chan int64, 1)
-	answered := make(chan struct{}, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w.probeLoop(wctx, probe, answered)
-	}()
+	p := prober{probe: make(chan int64, 1), answered: make(chan struct{}, 1), lastHeard: time.Now()}
+	wg.Go(func() { w.probeLoop(wctx, p.probe, p.answered) })
 	// Ticks a few times per interval, so that silence and an unanswered probe are seen within a
 	// quarter interval of their deadline.
 	ticker := time.NewTicker(w.cfg.ProbeInterval / 4)
 	defer ticker.Stop()
-	lastHeard := time.Now()
-	var probeSent time.Time // when the unanswered probe was sent; zero if none
-	// switchAt is when to relist from the other ownership source the IPAM config asks for; zero if
-	// it asks for the one in force.
-	var switchAt time.Time
-
 	for {
-		var ch changes
-		var resp clientv3.WatchResponse
-		var ok bool
-		var src source
+		var reason string
+		var err error
 		select {
 		case <-ctx.Done():
 			return "", ctx.Err()
 		case <-w.relist:
 			return ReasonRequested, nil
 		case now := <-ticker.C:
-			if !switchAt.IsZero() && !now.Before(switchAt) {
-				return ReasonOwnership, nil
-			}
-			switch {
-			case probeSent.IsZero() && now.Sub(lastHeard) >= w.cfg.ProbeInterval:
-				select {
-				case probe <- w.view.rev:
-				default:
-				}
-				probeSent = now
-			case !probeSent.IsZero() && now.Sub(probeSent) >= 2*w.cfg.ProbeInterval:
-				err := fmt.Errorf("etcd watch stalled: probe not answered for %s (silent for %s)",
-					now.Sub(probeSent).Round(time.Millisecond), now.Sub(lastHeard).Round(time.Millisecond))
-				if w.reconnecting() {
-					// The client has lost its connection (etcd or the gRPC proxy restarts) and
-					// resumes the watches where they were once it is back: a relist would make every
-					// watcher of a restarted proxy list everything again. Report it and probe again.
-					w.lostSync(err)
-					probeSent = time.Time{}
-					continue
-				}
-				// The member serving the stream does not answer (frozen, partitioned, overloaded):
-				// watch again on a new stream, which the client places on a member that answers.
-				return ReasonWatchError, err
-			}
-			continue
-		case <-answered:
-			lastHeard, probeSent = time.Now(), time.Time{}
+			reason, err = w.tick(&p, now)
+		case <-p.answered:
+			p.lastHeard, p.probeSent = time.Now(), time.Time{}
 			w.setSynced(true)
-			continue
-		case resp, ok = <-chans[srcBlocks]:
-			src = srcBlocks
-		case resp, ok = <-chans[srcHosts]:
-			src = srcHosts
-		case resp, ok = <-chans[srcPools]:
-			src = srcPools
-		case resp, ok = <-chans[srcAffinities]:
-			src = srcAffinities
-		case resp, ok = <-chans[srcIPAMConfig]:
-			src = srcIPAMConfig
+		case ev := <-events:
+			reason, err = w.applyBatch(ev, events, rev, &p)
 		}
-		reason, err := w.handle(src, resp, ok, rev, &ch)
-		// Fold the responses that are already waiting into the same snapshot.
-	batch:
-		for n := 0; err == nil && n < maxBatch; n++ {
-			select {
-			case resp, ok = <-chans[srcBlocks]:
-				src = srcBlocks
-			case resp, ok = <-chans[srcHosts]:
-				src = srcHosts
-			case resp, ok = <-chans[srcPools]:
-				src = srcPools
-			case resp, ok = <-chans[srcAffinities]:
-				src = srcAffinities
-			case resp, ok = <-chans[srcIPAMConfig]:
-				src = srcIPAMConfig
-			default:
-				break batch
-			}
-			reason, err = w.handle(src, resp, ok, rev, &ch)
-		}
-		// Changes applied before an error are emitted first: the relist diffs against the view that
-		// already holds them.
-		if !ch.empty() {
-			w.emit(w.view.snapshot(&ch, false, ""))
-		}
-		if err != nil {
+		if reason != "" {
 			return reason, err
 		}
-		lastHeard, probeSent = time.Now(), time.Time{}
-		switchAt = w.scheduleSwitch(switchAt)
-		problem := w.view.problem()
-		w.mu.Lock()
-		w.status.Revision = w.view.rev
-		w.status.Synced = true
-		was := w.status.Problem
-		w.status.Problem = problem
-		w.mu.Unlock()
-		if problem != was {
-			if problem != "" {
-				w.log.Warn(problem)
-			} else {
-				w.log.Info("the IPAM config has strict affinity on again: ownership from the affinities is complete")
-			}
+	}
+}
+
+// watchEvent is one response of one source's watch, or the end of its channel (ok false).
+type watchEvent struct {
+	src  source
+	resp clientv3.WatchResponse
+	ok   bool
+}
+
+// startWatches creates a watch of every listed prefix from rev, each forwarded to the returned
+// channel by a goroutine of wg that stops with wctx. Creating a watch blocks until the server has
+// created it: established is false if that took longer than the request timeout (cancel has then
+// ended wctx).
+func (w *Watcher) startWatches(wctx context.Context, cancel context.CancelFunc, rev int64, wg *sync.WaitGroup) (<-chan watchEvent, bool) {
+	deadline := time.AfterFunc(w.cfg.RequestTimeout, cancel)
+	events := make(chan watchEvent)
+	for src, prefix := range w.prefixes {
+		if prefix == "" {
+			continue
 		}
-		if !switchAt.IsZero() && !time.Now().Before(switchAt) {
-			return ReasonOwnership, nil
+		// From rev, not rev+1: see the package comment.
+		key, end := keyRange(source(src), prefix)
+		wch := w.cfg.Client.Watch(wctx, key, clientv3.WithRange(end), clientv3.WithRev(rev), clientv3.WithProgressNotify())
+		wg.Go(func() { forward(wctx, source(src), wch, events) })
+	}
+	return events, deadline.Stop()
+}
+
+// forward sends the responses of one source's watch to events, in order, then the end of its
+// channel; it returns when it has sent that, or when wctx ends.
+func forward(wctx context.Context, src source, wch clientv3.WatchChan, events chan<- watchEvent) {
+	for {
+		var ev watchEvent
+		select {
+		case ev.resp, ev.ok = <-wch:
+			ev.src = src
+		case <-wctx.Done():
+			return
+		}
+		select {
+		case events <- ev:
+		case <-wctx.Done():
+			return
+		}
+		if !ev.ok {
+			return
 		}
 	}
+}
+
+// emitFull emits the Full snapshot of a list and records its revision in the status.
+func (w *Watcher) emitFull(full *Snapshot, established bool) {
+	w.emit(full)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.status.Revision, w.status.Synced = full.Revision, established
+	w.status.Ownership, w.status.Problem = full.Ownership, full.Problem
+	if full.RelistReason != ReasonInitial {
+		w.status.Relists++
+	}
+}
+
+// prober is the watch loop's knowledge of whether its stream answers (see probeLoop), and when to
+// switch the ownership source.
+type prober struct {
+	probe    chan int64    // to probeLoop: probe the stream (from this revision)
+	answered chan struct{} // from probeLoop: a probe was acknowledged
+	// lastHeard is when the stream last answered; probeSent when the unanswered probe was sent
+	// (zero if none).
+	lastHeard, probeSent time.Time
+	// switchAt is when to relist from the other ownership source the IPAM config asks for; zero if
+	// it asks for the one in force.
+	switchAt time.Time
+}
+
+// tick checks, at now, whether the ownership source must switch, whether the stream has been silent
+// long enough to probe, and whether the probe has gone unanswered too long. It returns the relist
+// reason ("" for none) and the error that goes with it.
+func (w *Watcher) tick(p *prober, now time.Time) (string, error) {
+	if !p.switchAt.IsZero() && !now.Before(p.switchAt) {
+		return ReasonOwnership, nil
+	}
+	switch {
+	case p.probeSent.IsZero() && now.Sub(p.lastHeard) >= w.cfg.ProbeInterval:
+		select {
+		case p.probe <- w.view.rev:
+		default:
+		}
+		p.probeSent = now
+	case !p.probeSent.IsZero() && now.Sub(p.probeSent) >= 2*w.cfg.ProbeInterval:
+		err := fmt.Errorf("etcd watch stalled: probe not answered for %s (silent for %s)",
+			now.Sub(p.probeSent).Round(time.Millisecond), now.Sub(p.lastHeard).Round(time.Millisecond))
+		if w.reconnecting() {
+			// The client has lost its connection (etcd or the gRPC proxy restarts) and resumes the
+			// watches where they were once it is back: a relist would make every watcher of a
+			// restarted proxy list everything again. Report it and probe again.
+			w.lostSync(err)
+			p.probeSent = time.Time{}
+			return "", nil
+		}
+		// The member serving the stream does not answer (frozen, partitioned, overloaded): watch
+		// again on a new stream, which the client places on a member that answers.
+		return ReasonWatchError, err
+	}
+	return "", nil
+}
+
+// applyBatch applies ev and the responses already waiting on events (up to maxBatch more), emits one
+// snapshot if they changed routing data, and updates the status. It returns the relist reason ("" for
+// none) and the error that goes with it.
+func (w *Watcher) applyBatch(ev watchEvent, events <-chan watchEvent, listed int64, p *prober) (string, error) {
+	var ch changes
+	reason, err := w.handle(ev, listed, &ch)
+batch:
+	for n := 0; err == nil && n < maxBatch; n++ {
+		select {
+		case ev = <-events:
+			reason, err = w.handle(ev, listed, &ch)
+		default:
+			break batch
+		}
+	}
+	// Changes applied before an error are emitted first: the relist diffs against the view that
+	// already holds them.
+	if !ch.empty() {
+		w.emit(w.view.snapshot(&ch, false, ""))
+	}
+	if err != nil {
+		return reason, err
+	}
+	p.lastHeard, p.probeSent = time.Now(), time.Time{}
+	p.switchAt = w.scheduleSwitch(p.switchAt)
+	problem := w.view.problem()
+	w.mu.Lock()
+	w.status.Revision = w.view.rev
+	w.status.Synced = true
+	was := w.status.Problem
+	w.status.Problem = problem
+	w.mu.Unlock()
+	if problem != was {
+		if problem != "" {
+			w.log.Warn(problem)
+		} else {
+			w.log.Info("the IPAM config has strict affinity on again: ownership from the affinities is complete")
+		}
+	}
+	if !p.switchAt.IsZero() && !time.Now().Before(p.switchAt) {
+		return ReasonOwnership, nil
+	}
+	return "", nil
 }
 
 // scheduleSwitch returns when the watch must end to relist from the ownership source the IPAM
@@ -503,9 +561,10 @@ func (w *Watcher) scheduleSwitch(at time.Time) time.Time {
 // handle applies one watch response to the view, or returns the relist reason and error it carries.
 // Events of revision listed or older (the watch starts at the list's revision) are already in the view
 // and skipped.
-func (w *Watcher) handle(src source, resp clientv3.WatchResponse, ok bool, listed int64, ch *changes) (string, error) {
+func (w *Watcher) handle(ev watchEvent, listed int64, ch *changes) (string, error) {
+	src, resp := ev.src, ev.resp
 	prefix := w.prefixes[src]
-	if !ok {
+	if !ev.ok {
 		return ReasonWatchClosed, fmt.Errorf("watch %s: channel closed", prefix)
 	}
 	if err := resp.Err(); err != nil {
@@ -593,7 +652,7 @@ func (w *Watcher) probeOnce(wctx context.Context, rev int64) bool {
 }
 
 func (w *Watcher) malformed(src source, key string, rev int64, err error) {
-	w.metrics.malformedValue()
+	w.metrics.malformedValue(src)
 	w.log.Warn("skipping malformed etcd value", "source", src.String(), "key", key, "mod_revision", rev, "err", err)
 }
 

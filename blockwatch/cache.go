@@ -21,11 +21,16 @@ const (
 	srcAffinities
 	// srcIPAMConfig is the IPAM config key, read unless Config.Ownership is OwnershipBlocks.
 	srcIPAMConfig
+	// srcNodes are Calico's Node resources (their addresses and VXLAN tunnel endpoints).
+	srcNodes
+	// srcFelixConfigs are Calico's FelixConfigurations, of which only "default" and
+	// "node.<Config.NodeName>" are read (tunnel settings).
+	srcFelixConfigs
 	numSources
 )
 
 func (s source) String() string {
-	return [...]string{"blocks", "hosts", "pools", "affinities", "ipam-config"}[s]
+	return [...]string{"blocks", "hosts", "pools", "affinities", "ipam-config", "nodes", "felixconfigurations"}[s]
 }
 
 // peerEntry is the last good address of one peer key, the revision of the last value applied to it,
@@ -37,7 +42,7 @@ type peerEntry struct {
 }
 
 // cache is the routing view at one revision, owned by the goroutine running Run. blocks (per shard),
-// held, peers and pools are copy-on-write: once handed to a snapshot (shared) they are cloned before
+// held, peers, pools and nodes are copy-on-write: once handed to a snapshot (shared) they are cloned before
 // the next change.
 // The *Revs maps hold, per key that has a good value, the mod revision of the last value applied to
 // it (good or malformed), so that a stale event never overwrites a newer one.
@@ -58,6 +63,16 @@ type cache struct {
 	poolRevs    map[string]int64
 	poolsShared bool
 
+	nodes       map[string]calico.Node // routing data only: no labels, problem values clipped
+	nodeRevs    map[string]int64
+	nodesShared bool
+
+	// felix holds the FelixConfigurations this node reads (felixDefault, felixNode); tunnel and
+	// tunnelProblems are derived from them (replaced, never modified: snapshots share them).
+	felix          [2]felixEntry
+	tunnel         calico.TunnelConfig
+	tunnelProblems []calico.FieldProblem
+
 	// names interns the node names of the blocks: 100,000 blocks of 1,000 nodes hold 1,000 strings.
 	// It only grows until the next relist starts a fresh cache.
 	names map[string]string
@@ -76,8 +91,22 @@ func newCache() *cache {
 		blockRevs: map[netip.Prefix]int64{}, held: map[netip.Prefix]Held{},
 		peerKeys: map[peerID]peerEntry{}, peers: map[string]Peer{},
 		pools: map[string]calico.IPPool{}, poolRevs: map[string]int64{}, names: map[string]string{},
+		nodes: map[string]calico.Node{}, nodeRevs: map[string]int64{}, tunnel: calico.EffectiveTunnelConfig(nil, nil),
 		ownership: OwnershipBlocks, affinities: map[netip.Prefix]map[string]affinityEntry{}, ipam: ipamState{known: true},
 	}
+}
+
+// The FelixConfigurations a Watcher reads, as indexes of cache.felix.
+const (
+	felixDefault = iota // "default"
+	felixNode           // "node.<Config.NodeName>"
+)
+
+// felixEntry is the last good value of one FelixConfiguration key (nil: none) and the mod revision
+// of the last value applied to it (good or malformed).
+type felixEntry struct {
+	rev int64
+	cfg *calico.FelixConfiguration
 }
 
 // grow makes room for about n blocks in a cache that has none yet.
@@ -112,13 +141,17 @@ func (c *cache) name(s string) string {
 type changes struct {
 	blocks   map[netip.Prefix]struct{}
 	peers    map[string]struct{}
+	nodes    map[string]struct{}
 	pools    bool
+	tunnel   bool
 	received time.Time // when the first response contributing to these changes arrived
 }
 
-func (ch *changes) empty() bool { return len(ch.blocks) == 0 && len(ch.peers) == 0 && !ch.pools }
+func (ch *changes) empty() bool {
+	return len(ch.blocks) == 0 && len(ch.peers) == 0 && len(ch.nodes) == 0 && !ch.pools && !ch.tunnel
+}
 
-// block, peer and pool record a change; they do nothing on a nil *changes.
+// block, peer, node, pool and tunnelChanged record a change; they do nothing on a nil *changes.
 func (ch *changes) block(p netip.Prefix) {
 	if ch == nil {
 		return
@@ -137,6 +170,22 @@ func (ch *changes) peer(node string) {
 		ch.peers = map[string]struct{}{}
 	}
 	ch.peers[node] = struct{}{}
+}
+
+func (ch *changes) node(name string) {
+	if ch == nil {
+		return
+	}
+	if ch.nodes == nil {
+		ch.nodes = map[string]struct{}{}
+	}
+	ch.nodes[name] = struct{}{}
+}
+
+func (ch *changes) tunnelChanged() {
+	if ch != nil {
+		ch.tunnel = true
+	}
 }
 
 // setBlock records a good value for cidr at rev. A value with the same routing data keeps the old
@@ -229,6 +278,49 @@ func (ch *changes) pool() {
 	}
 }
 
+// setNode records a node's routing data at rev; a zero node (no Name) deletes name.
+func (c *cache) setNode(name string, n calico.Node, rev int64, ch *changes) {
+	if n.Name == "" {
+		delete(c.nodeRevs, name)
+	} else {
+		c.nodeRevs[name] = rev
+	}
+	old, had := c.nodes[name]
+	if had && n.Name != "" && nodeEqual(old, n) || !had && n.Name == "" {
+		return
+	}
+	if c.nodesShared {
+		c.nodes, c.nodesShared = maps.Clone(c.nodes), false
+	}
+	if n.Name == "" {
+		delete(c.nodes, name)
+	} else {
+		c.nodes[name] = n
+	}
+	ch.node(name)
+}
+
+// setFelix records the FelixConfiguration of slot at rev (nil: deleted) and derives the tunnel
+// configuration from both slots.
+func (c *cache) setFelix(slot int, cfg *calico.FelixConfiguration, rev int64, ch *changes) {
+	c.felix[slot] = felixEntry{rev: rev, cfg: cfg}
+	if cfg == nil {
+		c.felix[slot].rev = 0 // gone keys have no revision: a later create applies
+	}
+	tunnel := calico.EffectiveTunnelConfig(c.felix[felixDefault].cfg, c.felix[felixNode].cfg)
+	var problems []calico.FieldProblem
+	for _, e := range c.felix {
+		if e.cfg != nil {
+			problems = append(problems, e.cfg.Problems...)
+		}
+	}
+	if tunnel == c.tunnel && slices.Equal(problems, c.tunnelProblems) {
+		return
+	}
+	c.tunnel, c.tunnelProblems = tunnel, problems
+	ch.tunnelChanged()
+}
+
 // diff records in ch everything that differs between the views old and c.
 func (c *cache) diff(old *cache, ch *changes) {
 	for k, h := range c.held {
@@ -266,6 +358,19 @@ func (c *cache) diff(old *cache, ch *changes) {
 	if !maps.EqualFunc(c.pools, old.pools, poolEqual) {
 		ch.pools = true
 	}
+	for n, v := range c.nodes {
+		if o, ok := old.nodes[n]; !ok || !nodeEqual(o, v) {
+			ch.node(n)
+		}
+	}
+	for n := range old.nodes {
+		if _, ok := c.nodes[n]; !ok {
+			ch.node(n)
+		}
+	}
+	if c.tunnel != old.tunnel || !slices.Equal(c.tunnelProblems, old.tunnelProblems) {
+		ch.tunnel = true
+	}
 }
 
 // snapshot hands the current view out; from now on the maps are shared and copied before any change.
@@ -274,6 +379,7 @@ func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 		Revision: c.rev, Blocks: c.blocks.freeze(), Held: c.held, Peers: c.peers, Pools: c.pools,
 		Full: full, RelistReason: reason, PoolsChanged: ch.pools, ReceivedAt: ch.received,
 		Ownership: c.ownership, Problem: c.problem(),
+		Nodes: c.nodes, Tunnel: c.tunnel, TunnelProblems: c.tunnelProblems, TunnelChanged: ch.tunnel,
 	}
 	if len(ch.blocks) > 0 {
 		s.ChangedBlocks = slices.SortedFunc(maps.Keys(ch.blocks), netip.Prefix.Compare)
@@ -281,6 +387,9 @@ func (c *cache) snapshot(ch *changes, full bool, reason string) *Snapshot {
 	if len(ch.peers) > 0 {
 		s.ChangedPeers = slices.SortedFunc(maps.Keys(ch.peers), strings.Compare)
 	}
-	c.heldShared, c.peersShared, c.poolsShared = true, true, true
+	if len(ch.nodes) > 0 {
+		s.ChangedNodes = slices.SortedFunc(maps.Keys(ch.nodes), strings.Compare)
+	}
+	c.heldShared, c.peersShared, c.poolsShared, c.nodesShared = true, true, true, true
 	return s
 }

@@ -38,6 +38,15 @@ type Config struct {
 	HostsPrefix string
 	// PoolPrefix is where Calico's v3 IPPool resources live; default calico.IPPoolPrefix.
 	PoolPrefix string
+	// NodePrefix is where Calico's v3 Node resources live (their addresses and VXLAN tunnel
+	// endpoints: Snapshot.Nodes); default calico.NodePrefix.
+	NodePrefix string
+	// FelixConfigurationPrefix is where Calico's v3 FelixConfigurations live; default
+	// calico.FelixConfigurationPrefix. Only "default" and "node.<NodeName>" are read (Snapshot.Tunnel).
+	FelixConfigurationPrefix string
+	// NodeName is this node's name: its FelixConfiguration override "node.<NodeName>" applies over
+	// "default". Empty: only "default" is read.
+	NodeName string
 	// PageSize is the number of keys per list request; default 1000.
 	PageSize int64
 	// RequestTimeout bounds every etcd request (and the creation of the watches); default 10s.
@@ -81,6 +90,12 @@ func (c Config) withDefaults() Config {
 	if c.PoolPrefix == "" {
 		c.PoolPrefix = calico.IPPoolPrefix
 	}
+	if c.NodePrefix == "" {
+		c.NodePrefix = calico.NodePrefix
+	}
+	if c.FelixConfigurationPrefix == "" {
+		c.FelixConfigurationPrefix = calico.FelixConfigurationPrefix
+	}
 	if c.PageSize == 0 {
 		c.PageSize = DefaultPageSize
 	}
@@ -109,6 +124,7 @@ func (c Config) Validate() error {
 	var errs []error
 	prefixes := []struct{ name, value string }{
 		{"BlockPrefix", c.BlockPrefix}, {"HostsPrefix", c.HostsPrefix}, {"PoolPrefix", c.PoolPrefix},
+		{"NodePrefix", c.NodePrefix}, {"FelixConfigurationPrefix", c.FelixConfigurationPrefix},
 	}
 	for i, p := range prefixes {
 		if !strings.HasPrefix(p.value, "/") || !strings.HasSuffix(p.value, "/") {
@@ -128,6 +144,12 @@ func (c Config) Validate() error {
 		if rest := c.BlockPrefix[len(calico.BlockPrefix):]; rest != "" && rest != "ipv4/" && rest != "ipv6/" &&
 			rest != "ipv4/block/" && rest != "ipv6/block/" {
 			errs = append(errs, fmt.Errorf("BlockPrefix %q is not a family prefix of %q", c.BlockPrefix, calico.BlockPrefix))
+		}
+	}
+	if c.NodeName != "" {
+		if k, err := calico.ParseKey(calico.FelixConfigurationKey(calico.FelixConfigurationNodeName(c.NodeName))); err != nil ||
+			k.Kind != calico.KindFelixConfiguration {
+			errs = append(errs, fmt.Errorf("NodeName %q is not a node name", c.NodeName))
 		}
 	}
 	if _, err := ParseOwnership(string(c.Ownership)); err != nil {

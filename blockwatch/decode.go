@@ -21,9 +21,12 @@ func PeerKey(hostsPrefix, node, family string) string {
 	return hostsPrefix + node + "/peerip/" + family + "/1"
 }
 
-// decoder turns etcd keys and values under the three prefixes into routing data. It is pure.
+// decoder turns etcd keys and values under the watched prefixes into routing data. It is pure.
 type decoder struct {
 	blockPrefix, hostsPrefix, poolPrefix string
+	nodePrefix, felixPrefix              string
+	// felixNode is the name of this node's FelixConfiguration ("" without Config.NodeName).
+	felixNode string
 	// blockRoot replaces blockPrefix before calico.ParseKey when blockPrefix is a relocated copy of
 	// calico.BlockPrefix; "" when keys are parsed as they are.
 	blockRoot string
@@ -31,7 +34,11 @@ type decoder struct {
 }
 
 func newDecoder(c Config) decoder {
-	d := decoder{blockPrefix: c.BlockPrefix, hostsPrefix: c.HostsPrefix, poolPrefix: c.PoolPrefix, legacy: c.LegacyHostAffinity}
+	d := decoder{blockPrefix: c.BlockPrefix, hostsPrefix: c.HostsPrefix, poolPrefix: c.PoolPrefix, legacy: c.LegacyHostAffinity,
+		nodePrefix: c.NodePrefix, felixPrefix: c.FelixConfigurationPrefix}
+	if c.NodeName != "" {
+		d.felixNode = calico.FelixConfigurationNodeName(c.NodeName)
+	}
 	if !strings.HasPrefix(c.BlockPrefix, calico.BlockPrefix) {
 		d.blockRoot = calico.BlockPrefix
 	}
@@ -122,14 +129,7 @@ func peerAddr(id peerID, value []byte) (netip.Addr, error) {
 
 // poolName parses a key under the pool prefix.
 func (d decoder) poolName(key string) (string, error) {
-	name, ok := strings.CutPrefix(key, d.poolPrefix)
-	if !ok {
-		return "", fmt.Errorf("key %q is not under %q", key, d.poolPrefix)
-	}
-	if k, err := calico.ParseKey(calico.IPPoolKey(name)); err != nil || k.Kind != calico.KindIPPool {
-		return "", fmt.Errorf("pool key %q: bad pool name %q", key, name)
-	}
-	return name, nil
+	return resourceName(key, d.poolPrefix, calico.KindIPPool)
 }
 
 // pool decodes a pool value; its metadata.name, when set, must match the key.
@@ -147,9 +147,102 @@ func pool(name string, value []byte) (calico.IPPool, error) {
 	return p, nil
 }
 
-// poolEqual compares the fields of two pools.
+// poolEqual compares the fields of two pools (every field: TestPoolEqualComparesEveryField). An
+// empty mode is Never, as calico.DecodeIPPool reads it.
 func poolEqual(a, b calico.IPPool) bool {
 	return a.Name == b.Name && a.CIDR == b.CIDR && a.BlockSize == b.BlockSize && a.Disabled == b.Disabled &&
-		a.NodeSelector == b.NodeSelector && slices.Equal(a.AllowedUses, b.AllowedUses) &&
-		a.AssignmentMode == b.AssignmentMode
+		a.NodeSelector == b.NodeSelector && a.NamespaceSelector == b.NamespaceSelector &&
+		slices.Equal(a.AllowedUses, b.AllowedUses) && a.AssignmentMode == b.AssignmentMode &&
+		modeOf(a.IPIPMode) == modeOf(b.IPIPMode) && modeOf(a.VXLANMode) == modeOf(b.VXLANMode)
+}
+
+func modeOf(m calico.EncapMode) calico.EncapMode {
+	if m == "" {
+		return calico.EncapNever
+	}
+	return m
+}
+
+// resourceName parses a key under prefix whose last segment is a Calico resource's name (a pool, a
+// Node, a FelixConfiguration), as calico.ParseKey accepts it under kind's prefix.
+func resourceName(key, prefix string, kind calico.KeyKind) (string, error) {
+	name, ok := strings.CutPrefix(key, prefix)
+	if !ok {
+		return "", fmt.Errorf("key %q is not under %q", key, prefix)
+	}
+	if k, err := calico.ParseKey(calico.Key{Kind: kind, Name: name}.String()); err != nil || k.Kind != kind {
+		return "", fmt.Errorf("%s key %q: bad name %q", kind, key, name)
+	}
+	return name, nil
+}
+
+// node decodes a Node value into its routing data: the labels are dropped and the values quoted in
+// problems clipped (a malformed spec can be long), so that the view keeps only what routing reads.
+// Its metadata.name, when set, must match the key.
+func node(name string, value []byte) (calico.Node, error) {
+	n, err := calico.DecodeNode(value)
+	if err != nil {
+		return calico.Node{}, err
+	}
+	if n.Name != "" && n.Name != name {
+		return calico.Node{}, fmt.Errorf("metadata.name %q differs from the key's name %q", n.Name, name)
+	}
+	n.Name, n.Labels = name, nil
+	n.V4.Problems, n.V6.Problems = clipProblems(n.V4.Problems), clipProblems(n.V6.Problems)
+	return n, nil
+}
+
+// nodeEqual compares the routing data of two nodes.
+func nodeEqual(a, b calico.Node) bool {
+	return a.Name == b.Name && familyEqual(a.V4, b.V4) && familyEqual(a.V6, b.V6)
+}
+
+func familyEqual(a, b calico.NodeFamily) bool {
+	return a.Addr == b.Addr && a.Subnet == b.Subnet && a.FromBGP == b.FromBGP && a.IPIPTunnelAddr == b.IPIPTunnelAddr &&
+		a.VXLANTunnelAddr == b.VXLANTunnelAddr && a.VXLANTunnelMAC == b.VXLANTunnelMAC && slices.Equal(a.Problems, b.Problems)
+}
+
+// felixSlot says which of the FelixConfigurations this node reads a name is (felixDefault,
+// felixNode); false for every other one (other nodes' overrides, and names felix does not read).
+func (d decoder) felixSlot(name string) (int, bool) {
+	switch {
+	case name == calico.FelixConfigurationDefault:
+		return felixDefault, true
+	case d.felixNode != "" && name == d.felixNode:
+		return felixNode, true
+	}
+	return 0, false
+}
+
+// felixConfig decodes a FelixConfiguration value (problem values clipped); its metadata.name, when
+// set, must match the key.
+func felixConfig(name string, value []byte) (*calico.FelixConfiguration, error) {
+	c, err := calico.DecodeFelixConfiguration(value)
+	if err != nil {
+		return nil, err
+	}
+	if c.Name != "" && c.Name != name {
+		return nil, fmt.Errorf("metadata.name %q differs from the key's name %q", c.Name, name)
+	}
+	c.Name = name
+	c.Problems = clipProblems(c.Problems)
+	return &c, nil
+}
+
+// maxProblemValue bounds the value a kept FieldProblem quotes.
+const maxProblemValue = 80
+
+// clipProblems returns problems with each quoted value clipped to maxProblemValue bytes (a copy;
+// nil for none).
+func clipProblems(problems []calico.FieldProblem) []calico.FieldProblem {
+	if len(problems) == 0 {
+		return nil
+	}
+	out := slices.Clone(problems)
+	for i := range out {
+		if v := out[i].Value; len(v) > maxProblemValue {
+			out[i].Value = strings.ToValidUTF8(v[:maxProblemValue], "") + "..."
+		}
+	}
+	return out
 }

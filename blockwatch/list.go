@@ -108,7 +108,7 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	if first {
 		// Nothing to diff against: everything is new, and the consumer builds its state from the
 		// whole view (and the parts it was handed) anyway.
-		ch.pools = len(next.pools) > 0
+		ch.pools, ch.tunnel = len(next.pools) > 0, true
 	} else {
 		next.diff(prev, &ch)
 	}
@@ -120,15 +120,15 @@ func (w *Watcher) list(ctx context.Context, reason string, at int64) (*Snapshot,
 	full := next.snapshot(&ch, true, reason)
 	w.metrics.relist(reason)
 	w.log.Info("listed etcd", "reason", reason, "revision", next.rev, "ownership", next.ownership, "blocks", next.blocks.n,
-		"peers", len(next.peers), "pools", len(next.pools), "changed_blocks", len(ch.blocks),
+		"peers", len(next.peers), "pools", len(next.pools), "nodes", len(next.nodes), "changed_blocks", len(ch.blocks),
 		"duration", time.Since(started).Round(time.Millisecond))
 	return full, nil
 }
 
 // fetch sends the pages of the watched prefixes to out, all read at revision at (if not 0: serializably)
 // or else at the revision of the first one, then a last page; or the error that stopped it. It
-// returns early when ctx ends. The pools and peers come first, so that a listed block's routes can be
-// known as soon as it is (Listing).
+// returns early when ctx ends. The pools, peers, Nodes and FelixConfigurations come first, so that a
+// listed block's routes can be known as soon as it is (Listing).
 func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 	send := func(p page) bool {
 		select {
@@ -139,8 +139,9 @@ func (w *Watcher) fetch(ctx context.Context, out chan<- page, at int64) {
 		}
 	}
 	rev := at
-	// The IPAM config first (it names the ownership source), then the pools and peers.
-	for _, src := range [...]source{srcIPAMConfig, srcPools, srcHosts, srcBlocks, srcAffinities} {
+	// The IPAM config first (it names the ownership source), then what a block's routes depend on:
+	// pools, peers, Nodes and FelixConfigurations.
+	for _, src := range [...]source{srcIPAMConfig, srcPools, srcHosts, srcNodes, srcFelixConfigs, srcBlocks, srcAffinities} {
 		prefix := w.prefixes[src]
 		if prefix == "" {
 			continue

@@ -5,8 +5,9 @@ import (
 )
 
 // Listed is a part of a Watcher's first list, handed out while the list goes on (Listing) so that a
-// consumer can start work before the list is complete: every pool and peer of the list's revision
-// (the list reads them before the blocks), and blocks listed since the previous part. It is not a
+// consumer can start work before the list is complete: every pool, peer and Node of the list's
+// revision and the tunnel configuration (the list reads them before the blocks), and blocks listed
+// since the previous part. It is not a
 // view of etcd: a block absent from every part may still be listed, and until the Full snapshot
 // arrives nothing may be concluded from an absence. Its maps and blocks are immutable, shared with the
 // snapshots.
@@ -20,9 +21,13 @@ type Listed struct {
 	// keys when ownership comes from them), as etcd counted them: a size to make room for, not a
 	// promise (some keys may be malformed or deleted blocks).
 	Total int
-	// Peers and Pools are all the peers and pools at Revision.
-	Peers map[string]Peer
-	Pools map[string]calico.IPPool
+	// Peers, Pools and Nodes are all the peers, pools and Nodes at Revision; Tunnel and
+	// TunnelProblems are as in Snapshot.
+	Peers          map[string]Peer
+	Pools          map[string]calico.IPPool
+	Nodes          map[string]calico.Node
+	Tunnel         calico.TunnelConfig
+	TunnelProblems []calico.FieldProblem
 }
 
 // Listing delivers the parts of the first list, the one that has no previous view to diff against
@@ -33,11 +38,12 @@ type Listed struct {
 func (w *Watcher) Listing() <-chan *Listed { return w.listing }
 
 // emitListed hands a part of the first list out without blocking, merged with the part the consumer
-// has not taken yet, if it is of the same revision. c is the view being listed: its peers and pools
-// are complete, and from now on shared.
+// has not taken yet, if it is of the same revision. c is the view being listed: its peers, pools,
+// Nodes and FelixConfigurations are complete, and its maps from now on shared.
 func (w *Watcher) emitListed(c *cache, blocks []*Block, total int) {
-	c.peersShared, c.poolsShared = true, true
-	l := &Listed{Revision: c.rev, Blocks: blocks, Total: total, Peers: c.peers, Pools: c.pools}
+	c.peersShared, c.poolsShared, c.nodesShared = true, true, true
+	l := &Listed{Revision: c.rev, Blocks: blocks, Total: total, Peers: c.peers, Pools: c.pools, Nodes: c.nodes,
+		Tunnel: c.tunnel, TunnelProblems: c.tunnelProblems}
 	merge := func(old, l *Listed) *Listed {
 		if old.Revision == l.Revision {
 			l.Blocks = append(old.Blocks, l.Blocks...)

@@ -252,10 +252,11 @@ func (w *Watcher) initialOwnership(ctx context.Context) (Ownership, error) {
 }
 
 // prefixesFor returns the prefixes a Watcher lists and watches when ownership comes from source:
-// the blocks or the affinities, the hosts and pools, and the IPAM config unless the configured
-// ownership is the blocks.
+// the blocks or the affinities, the hosts, pools, Nodes and FelixConfigurations, and the IPAM config
+// unless the configured ownership is the blocks.
 func (w *Watcher) prefixesFor(source Ownership) [numSources]string {
-	p := [numSources]string{srcHosts: w.cfg.HostsPrefix, srcPools: w.cfg.PoolPrefix}
+	p := [numSources]string{srcHosts: w.cfg.HostsPrefix, srcPools: w.cfg.PoolPrefix, srcNodes: w.cfg.NodePrefix,
+		srcFelixConfigs: w.cfg.FelixConfigurationPrefix}
 	if source == OwnershipAffinities {
 		p[srcAffinities] = calico.HostAffinityPrefix
 	} else {

@@ -51,10 +51,10 @@ func (m *keyModel[V]) accepts(got V, present bool, eq func(a, b V) bool) bool {
 	return !present || slices.ContainsFunc(m.since, func(v V) bool { return eq(v, got) })
 }
 
-// TestRandomized writes a random sequence of good, malformed and deleted blocks, peers and pools, with
-// relists and compactions in between, while a slow consumer reads snapshots. Every snapshot's change
-// set must name everything that differs from the snapshot read before it (coalescing included), and
-// the last snapshot must match a model of the package's rules (keyModel).
+// TestRandomized writes a random sequence of good, malformed and deleted blocks, peers, pools and
+// Calico Nodes, with relists and compactions in between, while a slow consumer reads snapshots.
+// Every snapshot's change set must name everything that differs from the snapshot read before it
+// (coalescing included), and the last snapshot must match a model of the package's rules (keyModel).
 func TestRandomized(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -82,6 +82,10 @@ func TestRandomized(t *testing.T) {
 	for i := range 3 {
 		pools[fmt.Sprintf("pool-%d", i)] = &keyModel[calico.IPPool]{}
 	}
+	calicoNodes := map[string]*keyModel[calico.Node]{}
+	for _, n := range append(nodes, "final") {
+		calicoNodes[n] = &keyModel[calico.Node]{}
+	}
 
 	// The consumer checks change sets as it goes and hands back the last snapshot.
 	type result struct {
@@ -92,7 +96,17 @@ func TestRandomized(t *testing.T) {
 	marker := mustPrefix("10.200.0.0/26")
 	final := func(s *Snapshot) bool {
 		_, pool := s.Pools["final"]
-		return s != nil && s.Blocks.Get(marker) != nil && s.Peers["final"].IPv4.IsValid() && pool
+		_, node := s.Nodes["final"]
+		return s != nil && s.Blocks.Get(marker) != nil && s.Peers["final"].IPv4.IsValid() && pool && node
+	}
+	putNode := func(name string, addr netip.Addr) int64 {
+		v := nodeValue(name, `{"bgp":{"ipv4Address":"`+addr.String()+`/24"}}`)
+		n, err := node(name, []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calicoNodes[name].good(n)
+		return put(t, cli, calico.NodeKey(name), v)
 	}
 	stop := make(chan struct{})
 	done := make(chan result, 1)
@@ -199,6 +213,18 @@ func TestRandomized(t *testing.T) {
 			if _, err := srv.Compact(testCtx(t)); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
 				t.Fatal(err)
 			}
+		case r < 96: // Calico Nodes
+			name := nodes[rng.IntN(len(nodes))]
+			switch rng.IntN(4) {
+			case 0:
+				lastRev = del(t, cli, calico.NodeKey(name))
+				calicoNodes[name].gone(true)
+			case 1:
+				lastRev = put(t, cli, calico.NodeKey(name), `{"metadata":`)
+				calicoNodes[name].malformed()
+			default:
+				lastRev = putNode(name, netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(250) + 1)}))
+			}
 		default:
 			// Unrelated keys move the revision without touching the view.
 			lastRev = put(t, cli, "/calico/resources/v3/projectcalico.org/workloadendpoints/x", fmt.Sprint(op))
@@ -212,6 +238,7 @@ func TestRandomized(t *testing.T) {
 	lastRev = put(t, cli, calico.IPPoolKey("final"), string(fv))
 	pools["final"] = &keyModel[calico.IPPool]{}
 	pools["final"].good(fp)
+	lastRev = putNode("final", mustAddr("198.51.100.1"))
 	close(stop)
 	var res result
 	select {
@@ -245,8 +272,13 @@ func TestRandomized(t *testing.T) {
 			t.Errorf("pool %s: got %+v (present %v), model %+v", name, p, ok, *m)
 		}
 	}
-	if nBlocks > len(cidrs) || len(last.Pools) > len(pools) || len(last.Peers) > len(nodes)+1 {
-		t.Errorf("unexpected keys: %d blocks, %d pools, %d peers", nBlocks, len(last.Pools), len(last.Peers))
+	for name, m := range calicoNodes {
+		if n, ok := last.Nodes[name]; !m.accepts(n, ok, nodeEqual) {
+			t.Errorf("node %s: got %+v (present %v), model %+v", name, n, ok, *m)
+		}
+	}
+	if nBlocks > len(cidrs) || len(last.Pools) > len(pools) || len(last.Peers) > len(nodes)+1 || len(last.Nodes) > len(calicoNodes) {
+		t.Errorf("unexpected keys: %d blocks, %d pools, %d peers, %d nodes", nBlocks, len(last.Pools), len(last.Peers), len(last.Nodes))
 	}
 }
 
@@ -268,6 +300,16 @@ func checkChanges(t *testing.T, prev, cur *Snapshot) {
 	}
 	if !maps.EqualFunc(prev.Pools, cur.Pools, poolEqual) && !cur.PoolsChanged {
 		t.Errorf("snapshot %d: pools changed but PoolsChanged is false", cur.Revision)
+	}
+	for _, n := range slices.Concat(slices.Collect(maps.Keys(prev.Nodes)), slices.Collect(maps.Keys(cur.Nodes))) {
+		p, pok := prev.Nodes[n]
+		c, cok := cur.Nodes[n]
+		if (pok != cok || !nodeEqual(p, c)) && !slices.Contains(cur.ChangedNodes, n) {
+			t.Errorf("snapshot %d: node %s changed but is not in ChangedNodes %v", cur.Revision, n, cur.ChangedNodes)
+		}
+	}
+	if (prev.Tunnel != cur.Tunnel || !slices.Equal(prev.TunnelProblems, cur.TunnelProblems)) && !cur.TunnelChanged {
+		t.Errorf("snapshot %d: tunnel changed but TunnelChanged is false", cur.Revision)
 	}
 	if cur.Revision < prev.Revision {
 		t.Errorf("revision went back from %d to %d", prev.Revision, cur.Revision)

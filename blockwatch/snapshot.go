@@ -40,7 +40,7 @@ func RelistReasons() []string {
 // the Watcher's next write to them; Blocks, one shard of it).
 type Snapshot struct {
 	// Revision is the highest etcd revision the snapshot reflects. A Full snapshot is exactly the
-	// state of the three prefixes at Revision. In an incremental snapshot each prefix is etcd's state
+	// state of the watched prefixes at Revision. In an incremental snapshot each prefix is etcd's state
 	// of that prefix at some revision up to Revision: the prefixes are watched on independent
 	// streams, so events of one prefix may arrive a little after later events of another.
 	Revision int64
@@ -70,8 +70,30 @@ type Snapshot struct {
 	// ChangedPeers lists, sorted, the nodes whose peer IPs changed since the previous snapshot (none
 	// for a Watcher's first list).
 	ChangedPeers []string
-	// PoolsChanged says whether any pool changed since the previous snapshot.
+	// PoolsChanged says whether any pool changed since the previous snapshot (any field, the
+	// encapsulation modes included).
 	PoolsChanged bool
+	// Nodes maps a node name to the routing data of its Calico Node resource (calico.Node with V4
+	// and V6; Labels are not kept). A node whose value never decoded is absent; one whose current value
+	// does not decode keeps its last good value. A field that did not parse is listed in its family's
+	// Problems (and that field is zero): see calico.NodeFamily.AddrProblem and calico.Node.VTEP for
+	// telling "absent" from "keep what you had".
+	Nodes map[string]calico.Node
+	// ChangedNodes lists, sorted, the nodes whose routing data (Nodes) changed since the previous
+	// snapshot, created and deleted ones included (none for a Watcher's first list). The routes to
+	// a listed node's blocks may need recomputing; when this node itself is listed, its subnet may
+	// have changed, and with it the encapsulation of every route to a CrossSubnet pool.
+	ChangedNodes []string
+	// Tunnel is this node's effective tunnel configuration: calico.EffectiveTunnelConfig of the
+	// FelixConfigurations "default" and "node.<Config.NodeName>" (each its last good value, if any).
+	Tunnel calico.TunnelConfig
+	// TunnelProblems lists the fields of those two FelixConfigurations that could not be used (each
+	// falls through to the next layer in Tunnel); a consumer may keep the tunnel settings it had while
+	// there are any.
+	TunnelProblems []calico.FieldProblem
+	// TunnelChanged says whether Tunnel or TunnelProblems changed since the previous snapshot (true
+	// for a Watcher's first list).
+	TunnelChanged bool
 	// ReceivedAt is when the etcd response that produced this snapshot was received (the earliest
 	// one, after coalescing).
 	ReceivedAt time.Time
@@ -136,10 +158,12 @@ func coalesce(old, s *Snapshot) *Snapshot {
 	}
 	s.ChangedBlocks = mergeSorted(old.ChangedBlocks, s.ChangedBlocks, netip.Prefix.Compare)
 	s.ChangedPeers = mergeSorted(old.ChangedPeers, s.ChangedPeers, strings.Compare)
+	s.ChangedNodes = mergeSorted(old.ChangedNodes, s.ChangedNodes, strings.Compare)
 	if initial {
-		s.ChangedBlocks, s.ChangedPeers = nil, nil
+		s.ChangedBlocks, s.ChangedPeers, s.ChangedNodes = nil, nil, nil
 	}
 	s.PoolsChanged = s.PoolsChanged || old.PoolsChanged
+	s.TunnelChanged = s.TunnelChanged || old.TunnelChanged
 	if !old.ReceivedAt.IsZero() && (s.ReceivedAt.IsZero() || old.ReceivedAt.Before(s.ReceivedAt)) {
 		s.ReceivedAt = old.ReceivedAt
 	}
