@@ -28,6 +28,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
@@ -147,11 +148,8 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 		return bad(err)
 	}
 	cfg.node = node
-	if !strings.HasPrefix(cfg.socket, "/") {
-		return bad(fmt.Errorf("--socket %q: not an absolute path", cfg.socket))
-	}
-	if len(cfg.socket) > 107 {
-		return bad(fmt.Errorf("--socket %q: %d bytes, longer than a unix socket path may be (107)", cfg.socket, len(cfg.socket)))
+	if why := shim.CheckSocketPath(cfg.socket); why != "" {
+		return bad(fmt.Errorf("--socket %s", why))
 	}
 	if cfg.socketGID, err = lookupGroup(*group); err != nil {
 		return bad(err)

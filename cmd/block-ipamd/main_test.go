@@ -49,6 +49,7 @@ func TestBadSettingsRefused(t *testing.T) {
 		{[]string{"--etcd-endpoints", "https://ipam:hunter2@127.0.0.1:2379"}, nil, "carries credentials"},
 		{[]string{"--etcd-username", "ipam"}, nil, "no password"},
 		{[]string{"--socket", "run/x.sock"}, nil, "--socket"},
+		{[]string{"--socket", "/run/" + strings.Repeat("x", 103)}, nil, "longer than a unix socket path may be (107)"},
 		{[]string{"--socket-group", "no-such-group-here"}, nil, "--socket-group"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"extra"}, nil, "unexpected arguments"},

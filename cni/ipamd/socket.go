@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
 // Listen creates the daemon's unix socket at path, readable and writable by root only (0600) or, with
@@ -15,8 +17,8 @@ import (
 // socket left by a daemon that died is replaced; one a live daemon answers on is an error, so that a
 // second daemon of the node does not steal the first one's socket.
 func Listen(path string, gid int) (net.Listener, error) {
-	if !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("--socket %q: not an absolute path", path)
+	if why := shim.CheckSocketPath(path); why != "" {
+		return nil, fmt.Errorf("--socket %s", why)
 	}
 	dir := filepath.Dir(path)
 	dirMode, mode := os.FileMode(0o700), os.FileMode(0o600)
