@@ -292,7 +292,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	if err != nil {
 		return err
 	}
-	defer os.Remove(cfg.socket)
+	// Removes the socket only if its path still names it (a successor's is left alone).
+	defer sock.Close()
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()

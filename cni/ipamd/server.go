@@ -111,6 +111,9 @@ type Server struct {
 	live liveness.Loop
 	// synced: the state has read every source once (/readyz, Synced).
 	synced atomic.Bool
+	// socket is the socket Serve answers on, when Listen made it: /readyz checks that its path is
+	// still this daemon's.
+	socket atomic.Pointer[Socket]
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
@@ -411,6 +414,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		<-hdone
 		unix.Close(hup.epfd)
 	}()
+	if sk, ok := l.(*Socket); ok {
+		s.socket.Store(sk)
+	}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -525,7 +531,8 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 }
 
 // health answers /healthz (the state loop is alive: HealthyWithin) and /readyz (and its etcd
-// connection is not failing, and the node state has been read).
+// connection is not failing, its socket's path still names its socket, and the node state has been
+// read).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if !s.HealthyWithin(s.cfg.HealthWindow) {
 		http.Error(w, "the state loop is stalled", http.StatusServiceUnavailable)
@@ -534,6 +541,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/readyz" && s.etcdLost() {
 		http.Error(w, "etcd unreachable at "+s.cfg.Endpoints, http.StatusServiceUnavailable)
 		return
+	}
+	if sk := s.socket.Load(); r.URL.Path == "/readyz" && sk != nil {
+		if err := sk.Check(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 	}
 	if r.URL.Path == "/readyz" && !s.Synced() {
 		http.Error(w, "the node's IPAM state has not been read from etcd at "+s.cfg.Endpoints+" yet", http.StatusServiceUnavailable)

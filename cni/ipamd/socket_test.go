@@ -1,7 +1,6 @@
 package ipamd
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,8 +41,7 @@ func TestListen(t *testing.T) {
 		t.Errorf("second daemon on a live socket: %v", err)
 	}
 	// A dead daemon's socket: the file stays, nobody accepts.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	l.Close()
+	l.UnixListener.Close()
 	l2, err := Listen(sock, -1)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
