@@ -75,6 +75,7 @@ type config struct {
 	node           string
 	socket         string
 	socketGID      int
+	maxConns       int
 	metricsAddress string
 	log            *slog.Logger
 	pause          time.Duration
@@ -101,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	nodename := fs.String("nodename", "", "this node's name; else "+nodenameFile+", else the lower-cased hostname")
 	fs.StringVar(&cfg.socket, "socket", cni.DefaultSocket, "unix socket the CNI plugin connects to (the network configuration's ipam.socket)")
 	group := fs.String("socket-group", "", "group (name or id) that may also use the socket (0660); default: root only (0600)")
+	fs.IntVar(&cfg.maxConns, "max-connections", ipamd.DefaultMaxConnections, "plugin connections served at once; at the limit a new one displaces the oldest still sending its request")
 	fs.StringVar(&cfg.metricsAddress, "metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz; empty disables")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
@@ -150,6 +152,9 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	cfg.node = node
 	if why := shim.CheckSocketPath(cfg.socket); why != "" {
 		return bad(fmt.Errorf("--socket %s", why))
+	}
+	if cfg.maxConns < 1 {
+		return bad(fmt.Errorf("--max-connections %d: at least 1", cfg.maxConns))
 	}
 	if cfg.socketGID, err = lookupGroup(*group); err != nil {
 		return bad(err)
@@ -274,7 +279,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	dcfg := ipamd.Config{Node: cfg.node, Client: cli, Endpoints: endpoints, CallTimeout: cfg.etcd.RequestTimeout,
-		Logger: log, Registerer: reg}
+		Logger: log, Registerer: reg, MaxConnections: cfg.maxConns}
 	if cfg.pause > 0 {
 		dcfg.Pause = func(ctx context.Context) {
 			fmt.Fprintln(os.Stderr, "block-ipam: test pause before commit")

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -72,6 +73,11 @@ type Config struct {
 	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
 	// operation it runs, before /healthz fails (default 30 s).
 	HealthWindow time.Duration
+	// MaxConnections bounds the socket's connections served at once (default
+	// DefaultMaxConnections); MaxRequestBytes the request bytes they buffer in all (default
+	// DefaultMaxRequestBytes). See connLimits.
+	MaxConnections  int
+	MaxRequestBytes int64
 }
 
 // Validate checks the configuration.
@@ -90,6 +96,12 @@ func (c *Config) Validate() error {
 	}
 	if c.HealthWindow <= 0 {
 		c.HealthWindow = 30 * time.Second
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	return nil
 }
@@ -114,6 +126,7 @@ type Server struct {
 	// socket is the socket Serve answers on, when Listen made it: /readyz checks that its path is
 	// still this daemon's.
 	socket atomic.Pointer[Socket]
+	limits *connLimits
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
@@ -135,11 +148,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	updates := make(chan update, 256)
+	m := newMetrics(cfg.Registerer)
 	return &Server{
 		cfg:       cfg,
 		etcd:      &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
 		log:       cfg.Logger,
-		metrics:   newMetrics(cfg.Registerer),
+		metrics:   m,
+		limits:    newConnLimits(cfg.MaxConnections, cfg.MaxRequestBytes, m),
 		jobs:      make(chan *job, queueLength),
 		updates:   updates,
 		state:     newNodeState(cfg.Node, cfg.Logger),
@@ -425,6 +440,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	// does: the daemon serves again once file descriptors are free.
 	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
+		if !s.limits.wait(ctx) {
+			return nil
+		}
 		conn, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -440,36 +458,54 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			continue
 		}
 		bo.Reset()
+		c := s.limits.admit(conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, conn, hup)
+			s.serveConn(ctx, c, hup)
 		}()
 	}
 }
 
-// connTimeout bounds reading a request and writing a reply.
+// connTimeout bounds reading a request and writing a reply: a plugin writes its request at once.
 const connTimeout = 5 * time.Second
 
-func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
+func (s *Server) serveConn(ctx context.Context, conn *limitedConn, hup *hangups) {
+	defer s.limits.release(conn)
 	defer conn.Close()
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(connTimeout))
-	data, err := io.ReadAll(io.LimitReader(conn, cni.MaxMessage+1))
+	data, reserved, err := s.limits.read(conn, cni.MaxMessage+1)
+	defer s.limits.unreserve(reserved)
 	var out []byte
 	switch {
+	case errors.Is(err, errBytes):
+		// Read the rest into nothing (within the read deadline) before answering: a connection
+		// closed with data unread is reset, and the client would get ECONNRESET instead of 11.
+		s.metrics.dropped.WithLabelValues("bytes").Inc()
+		io.Copy(io.Discard, conn)
+		out = cni.ErrorFrame(&types.Error{Code: types.ErrTryAgainLater,
+			Msg: fmt.Sprintf("block-ipam daemon: busy: it holds %d bytes of requests being read, its limit; try again later", s.cfg.MaxRequestBytes)})
 	case err != nil:
-		s.log.Warn("reading a request from the socket", "err", err)
+		switch {
+		case !s.limits.doneReading(conn):
+			// Displaced for a newer connection: counted then.
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.metrics.dropped.WithLabelValues("deadline").Inc()
+			s.log.Debug("no whole request on the socket within the deadline", "deadline", connTimeout)
+		default:
+			s.log.Warn("reading a request from the socket", "err", err)
+		}
+		return
+	case !s.limits.doneReading(conn):
 		return
 	case len(data) > cni.MaxMessage:
-		// Read the rest (within the read deadline) before answering: a connection closed with
-		// data unread is reset, and the client would get ECONNRESET instead of the answer.
 		io.Copy(io.Discard, conn)
 		out = cni.ServeFrame(data, nil)
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := hup.watch(conn, cancel)
+		stop := hup.watch(conn.Conn, cancel)
 		// The plugin's call as the runtime made it: package cni does CNI's part.
 		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
 		stop()
