@@ -50,7 +50,11 @@ func TestBadSettingsRefused(t *testing.T) {
 		{[]string{"--etcd-username", "ipam"}, nil, "no password"},
 		{[]string{"--socket", "run/x.sock"}, nil, "--socket"},
 		{[]string{"--socket", "/run/" + strings.Repeat("x", 103)}, nil, "longer than a unix socket path may be (107)"},
-		{[]string{"--socket-group", "no-such-group-here"}, nil, "--socket-group"},
+		// --socket-group could not work under the shipped unit (no chown) and DaemonSet (no CAP_CHOWN):
+		// removed, and refused rather than ignored.
+		{[]string{"--socket-group", "0"}, nil, "--socket-group (BLOCK_IPAM_SOCKET_GROUP) was removed"},
+		{nil, map[string]string{"BLOCK_IPAM_SOCKET_GROUP": "root"}, "--socket-group (BLOCK_IPAM_SOCKET_GROUP) was removed"},
+		{[]string{"--max-connections", "0"}, nil, "--max-connections"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	} {

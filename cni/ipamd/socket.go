@@ -51,27 +51,19 @@ func (s *Socket) Check() error {
 	return nil
 }
 
-// Listen creates the daemon's unix socket at path, readable and writable by root only (0600) or, with
-// gid >= 0, also by that group (0660). A missing directory is created 0700 (0750 with a group). A
-// socket left by a daemon that died is replaced; one a live daemon answers on is an error, so that a
-// second daemon of the node does not steal the first one's socket.
-func Listen(path string, gid int) (*Socket, error) {
+// Listen creates the daemon's unix socket at path, readable and writable by its owner only (0600):
+// root, i.e. the runtime executing the plugin, connects whoever the owner is. A missing directory is
+// created 0700. A socket left by a daemon that died is replaced; one a live daemon answers on is an
+// error, so that a second daemon of the node does not steal the first one's socket. It needs no
+// privilege and no chown: the shipped systemd unit forbids both.
+func Listen(path string) (*Socket, error) {
 	if why := shim.CheckSocketPath(path); why != "" {
 		return nil, fmt.Errorf("--socket %s", why)
 	}
 	dir := filepath.Dir(path)
-	dirMode, mode := os.FileMode(0o700), os.FileMode(0o600)
-	if gid >= 0 {
-		dirMode, mode = 0o750, 0o660
-	}
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, dirMode); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("--socket: create %s: %w", dir, err)
-		}
-		if gid >= 0 {
-			if err := os.Chown(dir, -1, gid); err != nil {
-				return nil, fmt.Errorf("--socket-group: chown %s: %w", dir, err)
-			}
 		}
 	}
 	if st, err := os.Lstat(path); err == nil {
@@ -102,13 +94,7 @@ func Listen(path string, gid int) (*Socket, error) {
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
 	l.dev, l.ino = uint64(st.Dev), st.Ino
-	if gid >= 0 {
-		if err := os.Chown(path, -1, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("--socket-group: chown %s: %w", path, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
+	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("--socket: chmod %s: %w", path, err)
 	}
