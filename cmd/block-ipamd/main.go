@@ -103,7 +103,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	// file is not silently dropped.
 	group := fs.String("socket-group", "", "removed")
 	fs.MarkHidden("socket-group")
-	fs.IntVar(&cfg.maxConns, "max-connections", ipamd.DefaultMaxConnections, "plugin connections served at once; at the limit a new one displaces the oldest still sending its request")
+	fs.IntVar(&cfg.maxConns, "max-connections", ipamd.DefaultMaxConnections, "plugin connections served at once; at the limit a new one displaces the oldest still waiting for its request")
 	fs.StringVar(&cfg.metricsAddress, "metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz; empty disables")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")

@@ -7,21 +7,28 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Bounds of what the socket's clients may hold of the daemon (Config.MaxConnections,
 // Config.MaxRequestBytes).
 const (
 	// DefaultMaxConnections is the default of Config.MaxConnections: far more than a node's runtime
-	// has plugins waiting at once (the state loop queues at most queueLength requests).
+	// has plugins waiting at once.
 	DefaultMaxConnections = 256
 	// DefaultMaxRequestBytes is the default of Config.MaxRequestBytes: 16 requests of the largest
-	// size at once, or thousands of ordinary ones (a few KB each).
+	// size at once, besides what every connection may buffer (firstRead).
 	DefaultMaxRequestBytes = 16 << 20
 	// firstRead is the buffer every connection may fill, outside MaxRequestBytes (a plugin's request
 	// is a few KB: real requests never wait for the shared budget); it doubles as a request grows,
 	// and what it grows by comes out of MaxRequestBytes.
 	firstRead = 8 << 10
+	// displaceAge is how long a connection is safe from being displaced after it is accepted: the
+	// plugin writes its request right after connecting.
+	displaceAge = 10 * time.Millisecond
 )
 
 // errBytes: the daemon already buffers Config.MaxRequestBytes of requests.
@@ -30,10 +37,14 @@ var errBytes = errors.New("the daemon's request buffers are full")
 // connLimits bounds the connections served at once and the request bytes they buffer, as
 // netutil.LimitListener and etcd's and net/http's limits do, with one difference: an attacker that
 // fills the slots with connections that send nothing (or trickle a request) does not lock real
-// plugins out. A plugin writes its whole request at once, right after connecting; so at the limit, a
-// new connection displaces the one that has waited longest for the rest of its request. Connections
-// whose request is read, waiting for the state loop or for their reply, are never displaced; when
-// all of them are such, accepting waits until one ends (the kernel queues the others).
+// plugins out. A plugin writes its whole request at once, right after connecting; so at the limit,
+// for a connection just accepted, the daemon closes ("displaces") the oldest one still
+// reading its request that has nothing to read: no data and no end pending in the kernel, older
+// than displaceAge. A connection whose request is read (waiting for the state loop or its reply) is
+// never displaced, nor one whose reader has simply not run yet (the daemon runs on one thread: a
+// burst of accepts must not displace a plugin whose request is already there). When no connection
+// may be displaced, the new connection waits, unread, and accepting with it (the kernel queues the
+// next ones).
 type connLimits struct {
 	max      int
 	maxBytes int64
@@ -41,21 +52,20 @@ type connLimits struct {
 	room chan struct{}
 	m    *metrics
 
-	mu   sync.Mutex
+	mu sync.Mutex
+	// open counts the connections served, displaced ones excepted.
 	open int
-	// reading are the open connections still reading their request, oldest first; started counts
-	// those whose reader has run (which may be displaced).
+	// reading are the open connections still reading their request, oldest first.
 	reading list.List
-	started int
 	bytes   int64
 }
 
 // limitedConn is one accepted connection under the limits.
 type limitedConn struct {
 	net.Conn
+	admitted time.Time
 	// elem is the connection in connLimits.reading; nil once it has read its request, or was displaced.
 	elem      *list.Element
-	started   bool
 	displaced bool
 }
 
@@ -63,61 +73,95 @@ func newConnLimits(maxConns int, maxBytes int64, m *metrics) *connLimits {
 	return &connLimits{max: maxConns, maxBytes: maxBytes, room: make(chan struct{}, 1), m: m}
 }
 
-// wait returns once a connection may be accepted (false when ctx ends first): below the limit, or
-// with a connection to displace.
-func (l *connLimits) wait(ctx context.Context) bool {
+// makeRoom returns once a connection just accepted may be served (false when ctx ends first): below
+// the limit, after displacing a connection if need be.
+func (l *connLimits) makeRoom(ctx context.Context) bool {
+	var retry *time.Timer
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
 	for {
 		l.mu.Lock()
-		ok := l.open < l.max || l.started > 0
-		l.mu.Unlock()
-		if ok {
+		if l.open < l.max {
+			l.mu.Unlock()
 			return true
+		}
+		victim := l.victim(time.Now())
+		if victim != nil {
+			l.unlist(victim)
+			victim.displaced = true
+			l.open--
+		}
+		l.mu.Unlock()
+		if victim != nil {
+			// Its reader fails and ends.
+			victim.Conn.Close()
+			l.m.dropped.WithLabelValues("displaced").Inc()
+			return true
+		}
+		if retry == nil {
+			retry = time.NewTimer(displaceAge)
+		} else {
+			retry.Reset(displaceAge)
 		}
 		select {
 		case <-l.room:
+		case <-retry.C:
 		case <-ctx.Done():
 			return false
 		}
 	}
 }
 
-// admit counts an accepted connection, displacing the oldest one still reading when over the limit.
-func (l *connLimits) admit(conn net.Conn) *limitedConn {
-	c := &limitedConn{Conn: conn}
-	l.mu.Lock()
-	l.open++
-	var victim *limitedConn
-	if l.open > l.max {
-		for e := l.reading.Front(); e != nil; e = e.Next() {
-			if v := e.Value.(*limitedConn); v.started {
-				victim = v
-				l.unlist(v)
-				v.displaced = true
-				break
-			}
+// victim returns the oldest reading connection that may be displaced, or nil; l.mu is held.
+func (l *connLimits) victim(now time.Time) *limitedConn {
+	for e := l.reading.Front(); e != nil; e = e.Next() {
+		c := e.Value.(*limitedConn)
+		if now.Sub(c.admitted) < displaceAge {
+			return nil // the others are younger
+		}
+		if !pending(c.Conn) {
+			return c
 		}
 	}
+	return nil
+}
+
+// pending reports whether conn has data or its end waiting in the kernel: its reader will progress.
+func pending(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	idle := false
+	rc.Control(func(fd uintptr) {
+		var b [1]byte
+		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		idle = errors.Is(err, unix.EAGAIN)
+	})
+	return !idle
+}
+
+// admit counts an accepted connection (after makeRoom).
+func (l *connLimits) admit(conn net.Conn) *limitedConn {
+	c := &limitedConn{Conn: conn, admitted: time.Now()}
+	l.mu.Lock()
+	l.open++
 	c.elem = l.reading.PushBack(c)
 	l.mu.Unlock()
-	if victim != nil {
-		// Its reader fails and the connection ends (release).
-		victim.Conn.Close()
-		l.m.dropped.WithLabelValues("displaced").Inc()
-	}
 	return c
 }
 
-// read reads c's request, to its end or to limit bytes, buffering no more than the daemon's total
-// allows; reserved is what the buffer holds of that total (release it with unreserve).
+// read reads c's request, to its end or to limit bytes, buffering beyond firstRead no more than the
+// daemon's total allows; reserved is what the buffer holds of that total (release it with unreserve).
 func (l *connLimits) read(c *limitedConn, limit int) (data []byte, reserved int64, err error) {
-	l.mu.Lock()
-	if c.elem != nil {
-		c.started = true
-		l.started++
-		l.signal()
-	}
-	l.mu.Unlock()
-	buf := make([]byte, 0, firstRead)
+	buf := make([]byte, 0, min(firstRead, limit))
 	for {
 		if len(buf) == cap(buf) {
 			if len(buf) >= limit {
@@ -168,35 +212,27 @@ func (l *connLimits) doneReading(c *limitedConn) bool {
 		return false
 	}
 	l.unlist(c)
-	l.signal()
 	return true
 }
 
 // unlist takes c off the reading list; l.mu is held.
 func (l *connLimits) unlist(c *limitedConn) {
-	if c.elem == nil {
-		return
-	}
-	l.reading.Remove(c.elem)
-	c.elem = nil
-	if c.started {
-		l.started--
+	if c.elem != nil {
+		l.reading.Remove(c.elem)
+		c.elem = nil
 	}
 }
 
 // release ends c under the limits.
 func (l *connLimits) release(c *limitedConn) {
 	l.mu.Lock()
-	l.open--
+	if !c.displaced {
+		l.open--
+	}
 	l.unlist(c)
-	l.signal()
-	l.mu.Unlock()
-}
-
-// signal wakes wait; l.mu is held.
-func (l *connLimits) signal() {
 	select {
 	case l.room <- struct{}{}:
 	default:
 	}
+	l.mu.Unlock()
 }

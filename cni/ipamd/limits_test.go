@@ -29,17 +29,19 @@ func TestConnectionLimits(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
+	// Both are accepted, and idle for longer than displaceAge.
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		srv.limits.mu.Lock()
-		started := srv.limits.started
+		reading := srv.limits.reading.Len()
 		srv.limits.mu.Unlock()
-		if started == 2 {
+		if reading == 2 {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("%d of the 2 idle connections are reading", started)
+			t.Fatalf("%d of the 2 idle connections accepted", reading)
 		}
 	}
+	time.Sleep(2 * displaceAge)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if r, err := ipamcall.Call(ctx, srv.sock, addRequest("c1", 5*time.Second)); err != nil || r.Err() != nil {

@@ -440,9 +440,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	// does: the daemon serves again once file descriptors are free.
 	bo := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
-		if !s.limits.wait(ctx) {
-			return nil
-		}
 		conn, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -458,6 +455,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			continue
 		}
 		bo.Reset()
+		if !s.limits.makeRoom(ctx) {
+			conn.Close()
+			return nil
+		}
 		c := s.limits.admit(conn)
 		wg.Add(1)
 		go func() {
