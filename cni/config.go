@@ -191,8 +191,8 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 	switch {
 	case c.Socket == "":
 		c.Socket = DefaultSocket
-	case !strings.HasPrefix(c.Socket, "/") || strings.ContainsRune(c.Socket, 0):
-		return nil, configError("ipam.socket", "%q is not an absolute path", im.Socket)
+	case shim.CheckSocketPath(c.Socket) != "":
+		return nil, configError("ipam.socket", "%s", shim.CheckSocketPath(c.Socket))
 	}
 	// A node name in the configuration (calico-ipam's field) must be the daemon's: the daemon checks.
 	field := "ipam.nodename"

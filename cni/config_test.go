@@ -65,6 +65,7 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{"no ipam", nil, map[string]any{"ipam": nil}, "", 7, "ipam"},
 		{"relative socket", map[string]any{"socket": "run/block-ipam.sock"}, nil, "", 7, "ipam.socket"},
+		{"socket path too long", map[string]any{"socket": "/run/" + strings.Repeat("x", 103)}, nil, "", 7, "ipam.socket: \"/run/xxx"},
 		{"node with slash", map[string]any{"nodename": "a/b"}, nil, "", 7, "ipam.nodename"},
 		{"node with control character", nil, map[string]any{"nodename": "node\u00071"}, "", 7, "nodename"},
 		{"node with newline", map[string]any{"nodename": "node1\nnode2"}, nil, "", 7, "ipam.nodename"},

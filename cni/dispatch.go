@@ -188,3 +188,8 @@ func (fc *frameCall) resolvConf(path string) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// ErrorFrame is the reply frame of a call the daemon refuses before reading it whole (too busy).
+func ErrorFrame(err *types.Error) []byte {
+	return (&frameCall{}).reply(nil, err)
+}

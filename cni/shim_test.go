@@ -484,3 +484,24 @@ func TestShimLogsWhereItsConfigurationSays(t *testing.T) {
 		t.Errorf("the plugin opened the path the daemon named: %v", err)
 	}
 }
+
+// TestShimRefusesSocketPathTooLong: an ipam.socket longer than a unix socket path may be is a
+// configuration error (7) naming the field, for every verb that dials, before any connection: not 11,
+// "try again", which the runtime retries for ever.
+func TestShimRefusesSocketPathTooLong(t *testing.T) {
+	long := "/run/" + strings.Repeat("x", shim.MaxSocketPath-len("/run/")+1)
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"net1","type":"block-ipam","ipam":{"type":"block-ipam","socket":%q}}`, long)
+	for _, cmd := range []string{"ADD", "DEL", "CHECK", "STATUS", "GC"} {
+		got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv(cmd, "c1", "eth0", "/x", ""), []byte(conf))
+		if got.exit != 1 || !strings.Contains(got.stdout, `"code": 7`) || !strings.Contains(got.stdout, "ipam.socket") ||
+			!strings.Contains(got.stdout, fmt.Sprintf("(%d)", shim.MaxSocketPath)) {
+			t.Errorf("%s with a socket path of %d bytes: exit %d, %s", cmd, len(long), got.exit, got.stdout)
+		}
+	}
+	// At the limit, the path is one the plugin dials (nobody listens there: 11).
+	conf = fmt.Sprintf(`{"cniVersion":"1.1.0","name":"net1","type":"block-ipam","ipam":{"type":"block-ipam","socket":%q}}`, long[:shim.MaxSocketPath])
+	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("ADD", "c1", "eth0", "/x", ""), []byte(conf))
+	if got.exit != 1 || !strings.Contains(got.stdout, `"code": 11`) || !strings.Contains(got.stdout, "no such file") {
+		t.Errorf("ADD with a socket path of %d bytes: exit %d, %s", shim.MaxSocketPath, got.exit, got.stdout)
+	}
+}

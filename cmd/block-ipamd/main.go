@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"os/user"
 	"runtime"
 	"strconv"
 	"strings"
@@ -28,6 +27,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
@@ -73,14 +73,14 @@ type config struct {
 	etcd           etcdconfig.Config
 	node           string
 	socket         string
-	socketGID      int
+	maxConns       int
 	metricsAddress string
 	log            *slog.Logger
 	pause          time.Duration
 }
 
 // envName returns the environment variable a flag falls back to: Calico's name where Calico has one
-// (ETCD_ENDPOINTS, NODENAME...), else BLOCK_IPAM_<FLAG> (--socket-group: BLOCK_IPAM_SOCKET_GROUP).
+// (ETCD_ENDPOINTS, NODENAME...), else BLOCK_IPAM_<FLAG> (--max-connections: BLOCK_IPAM_MAX_CONNECTIONS).
 func envName(flag string) string {
 	if flag == "nodename" {
 		return "NODENAME"
@@ -99,7 +99,11 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	cfg.etcd.BindFlags(fs)
 	nodename := fs.String("nodename", "", "this node's name; else "+nodenameFile+", else the lower-cased hostname")
 	fs.StringVar(&cfg.socket, "socket", cni.DefaultSocket, "unix socket the CNI plugin connects to (the network configuration's ipam.socket)")
-	group := fs.String("socket-group", "", "group (name or id) that may also use the socket (0660); default: root only (0600)")
+	// Removed: refused with the reason rather than ignored, so that a setting left in an environment
+	// file is not silently dropped.
+	group := fs.String("socket-group", "", "removed")
+	fs.MarkHidden("socket-group")
+	fs.IntVar(&cfg.maxConns, "max-connections", ipamd.DefaultMaxConnections, "plugin connections served at once; at the limit a new one displaces the oldest still waiting for its request")
 	fs.StringVar(&cfg.metricsAddress, "metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz; empty disables")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
@@ -147,14 +151,15 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 		return bad(err)
 	}
 	cfg.node = node
-	if !strings.HasPrefix(cfg.socket, "/") {
-		return bad(fmt.Errorf("--socket %q: not an absolute path", cfg.socket))
+	if why := shim.CheckSocketPath(cfg.socket); why != "" {
+		return bad(fmt.Errorf("--socket %s", why))
 	}
-	if len(cfg.socket) > 107 {
-		return bad(fmt.Errorf("--socket %q: %d bytes, longer than a unix socket path may be (107)", cfg.socket, len(cfg.socket)))
+	if cfg.maxConns < 1 {
+		return bad(fmt.Errorf("--max-connections %d: at least 1", cfg.maxConns))
 	}
-	if cfg.socketGID, err = lookupGroup(*group); err != nil {
-		return bad(err)
+	if *group != "" {
+		return bad(fmt.Errorf("--socket-group (%s) was removed: the socket is 0600, for root (the runtime executing the plugin) only; "+
+			"the shipped unit forbids chown and the DaemonSet's container has no CAP_CHOWN, so no other group could be given it", envName("socket-group")))
 	}
 	if cfg.metricsAddress != "" {
 		if err := checkListen(cfg.metricsAddress); err != nil {
@@ -222,21 +227,6 @@ func checkListen(addr string) error {
 	return nil
 }
 
-// lookupGroup returns the group id of a name or number, -1 for "".
-func lookupGroup(g string) (int, error) {
-	if g == "" {
-		return -1, nil
-	}
-	if n, err := strconv.Atoi(g); err == nil && n >= 0 {
-		return n, nil
-	}
-	grp, err := user.LookupGroup(g)
-	if err != nil {
-		return 0, fmt.Errorf("--socket-group: %w", err)
-	}
-	return strconv.Atoi(grp.Gid)
-}
-
 // singleThreaded runs Go code on one OS thread at a time unless GOMAXPROCS says otherwise. The daemon's
 // work is one state goroutine and short requests: with a thread per core, every hand-off between its
 // goroutines (a request, the state loop, gRPC's reader and writer) wakes another thread. On one,
@@ -278,7 +268,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	// The guard keeps the client off frozen members and tells the daemon when etcd cannot serve.
 	guard := etcdconfig.NewGuard(&cfg.etcd, cli, log)
 	dcfg := ipamd.Config{Node: cfg.node, Client: cli, Endpoints: endpoints, CallTimeout: cfg.etcd.RequestTimeout,
-		Logger: log, Registerer: reg, EtcdHealth: guard}
+		Logger: log, Registerer: reg, EtcdHealth: guard, MaxConnections: cfg.maxConns}
 	if cfg.pause > 0 {
 		dcfg.Pause = func(ctx context.Context) {
 			fmt.Fprintln(os.Stderr, "block-ipam: test pause before commit")
@@ -292,11 +282,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	if err != nil {
 		return err
 	}
-	sock, err := ipamd.Listen(cfg.socket, cfg.socketGID)
+	sock, err := ipamd.Listen(cfg.socket)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(cfg.socket)
+	// Removes the socket only if its path still names it (a successor's is left alone).
+	defer sock.Close()
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()

@@ -49,7 +49,12 @@ func TestBadSettingsRefused(t *testing.T) {
 		{[]string{"--etcd-endpoints", "https://ipam:hunter2@127.0.0.1:2379"}, nil, "carries credentials"},
 		{[]string{"--etcd-username", "ipam"}, nil, "no password"},
 		{[]string{"--socket", "run/x.sock"}, nil, "--socket"},
-		{[]string{"--socket-group", "no-such-group-here"}, nil, "--socket-group"},
+		{[]string{"--socket", "/run/" + strings.Repeat("x", 103)}, nil, "longer than a unix socket path may be (107)"},
+		// --socket-group could not work under the shipped unit (no chown) and DaemonSet (no CAP_CHOWN):
+		// removed, and refused rather than ignored.
+		{[]string{"--socket-group", "0"}, nil, "--socket-group (BLOCK_IPAM_SOCKET_GROUP) was removed"},
+		{nil, map[string]string{"BLOCK_IPAM_SOCKET_GROUP": "root"}, "--socket-group (BLOCK_IPAM_SOCKET_GROUP) was removed"},
+		{[]string{"--max-connections", "0"}, nil, "--max-connections"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	} {
@@ -215,5 +220,137 @@ func TestHTTPSAgainstPlaintextFailsAtOnce(t *testing.T) {
 		"--etcd-endpoints", ep, "--etcd-ca-cert-file", pki.CA}, io.Discard, env(nil))
 	if !errors.Is(err, etcdconfig.ErrNotTLS) || !strings.Contains(err.Error(), "TLS") {
 		t.Fatalf("https:// against plaintext etcd: %v", err)
+	}
+}
+
+// daemonRun is one block-ipamd run in the test process.
+type daemonRun struct {
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when run has returned err
+	err     error
+	logs    *logging.Buffer
+	metrics string
+}
+
+// wait returns run's error once it has returned.
+func (d *daemonRun) wait() error {
+	<-d.done
+	return d.err
+}
+
+// startDaemon runs block-ipamd on sock against etcd at ep and waits for its metrics address.
+func startDaemon(t *testing.T, ep, sock string) *daemonRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &daemonRun{cancel: cancel, done: make(chan struct{}), logs: &logging.Buffer{}}
+	go func() {
+		defer close(d.done)
+		d.err = run(ctx, []string{"--nodename", "n1", "--socket", sock, "--metrics-address", "127.0.0.1:0", "--etcd-endpoints", ep}, d.logs, env(nil))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		d.wait()
+	})
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if m := metricsAddrRe.FindStringSubmatch(d.logs.String()); m != nil {
+			d.metrics = m[1]
+			return d
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no metrics address logged:\n%s", d.logs.String())
+		}
+	}
+}
+
+// get returns the status and body of one of the daemon's HTTP paths.
+func (d *daemonRun) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + d.metrics + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// addOn asks the daemon at sock for an address for container cid, retrying while it starts.
+func addOn(t *testing.T, sock, cid string) error {
+	t.Helper()
+	var err error
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var reply *cni.Reply
+		reply, err = ipamcall.Call(ctx, sock, &cni.Request{Verb: "ADD", ContainerID: cid, IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}})
+		cancel()
+		if err == nil {
+			if err = reply.Err(); err == nil {
+				return nil
+			}
+		}
+	}
+	return err
+}
+
+// TestStoppingDaemonLeavesSuccessorsSocket: a daemon that stops while a plugin holds a connection, with
+// a new daemon started on the same path meanwhile (a rolling or a systemd restart), leaves the new
+// daemon's socket in place; and a daemon whose socket is gone says so on /readyz.
+func TestStoppingDaemonLeavesSuccessorsSocket(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	if err := calicotest.PutPool(t.Context(), cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	ep := cli.Endpoints()[0]
+	sockDir, _ := os.MkdirTemp("", "bi")
+	defer os.RemoveAll(sockDir)
+	sock := filepath.Join(sockDir, "block-ipam.sock")
+
+	old := startDaemon(t, ep, sock)
+	if err := addOn(t, sock, "c1"); err != nil {
+		t.Fatalf("ADD on the first daemon: %v", err)
+	}
+	// A plugin that has connected and not yet sent its request: the stopping daemon waits for it.
+	held, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	old.cancel()
+	// The old daemon no longer accepts; the new one starts on the same path meanwhile.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(end) {
+			t.Fatal("the stopping daemon still accepts connections")
+		}
+	}
+	select {
+	case <-old.done:
+		t.Fatalf("the old daemon stopped before its connection ended: %v", old.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	succ := startDaemon(t, ep, sock)
+	if err := addOn(t, sock, "c2"); err != nil {
+		t.Fatalf("ADD on the new daemon: %v", err)
+	}
+	held.Close()
+	if err := old.wait(); err != nil {
+		t.Fatalf("the old daemon's stop: %v", err)
+	}
+	if err := addOn(t, sock, "c3"); err != nil {
+		t.Fatalf("ADD on the new daemon after the old one stopped: %v\n%s", err, old.logs.String())
+	}
+	if code, body := succ.get(t, "/readyz"); code != 200 {
+		t.Fatalf("/readyz of the new daemon: %d %s", code, body)
+	}
+	// Its socket gone, the daemon is not ready, and says why.
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := succ.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, sock+" is gone") {
+		t.Errorf("/readyz with the socket removed: %d %s", code, body)
 	}
 }

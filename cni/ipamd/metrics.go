@@ -16,6 +16,7 @@ type metrics struct {
 	claims     prometheus.Counter
 	outside    prometheus.Counter
 	batched    *prometheus.CounterVec
+	dropped    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,9 +46,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "block_ipam_batched_requests_total",
 			Help: "Requests served by the etcd transaction of another request of the same verb, by verb.",
 		}, []string{"verb"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "block_ipam_connections_dropped_total",
+			Help: "Connections on the socket closed without serving a request, by reason: displaced (still sending its request when a new connection came at the connection limit), bytes (refused with 11: the request buffers were full), deadline (no whole request within the read deadline).",
+		}, []string{"reason"}),
+	}
+	for _, reason := range []string{"displaced", "bytes", "deadline"} {
+		m.dropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.outside, m.batched)
+		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.outside, m.batched, m.dropped)
 	}
 	return m
 }

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -75,6 +76,11 @@ type Config struct {
 	// EtcdHealth, when set, says why etcd cannot serve ("" when it can): then every request is
 	// answered at once with that reason, and STATUS and /readyz say not ready.
 	EtcdHealth EtcdHealth
+	// MaxConnections bounds the socket's connections served at once (default
+	// DefaultMaxConnections); MaxRequestBytes the request bytes they buffer in all (default
+	// DefaultMaxRequestBytes). See connLimits.
+	MaxConnections  int
+	MaxRequestBytes int64
 }
 
 // EtcdHealth tells whether etcd serves (etcdconfig.Guard): a frozen etcd keeps the client's connection
@@ -100,6 +106,12 @@ func (c *Config) Validate() error {
 	if c.HealthWindow <= 0 {
 		c.HealthWindow = 30 * time.Second
 	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
 	return nil
 }
 
@@ -120,6 +132,10 @@ type Server struct {
 	live liveness.Loop
 	// synced: the state has read every source once (/readyz, Synced).
 	synced atomic.Bool
+	// socket is the socket Serve answers on, when Listen made it: /readyz checks that its path is
+	// still this daemon's.
+	socket atomic.Pointer[Socket]
+	limits *connLimits
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
@@ -141,11 +157,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	updates := make(chan update, 256)
+	m := newMetrics(cfg.Registerer)
 	return &Server{
 		cfg:       cfg,
 		etcd:      &etcdClient{kv: cfg.Client, callTimeout: cfg.CallTimeout},
 		log:       cfg.Logger,
-		metrics:   newMetrics(cfg.Registerer),
+		metrics:   m,
+		limits:    newConnLimits(cfg.MaxConnections, cfg.MaxRequestBytes, m),
 		jobs:      make(chan *job, queueLength),
 		updates:   updates,
 		state:     newNodeState(cfg.Node, cfg.Logger),
@@ -442,6 +460,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		<-hdone
 		unix.Close(hup.epfd)
 	}()
+	if sk, ok := l.(*Socket); ok {
+		s.socket.Store(sk)
+	}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -465,36 +486,58 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			continue
 		}
 		bo.Reset()
+		if !s.limits.makeRoom(ctx) {
+			conn.Close()
+			return nil
+		}
+		c := s.limits.admit(conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, conn, hup)
+			s.serveConn(ctx, c, hup)
 		}()
 	}
 }
 
-// connTimeout bounds reading a request and writing a reply.
+// connTimeout bounds reading a request and writing a reply: a plugin writes its request at once.
 const connTimeout = 5 * time.Second
 
-func (s *Server) serveConn(ctx context.Context, conn net.Conn, hup *hangups) {
+func (s *Server) serveConn(ctx context.Context, conn *limitedConn, hup *hangups) {
+	defer s.limits.release(conn)
 	defer conn.Close()
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(connTimeout))
-	data, err := io.ReadAll(io.LimitReader(conn, cni.MaxMessage+1))
+	data, reserved, err := s.limits.read(conn, cni.MaxMessage+1)
+	defer s.limits.unreserve(reserved)
 	var out []byte
 	switch {
+	case errors.Is(err, errBytes):
+		// Read the rest into nothing (within the read deadline) before answering: a connection
+		// closed with data unread is reset, and the client would get ECONNRESET instead of 11.
+		s.metrics.dropped.WithLabelValues("bytes").Inc()
+		io.Copy(io.Discard, conn)
+		out = cni.ErrorFrame(&types.Error{Code: types.ErrTryAgainLater,
+			Msg: fmt.Sprintf("block-ipam daemon: busy: it holds %d bytes of requests being read, its limit; try again later", s.cfg.MaxRequestBytes)})
 	case err != nil:
-		s.log.Warn("reading a request from the socket", "err", err)
+		switch {
+		case !s.limits.doneReading(conn):
+			// Displaced for a newer connection: counted then.
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.metrics.dropped.WithLabelValues("deadline").Inc()
+			s.log.Debug("no whole request on the socket within the deadline", "deadline", connTimeout)
+		default:
+			s.log.Warn("reading a request from the socket", "err", err)
+		}
+		return
+	case !s.limits.doneReading(conn):
 		return
 	case len(data) > cni.MaxMessage:
-		// Read the rest (within the read deadline) before answering: a connection closed with
-		// data unread is reset, and the client would get ECONNRESET instead of the answer.
 		io.Copy(io.Discard, conn)
 		out = cni.ServeFrame(data, nil)
 	default:
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := hup.watch(conn, cancel)
+		stop := hup.watch(conn.Conn, cancel)
 		// The plugin's call as the runtime made it: package cni does CNI's part.
 		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
 		stop()
@@ -565,7 +608,8 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 }
 
 // health answers /healthz (the state loop is alive: HealthyWithin) and /readyz (and its etcd
-// connection is not failing, and the node state has been read).
+// connection is not failing, its socket's path still names its socket, and the node state has been
+// read).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if !s.HealthyWithin(s.cfg.HealthWindow) {
 		http.Error(w, "the state loop is stalled", http.StatusServiceUnavailable)
@@ -578,6 +622,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if p := s.healthProblem(); r.URL.Path == "/readyz" && p != "" {
 		http.Error(w, p, http.StatusServiceUnavailable)
 		return
+	}
+	if sk := s.socket.Load(); r.URL.Path == "/readyz" && sk != nil {
+		if err := sk.Check(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 	}
 	if r.URL.Path == "/readyz" && !s.Synced() {
 		http.Error(w, "the node's IPAM state has not been read from etcd at "+s.cfg.Endpoints+" yet", http.StatusServiceUnavailable)

@@ -79,7 +79,7 @@ func startServerOn(t testing.TB, cfg Config, c *clientv3.Client, wrap func(clien
 		srv.etcd.kv = wrap(srv.etcd.kv)
 	}
 	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err := Listen(sock, -1)
+	l, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -831,7 +831,7 @@ func (l *failingListener) Accept() (net.Conn, error) {
 func TestServeOutlivesAcceptErrors(t *testing.T) {
 	srv := startServer(t, Config{}, nil)
 	sock := filepath.Join(t.TempDir(), "f.sock")
-	l, err := Listen(sock, -1)
+	l, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package ipamd
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +18,7 @@ func TestListen(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "run", "block-ipam.sock")
-	l, err := Listen(sock, -1)
+	l, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,34 +37,23 @@ func TestListen(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if _, err := Listen(sock, -1); err == nil || !strings.Contains(err.Error(), "another block-ipam daemon") {
+	if _, err := Listen(sock); err == nil || !strings.Contains(err.Error(), "another block-ipam daemon") {
 		t.Errorf("second daemon on a live socket: %v", err)
 	}
 	// A dead daemon's socket: the file stays, nobody accepts.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	l.Close()
-	l2, err := Listen(sock, -1)
+	l.UnixListener.Close()
+	l2, err := Listen(sock)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
 	l2.Close()
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, nil, 0o600)
-	if _, err := Listen(file, -1); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("regular file: %v", err)
 	}
-	if _, err := Listen("relative.sock", -1); err == nil {
+	if _, err := Listen("relative.sock"); err == nil {
 		t.Error("relative path accepted")
-	}
-	// With a group: 0660 (the process's own group, which it may always chown to).
-	gsock := filepath.Join(dir, "g", "s.sock")
-	l3, err := Listen(gsock, os.Getgid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l3.Close()
-	if st, _ := os.Stat(gsock); st.Mode().Perm() != 0o660 {
-		t.Errorf("group socket mode %v, want 0660", st.Mode().Perm())
 	}
 }
 

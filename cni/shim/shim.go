@@ -35,7 +35,23 @@ const (
 	StatusTimeout = 2 * time.Second
 	// MaxResolvConf bounds the resolvConf file read at every ADD.
 	MaxResolvConf = 64 << 10
+	// MaxSocketPath is the longest path a unix socket may have: sun_path holds 108 bytes on Linux,
+	// one of them the terminating NUL that Go's syscall package insists on.
+	MaxSocketPath = 107
 )
+
+// CheckSocketPath returns why path cannot be the daemon's socket, or "": an absolute path without
+// NUL, of at most MaxSocketPath bytes. Plugin, configuration and daemon check it the same way
+// before any connection: a path connect(2) refuses would fail every call with 11, "try again".
+func CheckSocketPath(path string) string {
+	switch {
+	case !strings.HasPrefix(path, "/") || strings.ContainsRune(path, 0):
+		return strconv.Quote(path) + " is not an absolute path"
+	case len(path) > MaxSocketPath:
+		return strconv.Quote(path) + " is " + strconv.Itoa(len(path)) + " bytes, longer than a unix socket path may be (" + strconv.Itoa(MaxSocketPath) + ")"
+	}
+	return ""
+}
 
 // Versions are the CNI versions block-ipam supports; the last is the newest.
 var Versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
@@ -215,8 +231,8 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 		case !ok:
 			return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam.socket: " + string(im.Socket) + " is not a string"}
 		case s == "":
-		case !strings.HasPrefix(s, "/") || strings.ContainsRune(s, 0):
-			return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam.socket: " + strconv.Quote(str(im.Socket)) + " is not an absolute path"}
+		case CheckSocketPath(s) != "":
+			return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam.socket: " + CheckSocketPath(s)}
 		default:
 			c.socket = s
 		}

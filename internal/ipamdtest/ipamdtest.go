@@ -54,7 +54,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 		cli.Close()
 		tb.Fatal(err)
 	}
-	l, err := ipamd.Listen(o.Socket, -1)
+	l, err := ipamd.Listen(o.Socket)
 	if err != nil {
 		cli.Close()
 		tb.Fatal(err)

@@ -1,0 +1,152 @@
+package cni_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+)
+
+// daemonMemoryLimit is the block-ipamd container's memory limit in deploy/kubernetes/daemonset.yaml,
+// which also sets GOMEMLIMIT to it.
+const daemonMemoryLimit = 128 << 20
+
+// TestSocketAttackWithinMemoryLimit: clients that connect and send nothing, and clients that send
+// requests of the largest size slowly, do not take the daemon's memory past the DaemonSet's limit,
+// and real ADDs and DELs through the plugin are answered meanwhile within a generous bound. Before
+// the daemon bounded its connections and request bytes, 150 slow large requests alone held more
+// than the limit.
+func TestSocketAttackWithinMemoryLimit(t *testing.T) {
+	e := newEnv(t)
+	e.putPool("p", "10.244.0.0/16", 26)
+	sock := filepath.Join(e.sockDir, "atk.sock")
+	cmd, _ := e.daemonProcess("node1", sock, "GOMEMLIMIT=128MiB")
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"net1","type":"block-ipam","ipam":{"type":"block-ipam","socket":%q,"nodename":"node1","timeout":"20s"}}`, sock))
+	plugin := filepath.Join(pluginDir, "block-ipam")
+	// One ADD before the attack: the daemon has read the node's state and claimed a block.
+	if got := runBinary(t, plugin, cniEnv("ADD", "warm", "eth0", "/x", ""), conf); got.exit != 0 {
+		t.Fatalf("ADD before the attack: %+v", got)
+	}
+
+	ctx, stop := context.WithTimeout(context.Background(), 60*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	var idleConns, slowConns, slowBytes atomic.Int64
+	dial := func() net.Conn {
+		for ctx.Err() == nil {
+			c, err := net.Dial("unix", sock)
+			if err == nil {
+				return c
+			}
+			// The kernel's queue of connections is full: the daemon is busy accepting.
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	}
+	// Idle clients: connect, send nothing, connect again when the daemon closes the connection.
+	for range 1500 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				c := dial()
+				if c == nil {
+					return
+				}
+				idleConns.Add(1)
+				stopRead := context.AfterFunc(ctx, func() { c.Close() })
+				c.Read(make([]byte, 1))
+				stopRead()
+				c.Close()
+			}
+		})
+	}
+	// Slow clients: a request whose stdin record says almost MaxFrame bytes, 64 KiB every 10 ms.
+	for range 150 {
+		wg.Go(func() {
+			size := shim.MaxFrame - 100
+			head := shim.AppendRecord([]byte(shim.Magic), shim.KeyStdin, nil)
+			head = append(head[:len(head)-1], byte(size|0x80), byte(size>>7|0x80), byte(size>>14))
+			chunk := make([]byte, 64<<10)
+			for ctx.Err() == nil {
+				c := dial()
+				if c == nil {
+					return
+				}
+				slowConns.Add(1)
+				stopWrite := context.AfterFunc(ctx, func() { c.Close() })
+				_, err := c.Write(head)
+				for sent := 0; err == nil && sent < size && ctx.Err() == nil; sent += len(chunk) {
+					var n int
+					n, err = c.Write(chunk[:min(len(chunk), size-sent)])
+					slowBytes.Add(int64(n))
+					time.Sleep(10 * time.Millisecond)
+				}
+				stopWrite()
+				c.Close()
+			}
+		})
+	}
+
+	// Real requests while the attack runs.
+	time.Sleep(time.Second)
+	var took []time.Duration
+	for i := range 10 {
+		cid := "real" + strconv.Itoa(i)
+		for _, verb := range []string{"ADD", "DEL"} {
+			start := time.Now()
+			got := runBinary(t, plugin, cniEnv(verb, cid, "eth0", "/x", ""), conf)
+			d := time.Since(start)
+			took = append(took, d)
+			if got.exit != 0 {
+				t.Errorf("%s %s during the attack: %+v", verb, cid, got)
+			}
+			// Generous: unattacked, a call takes a few ms here.
+			if d > 3*time.Second {
+				t.Errorf("%s %s during the attack took %v", verb, cid, d)
+			}
+		}
+	}
+	hwm, err := vmHWM(cmd.Process.Pid)
+	stop()
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(took)
+	t.Logf("attack: %d idle connections, %d slow ones (%d MiB sent); real calls: median %v, max %v; daemon peak RSS %d MiB",
+		idleConns.Load(), slowConns.Load(), slowBytes.Load()>>20, took[len(took)/2], took[len(took)-1], hwm>>20)
+	if hwm >= daemonMemoryLimit {
+		t.Errorf("the daemon's peak RSS %d MiB, over the DaemonSet's limit of %d MiB", hwm>>20, daemonMemoryLimit>>20)
+	}
+	if idleConns.Load() < 1500 || slowBytes.Load() < 150<<20 {
+		t.Errorf("the attack did not run: %d idle connections, %d MiB sent slowly", idleConns.Load(), slowBytes.Load()>>20)
+	}
+	if got := runBinary(t, plugin, cniEnv("ADD", "after", "eth0", "/x", ""), conf); got.exit != 0 {
+		t.Errorf("ADD after the attack: %+v", got)
+	}
+}
+
+// vmHWM returns a process's peak resident set size.
+func vmHWM(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/" + strconv.Itoa(pid) + "/status")
+}
