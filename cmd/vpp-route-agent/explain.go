@@ -270,6 +270,11 @@ func explain(snap *blockwatch.Snapshot, q netip.Prefix, isAddr bool, node string
 				pi.BlocksClaimed++
 			}
 		}
+		for cidr := range snap.Held {
+			if calico.Within(cidr, p.CIDR) && snap.Blocks.Get(cidr) == nil {
+				pi.BlocksClaimed++ // a block whose value cannot be read still takes its place
+			}
+		}
 		x.Pools = append(x.Pools, pi)
 	}
 	re := agent.ExplainRoutes(snap, q, agent.Options{NodeName: node, Pools: explicit})
