@@ -150,14 +150,14 @@ func localTo(b *blockwatch.Block, q netip.Prefix, node string) (bool, string) {
 		for _, br := range b.Borrowed {
 			if br.Addr == q.Addr() {
 				if br.Node == node {
-					return true, fmt.Sprintf("its own pod's address, borrowed from block %s: local, no route", b.CIDR)
+					return true, fmt.Sprintf("its own pod's address, borrowed from block %s: local", b.CIDR)
 				}
 				return false, ""
 			}
 		}
 	}
 	if b.Owner.IsNode() && b.Owner.Node == node {
-		return true, fmt.Sprintf("its own block %s: local, no route", b.CIDR)
+		return true, fmt.Sprintf("its own block %s: local", b.CIDR)
 	}
 	return false, ""
 }
@@ -199,7 +199,7 @@ func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Blo
 	if q.IsSingleIP() {
 		return "no block contains it: not allocated from any block, no route", false
 	}
-	return "no block overlapping it has a route", false
+	return "no single route carries the whole prefix; the routes inside it are listed", false
 }
 
 // Verdict is how a FIB entry compares with what the agent should have programmed.

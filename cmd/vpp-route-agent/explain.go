@@ -504,7 +504,14 @@ func writeExplanation(w io.Writer, x explanation) {
 
 	fmt.Fprintf(w, "\nRoutes (every node: what it should have and why)\n")
 	for _, g := range x.Routes {
-		fmt.Fprintf(w, "  %s:\n", nodeList(g.Nodes))
+		this := ""
+		if slices.Contains(g.Nodes, x.Node) {
+			this = " (this node among them)"
+			if len(g.Nodes) == 1 {
+				this = " (this node)"
+			}
+		}
+		fmt.Fprintf(w, "  %s%s:\n", nodeList(g.Nodes), this)
 		switch {
 		case g.Forwarding != nil:
 			fmt.Fprintf(w, "    %s\n", routeLine(*g.Forwarding))
