@@ -171,7 +171,7 @@ func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Blo
 		}
 	}
 	if best != nil {
-		return fmt.Sprintf("no route to %s: %s", best.Prefix, best.Reason), false
+		return fmt.Sprintf("%s (%s of %s) is unresolved: %s", best.Prefix, best.Kind, best.Owner, best.Reason), false
 	}
 	for cidr, h := range snap.Held {
 		if covers(cidr, q) {
@@ -181,23 +181,23 @@ func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Blo
 	if block != nil {
 		switch {
 		case block.Owner.Kind == calico.OwnerVirtual:
-			return fmt.Sprintf("block %s belongs to virtual owner %q, not a node: no route (felix's rule)", block.CIDR, block.Owner.Node), false
+			return fmt.Sprintf("block %s belongs to virtual owner %q, not a node (felix's rule)", block.CIDR, block.Owner.Node), false
 		case !block.Owner.IsNode():
-			return fmt.Sprintf("block %s has no owning node (affinity null or unreadable): no route", block.CIDR), false
+			return fmt.Sprintf("block %s has no owning node (affinity null or unreadable)", block.CIDR), false
 		}
-		return "no route", false
+		return "no route computed", false
 	}
 	pools := ManagedPools(snap, opts.Pools)
 	if !inPools(pools, q) {
 		for _, p := range snap.Pools {
 			if covers(p.CIDR, q) {
-				return fmt.Sprintf("pool %s (%s) is not managed (disabled, or not in --pool): no route", p.Name, p.CIDR), false
+				return fmt.Sprintf("pool %s (%s) is not managed (disabled, or not in --pool-cidr)", p.Name, p.CIDR), false
 			}
 		}
-		return "outside every managed IP pool: no route", false
+		return "outside every managed IP pool", false
 	}
 	if q.IsSingleIP() {
-		return "no block contains it: not allocated from any block, no route", false
+		return "no block contains it: not allocated", false
 	}
 	return "no single route carries the whole prefix; the routes inside it are listed", false
 }
