@@ -35,6 +35,9 @@ func explainLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptes
 	}
 	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "default", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26,
 		VXLANMode: calico.EncapAlways, IPIPMode: calico.EncapNever}))
+	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "v6", CIDR: netip.MustParsePrefix("fd00:10:244::/48"), BlockSize: 122}))
+	must(calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, "node-b", netip.MustParseAddr("fd00:100::2")))
+	must(calicotest.PutBlock(ctx, cli, calicotest.Block(netip.MustParsePrefix("fd00:10:244::/122"), "node-b", 6)))
 	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "old", CIDR: netip.MustParsePrefix("10.250.0.0/16"), BlockSize: 26, Disabled: true}))
 	for node, ip := range map[string]string{"node-a": "192.0.2.1", "node-b": "192.0.2.2", "node-c": "192.0.2.3"} {
 		must(calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, node, netip.MustParseAddr(ip)))
@@ -60,6 +63,7 @@ func explainLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptes
 	vpp = vpptest.New(t, vpptest.Options{})
 	vpp.AddRoute(vppsim.Route{Prefix: netip.MustParsePrefix("10.244.1.0/26"), Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("192.0.2.2"), SwIfIndex: 1}}})
 	vpp.AddRoute(vppsim.Route{Prefix: netip.MustParsePrefix("10.244.1.3/32"), Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("192.0.2.3"), SwIfIndex: 1}}})
+	vpp.AddRoute(vppsim.Route{Prefix: netip.MustParsePrefix("fd00:10:244::/122"), Paths: []vppsim.Path{{NextHop: netip.MustParseAddr("fd00:100::2"), SwIfIndex: 1}}})
 	return srv.Endpoint(), vpp
 }
 
@@ -134,6 +138,12 @@ func TestExplain(t *testing.T) {
 			extra: func(t *testing.T, x explanation) {
 				if !strings.Contains(x.VPP.Detail, "deleted behind the agent's back") || x.VPP.Lookup.Prefix != "0.0.0.0/0" {
 					t.Errorf("vpp %+v", x.VPP)
+				}
+			}}},
+		{"IPv6", "fd00:10:244::2", want{block: "fd00:10:244::/122", allocated: true, forwarding: "fd00:10:244::/122 via fd00:100::2 node-b block", verdict: agent.VerdictAgrees,
+			extra: func(t *testing.T, x explanation) {
+				if x.Allocation.Attributes["pod"] == "" || x.Block.Allocated != 3 {
+					t.Errorf("block %+v allocation %+v", x.Block, x.Allocation)
 				}
 			}}},
 		{"prefix", "10.244.1.0/26", want{block: "10.244.1.0/26", forwarding: "10.244.1.0/26 via 192.0.2.2 node-b block", verdict: agent.VerdictAgrees,
