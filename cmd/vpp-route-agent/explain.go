@@ -464,7 +464,7 @@ func writeExplanation(w io.Writer, x explanation) {
 		}
 		aff := "null"
 		if b.Affinity != nil {
-			aff = strconvQuote(*b.Affinity)
+			aff = fmt.Sprintf("%q", *b.Affinity)
 		}
 		fmt.Fprintf(w, "  %s: owner %s (affinity %s)\n", b.CIDR, owner, aff)
 		fmt.Fprintf(w, "  %d of %d addresses allocated, %d free\n", b.Allocated, b.Size, b.Free)
@@ -571,5 +571,3 @@ func ownerName(b *blockInfo) string {
 	}
 	return b.Owner
 }
-
-func strconvQuote(s string) string { return fmt.Sprintf("%q", s) }

@@ -273,3 +273,28 @@ func TestExplainRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainVPPUnreachable: when this node's VPP cannot be asked, explain still prints what etcd says,
+// with the error in the VPP section, and fails (exit status 1, not 3).
+func TestExplainVPPUnreachable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, cli := etcdtest.Start(t)
+	if err := calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, "node-a", netip.MustParseAddr("192.0.2.1")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	args := []string{"explain", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-a", "--vpp-api-socket", t.TempDir() + "/api.sock",
+		"--vpp-reply-timeout", "500ms", "--output", "json", "10.244.1.1"}
+	err := run(ctx, args, &out, &bytes.Buffer{}, env(nil))
+	if err == nil || isUsage(err) || errors.Is(err, errDisagrees) || !strings.Contains(err.Error(), "connect to VPP") {
+		t.Fatalf("explain: %v, want a VPP connection error", err)
+	}
+	var x explanation
+	if err := json.Unmarshal(out.Bytes(), &x); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if x.VPP == nil || !strings.Contains(x.VPP.Error, "connect to VPP") || x.VPP.Lookup != nil || x.ThisNode.Why == "" {
+		t.Errorf("vpp %+v this node %+v", x.VPP, x.ThisNode)
+	}
+}
