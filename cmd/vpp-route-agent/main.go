@@ -54,6 +54,9 @@ func main() {
 	case isUsage(err):
 		fmt.Fprintln(os.Stderr, "vpp-route-agent:", err)
 		os.Exit(2)
+	case errors.Is(err, errDisagrees):
+		fmt.Fprintln(os.Stderr, "vpp-route-agent:", err)
+		os.Exit(3)
 	default:
 		fmt.Fprintln(os.Stderr, "vpp-route-agent:", err)
 		os.Exit(1)
@@ -64,6 +67,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) error {
 	if len(args) > 0 && args[0] == "routes" {
 		return routesCmd(ctx, args[1:], stdout, stderr, getenv)
+	}
+	if len(args) > 0 && args[0] == "explain" {
+		return explainCmd(ctx, args[1:], stdout, stderr, getenv)
 	}
 	if len(args) > 0 && args[0] == "probe" {
 		return probeCmd(ctx, args[1:], stdout, stderr, getenv)
@@ -136,7 +142,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		gcPercent      = fs.Int("go-gc-percent", defaultGCPercent, "Go GC target: the heap grows this many percent over the live data before a collection (GOGC, which this flag overrides when given); lower trades CPU for memory")
 	)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n       vpp-route-agent probe [flags] /healthz|/readyz\n\n"+
+		fmt.Fprintf(stderr, "Usage: vpp-route-agent [flags]\n       vpp-route-agent routes [flags]\n       vpp-route-agent explain [flags] ADDRESS|PREFIX\n       vpp-route-agent probe [flags] /healthz|/readyz\n\n"+
 			"Keeps the VPP FIB equal to the routes to the Calico IPAM blocks of the other nodes.\n"+
 			"Every flag falls back to the environment variable named after it.\n\nFlags:\n")
 		fs.PrintDefaults()

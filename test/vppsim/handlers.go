@@ -33,6 +33,7 @@ var handlers = map[string]handlerFunc{
 	"ip_route_add_del":             handleIPRouteAddDel,
 	"ip_route_dump":                handleIPRouteDump,
 	"ip_route_v2_dump":             handleIPRouteV2Dump,
+	"ip_route_lookup":              handleIPRouteLookup, // lookup.go
 	// tunnel.go
 	"ipip_add_tunnel":             handleIPIPAddTunnel,
 	"ipip_del_tunnel":             handleIPIPDelTunnel,

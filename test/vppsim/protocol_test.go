@@ -291,7 +291,7 @@ func TestUnknownMessagesGetNoReply(t *testing.T) {
 	// Unknown message id.
 	r.writeFrame([]byte{0xff, 0xf0, 0, 0, 0, 1, 0, 0, 0, 2})
 	// Known id without a handler.
-	r.send(&ip.IPRouteLookup{}, 3)
+	r.send(&ip.SetIPFlowHash{}, 3)
 	// Unknown client index.
 	r.writeFrame(r.encode(&memclnt.ControlPing{}, r.index+1000, 4))
 	// Too short to carry a header, and empty.
@@ -310,9 +310,9 @@ func TestUnknownMessagesGetNoReply(t *testing.T) {
 	// Through GoVPP: a message without handler times out.
 	ch := channel(t, connect(t, s))
 	ch.SetReplyTimeout(300 * time.Millisecond)
-	err := ch.SendRequest(&ip.IPRouteLookup{}).ReceiveReply(&ip.IPRouteLookupReply{})
+	err := ch.SendRequest(&ip.SetIPFlowHash{}).ReceiveReply(&ip.SetIPFlowHashReply{})
 	if !errors.Is(err, core.ErrReplyTimeout) {
-		t.Errorf("ip_route_lookup: %v, want a reply timeout", err)
+		t.Errorf("set_ip_flow_hash: %v, want a reply timeout", err)
 	}
 }
 
