@@ -81,7 +81,7 @@ func (c *call) decide(ctx context.Context, handleID string, f func(*view) error)
 		if err := c.sync(ctx, handleID); err != nil {
 			return nil, err
 		}
-		v := newView(c.state, c.conf, c.log, &c.read)
+		v := newView(c.state, c.conf, &c.read)
 		err := f(v)
 		var n *needs
 		if !errors.As(err, &n) {
@@ -331,12 +331,13 @@ func (c *call) write(ctx context.Context, v *view) error {
 	}
 	c.state.committed(p, res.Revision)
 	c.claims += p.claims
+	defer c.logActions(v)
 	// What the operation read is now as written.
 	for cidr, e := range p.blocks {
 		var w *blockEntry
 		if e == nil {
 			v.blocks[cidr] = nil
-			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
+			v.did("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
 		} else {
 			e.rev, e.dirty, e.created = res.Revision, false, false
 			w = &blockEntry{b: e.b, rev: e.rev}
@@ -463,4 +464,11 @@ func handleBlocks(h *calico.Handle) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// logActions logs what the decision of v did; its write has committed.
+func (c *call) logActions(v *view) {
+	for _, a := range v.actions {
+		c.log.Log(context.Background(), a.level, a.msg, a.args...)
+	}
 }
