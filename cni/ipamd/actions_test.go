@@ -114,8 +114,10 @@ func TestRetriedClaimLogsOnce(t *testing.T) {
 		})
 	}}, &cli)
 	r := mustCall(t, srv.sock, addRequest("c1", 5*time.Second))
-	if r.Code != 0 || r.Attempts != 2 {
-		t.Fatalf("ADD: %+v, want success in 2 attempts", r)
+	// The figures travel in the reply frame: two attempts, each a listing of the blocks and a write
+	// (the first lost, its failure branch reading the state).
+	if r.Code != 0 || r.Attempts != 2 || r.RoundTrips != 4 || r.Node != "node1" {
+		t.Fatalf("ADD: %+v, want success on node1 in 2 attempts and 4 etcd round trips", r)
 	}
 	claims := log.lines(`msg="claiming block"`)
 	if len(claims) != 1 {
