@@ -222,6 +222,15 @@ func TestServeFrameChecksFirst(t *testing.T) {
 			`{"cniVersion":"0.3.1","name":"n","ipam":{}}`), false, "config version does not allow CHECK"},
 		{"own netns", frame(map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p", shim.KeyNetNS: shim.NetNSOwn}, good),
 			false, "own network namespace"},
+		// The rules the daemon checks once, here, and not again before it queues the request.
+		{"bad container ID", frame(map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "../x", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"long interface name", frame(map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "a-very-long-interface-name", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"unknown command", frame(map[string]string{"CNI_COMMAND": "PUT", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"bad network name", frame(add, `{"cniVersion":"1.1.0","name":"a b","ipam":{}}`), false, `"code": 7`},
+		{"nothing to assign", frame(add, `{"cniVersion":"1.1.0","name":"n","ipam":{"assign_ipv4":"false"}}`), false, "nothing to assign"},
 	} {
 		served := false
 		out := cni.ServeFrame(c.frame, func(*cni.Request) *cni.Reply {

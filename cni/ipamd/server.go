@@ -31,14 +31,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
-	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
@@ -419,29 +417,13 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 	j.done <- r
 }
 
-// validate checks a request before it is queued: the socket is the trust boundary.
+// validate checks what only the daemon knows of a request before it is queued: its node. Every CNI
+// rule (command, container ID, interface, network name, cniVersion, each configuration field) was
+// checked where the request entered, once (cni.ServeFrame: skel's checks, then LoadConfig).
 func (s *Server) validate(r *cni.Request) *types.Error {
-	switch r.Verb {
-	case "ADD", "DEL", "CHECK":
-		if !shim.ValidName(r.ContainerID) {
-			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("container ID %q is not valid", r.ContainerID)}
-		}
-		if err := utils.ValidateInterfaceName(r.IfName); err != nil {
-			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("interface name %q: %s", r.IfName, err.Msg)}
-		}
-	case "GC", "STATUS":
-	default:
-		return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("unknown verb %q", r.Verb)}
-	}
-	if err := utils.ValidateNetworkName(r.Network); err != nil {
-		return configError("name", "%s", err.Msg)
-	}
 	if r.Node != "" && r.Node != s.cfg.Node {
 		return configError("nodename", "the network configuration names node %q, but the block-ipam daemon at this socket serves node %q (its --nodename): remove nodename from the configuration or fix one of them",
 			r.Node, s.cfg.Node)
-	}
-	if r.Verb == "ADD" && !r.Assign[V4] && !r.Assign[V6] && len(r.RequestedIPs) == 0 {
-		return configError("ipam.assign_ipv4", "both assign_ipv4 and assign_ipv6 are false: nothing to assign")
 	}
 	return nil
 }
