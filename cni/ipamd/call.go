@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 )
 
 // Secondary attribute keys block-ipam writes besides Calico's namespace, pod, node and timestamp.
@@ -359,10 +359,10 @@ func (c *call) write(ctx context.Context, v *view) error {
 
 // retry runs attempt until it succeeds, fails for good, or the deadline or maxAttempts ends it. Lost
 // races (errConflict) and an unreachable etcd (errUnavailable) are retried after a capped, jittered
-// exponential backoff; running out returns an error that maps to CNI code 11. c.attempts counts
-// the attempts of every retry of the operation.
+// exponential backoff (the project's one); running out returns an error that maps to CNI code 11.
+// c.attempts counts the attempts of every retry of the operation.
 func (c *call) retry(ctx context.Context, what string, attempt func(context.Context) error) error {
-	backoff := 2 * time.Millisecond
+	bo := backoff.Backoff{Base: 2 * time.Millisecond, Max: 250 * time.Millisecond}
 	var last error
 	for n := 1; n <= maxAttempts; n++ {
 		c.attempts++
@@ -380,13 +380,7 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 			}
 		}
 		c.log.Debug("retrying", "what", what, "attempt", n, "err", err)
-		d := backoff/2 + rand.N(backoff/2+1)
-		backoff = min(backoff*2, 250*time.Millisecond)
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !bo.Wait(ctx) {
 			return fmt.Errorf("%s: gave up after %d attempts (%w): %w", what, n, ctx.Err(), last)
 		}
 	}
