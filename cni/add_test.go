@@ -178,8 +178,7 @@ func TestTwoInterfaces(t *testing.T) {
 func TestDelHandleElsewhere(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.9.0.0/28", 30)
-	logFile := filepath.Join(e.tmp, "plugin.log")
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
 	node2 := e.list(netOpts{ipam: e.ipam("node2", nil)})
 	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
 	for _, c := range []string{"x1", "x2", "x3"} {
@@ -205,7 +204,7 @@ func TestDelHandleElsewhere(t *testing.T) {
 	if _, ok := e.snapshot().Handles["net1.c1"]; ok {
 		t.Fatal("handle left after all DELs")
 	}
-	got := roundTrips(t, logFile)
+	got := e.roundTrips("node1")
 	if dels := got[len(got)-3:]; strings.Join(dels, " ") != "DEL=3 DEL=3 DEL=1" {
 		t.Errorf("DEL round trips %v, want [DEL=3 DEL=3 DEL=1]: wrong guesses while the borrowed address is held, which also needs its block read", dels)
 	}
@@ -344,12 +343,12 @@ func TestResolvConfReadOnlyForADD(t *testing.T) {
 	}
 
 	// The daemon alone (a frame whose plugin could not read the file): DEL is served.
-	f := []byte(shim.Magic)
+	var f []byte
 	for k, v := range map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/p",
 		shim.KeyResolvConfErr: "open /etc/cni/resolv.conf: no such file or directory"} {
 		f = shim.AppendRecord(f, k, []byte(v))
 	}
-	f = shim.AppendRecord(f, shim.KeyStdin, []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"resolvConf":"/etc/cni/resolv.conf"}}`))
+	f = shim.Seal(shim.AppendRecord(f, shim.KeyStdin, []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"resolvConf":"/etc/cni/resolv.conf"}}`)))
 	served := false
 	rec, _ := shim.ParseFrame(cni.ServeFrame(f, func(*cni.Request) *cni.Reply { served = true; return &cni.Reply{} }))
 	if !served || string(rec[shim.KeyExit]) != "0" {

@@ -74,8 +74,11 @@ func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 	for range 150 {
 		wg.Go(func() {
 			size := shim.MaxFrame - 100
-			head := shim.AppendRecord([]byte(shim.Magic), shim.KeyStdin, nil)
-			head = append(head[:len(head)-1], byte(size|0x80), byte(size>>7|0x80), byte(size>>14))
+			rec := shim.AppendRecord(nil, shim.KeyStdin, nil)
+			rec = append(rec[:len(rec)-1], byte(size|0x80), byte(size>>7|0x80), byte(size>>14))
+			// The frame's head: Magic and the length of the records with size bytes of stdin.
+			head := shim.Seal(append(rec, make([]byte, size)...))
+			head = head[:len(head)-size]
 			chunk := make([]byte, 64<<10)
 			for ctx.Err() == nil {
 				c := dial()

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -193,21 +192,13 @@ func TestThreeNodesRace(t *testing.T) {
 	}
 }
 
-var roundTripsRe = regexp.MustCompile(`msg=(ADD|DEL) .*etcd_round_trips=(\d+)`)
-
-// roundTrips returns "VERB=n" for each call logged in the plugin's log file.
-func roundTrips(t *testing.T, logFile string) []string {
-	t.Helper()
-	f, err := os.Open(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+// roundTrips returns "VERB=n" for each ADD and DEL node's daemons answered, in order: the etcd round
+// trips of its operation, from the reply.
+func (e *env) roundTrips(node string) []string {
 	var got []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if m := roundTripsRe.FindStringSubmatch(sc.Text()); m != nil {
-			got = append(got, m[1]+"="+m[2])
+	for _, c := range e.served("ADD", "DEL") {
+		if c.node == node {
+			got = append(got, fmt.Sprintf("%s=%d", c.verb, c.reply.RoundTrips))
 		}
 	}
 	return got
@@ -221,13 +212,12 @@ func roundTrips(t *testing.T, logFile string) []string {
 func TestRoundTrips(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
-	logFile := filepath.Join(e.tmp, "plugin.log")
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
 	e.mustAdd(list, rt("c1", "eth0")) // claims the block
 	e.mustAdd(list, rt("c2", "eth0"))
 	e.mustAdd(list, rt("c2", "eth0")) // idempotent
 	e.mustDel(list, rt("c2", "eth0"))
-	got := roundTrips(t, logFile)
+	got := e.roundTrips("node1")
 	want := []string{"ADD=2", "ADD=1", "ADD=1", "DEL=1"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("round trips %v, want %v (claim, common ADD, repeated ADD, DEL)", got, want)
@@ -244,8 +234,7 @@ func TestNodeCacheIsOnlyAHint(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("a", "10.244.0.0/16", 26)
 	e.putPool("b", "10.245.0.0/16", 26)
-	logFile := filepath.Join(e.tmp, "plugin.log")
-	list := e.list(netOpts{ipam: e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})})
+	list := e.list(netOpts{ipam: e.ipam("node1", nil)})
 	first := addrs(e.mustAdd(list, rt("c1", "eth0")))[0].Addr()
 	if !mustPrefix("10.244.0.0/16").Contains(first) {
 		t.Fatalf("first ADD %s, want pool a", first)
@@ -271,7 +260,7 @@ func TestNodeCacheIsOnlyAHint(t *testing.T) {
 	e.socket("node1")
 	e.mustAdd(list, rt("c5", "eth0"))
 
-	got := roundTrips(t, logFile)
+	got := e.roundTrips("node1")
 	// At most: claim, warm, stale block (watch behind: +1), claim in pool b (watch behind: +1),
 	// restarted daemon (its followers read the state before it answers).
 	most := []int{2, 1, 2, 3, 1}
@@ -302,8 +291,7 @@ func TestBatchedAdds(t *testing.T) {
 		}
 	})
 	defer d.Stop()
-	logFile := filepath.Join(e.tmp, "plugin.log")
-	ipam := e.ipam("node1", map[string]any{"log_file": logFile, "log_level": "info"})
+	ipam := e.ipam("node1", nil)
 	ipam["socket"] = d.Socket
 	list := e.list(netOpts{ipam: ipam})
 	r0 := e.mustAdd(list, rt("c0", "eth0")) // claims the block, which the daemon's node state then holds
@@ -352,12 +340,10 @@ func TestBatchedAdds(t *testing.T) {
 		t.Fatalf("%d of %d accounted", ok, n+2)
 	}
 	rts, batched := 0, 0
-	for _, l := range logLines(logFile) {
-		if m := batchedRe.FindStringSubmatch(l); m != nil {
-			b, _ := strconv.Atoi(m[1])
-			r, _ := strconv.Atoi(m[2])
-			batched += b
-			rts += r
+	for _, c := range e.served("ADD") {
+		if strings.HasPrefix(c.container, "g") {
+			batched += c.reply.Batched
+			rts += int(c.reply.RoundTrips)
 		}
 	}
 	if batched != n-1 || rts != 1 {
@@ -365,9 +351,6 @@ func TestBatchedAdds(t *testing.T) {
 	}
 	t.Logf("%d queued ADDs: %d served by the first one's write, %d etcd round trip in all", n, batched, rts)
 }
-
-// batchedRe matches the shim's log line of the queued ADDs (g00...).
-var batchedRe = regexp.MustCompile(`msg=ADD .*container=g\d+ .*batched=(\d+) etcd_round_trips=(\d+)`)
 
 // daemonProcess runs block-ipamd for node on sock with extra environment, and returns the command and
 // a channel that receives a value at each of the daemon's test pauses.

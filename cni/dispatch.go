@@ -48,6 +48,9 @@ func ServeFrame(frame []byte, do func(*Request) *Reply) (out []byte) {
 // frameCall is one call of the plugin.
 type frameCall struct {
 	rec map[string][]byte
+	// served is the daemon's reply, nil when the call did not reach it: its figures go in the
+	// reply frame.
+	served *Reply
 	// log is the call's log line, which the plugin appends to its log_file.
 	log bytes.Buffer
 }
@@ -61,13 +64,19 @@ func (fc *frameCall) reply(stdout []byte, err *types.Error) []byte {
 		exit = "1"
 		stdout, _ = json.MarshalIndent(err, "", "    ")
 	}
-	out := append([]byte(nil), shim.Magic...)
-	out = shim.AppendRecord(out, shim.KeyExit, []byte(exit))
+	out := shim.AppendRecord(nil, shim.KeyExit, []byte(exit))
 	out = shim.AppendRecord(out, shim.KeyStdout, stdout)
 	if fc.log.Len() > 0 {
 		out = shim.AppendRecord(out, shim.KeyLog, fc.log.Bytes())
 	}
-	return out
+	if r := fc.served; r != nil {
+		out = shim.AppendRecord(out, shim.KeyNode, []byte(r.Node))
+		out = shim.AppendRecord(out, shim.KeyAttempts, strconv.AppendInt(nil, int64(r.Attempts), 10))
+		out = shim.AppendRecord(out, shim.KeyBatched, strconv.AppendInt(nil, int64(r.Batched), 10))
+		out = shim.AppendRecord(out, shim.KeyRoundTrips, strconv.AppendInt(nil, r.RoundTrips, 10))
+		out = shim.AppendRecord(out, shim.KeyReleased, strconv.AppendInt(nil, int64(r.Released), 10))
+	}
+	return shim.Seal(out)
 }
 
 // pluginMain is skel's PluginMainFuncs (containernetworking/cni v1.3.0) around the verbs.
@@ -150,6 +159,7 @@ func (fc *frameCall) run(verb string, stdin []byte, do func(*Request) *Reply) ([
 	start := time.Now()
 	attrs := []any{"container", req.ContainerID, "ifname", req.IfName, "network", conf.Network}
 	reply := do(&req)
+	fc.served = reply
 	attrs = append(attrs, "node", reply.Node, "attempts", reply.Attempts, "batched", reply.Batched,
 		"etcd_round_trips", reply.RoundTrips, "duration_ms", float64(time.Since(start).Microseconds())/1000)
 	if err := reply.Err(); err != nil {

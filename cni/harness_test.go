@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcheck"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamdtest"
@@ -105,8 +107,29 @@ type env struct {
 	// sockDir holds the daemons' sockets (short: a unix socket path has at most 107 bytes).
 	sockDir string
 
-	mu      sync.Mutex // guards daemons
+	mu      sync.Mutex // guards daemons and calls
 	daemons map[string]*ipamdtest.Daemon
+	// calls are the requests every daemon answered, in order, with the daemon's figures.
+	calls []daemonCall
+}
+
+// daemonCall is one request a daemon answered, and its reply.
+type daemonCall struct {
+	node, verb, container string
+	reply                 cni.Reply
+}
+
+// served returns the calls of the given verbs the daemons answered so far, in order.
+func (e *env) served(verbs ...string) []daemonCall {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []daemonCall
+	for _, c := range e.calls {
+		if slices.Contains(verbs, c.verb) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // newEnv starts etcd and, when the test ends, stops the daemons and checks every IPAM invariant of
@@ -144,7 +167,12 @@ func (e *env) startDaemon(name, node string, pause func(context.Context)) *ipamd
 // startDaemonWith is startDaemon with the etcd endpoints of the daemon's client.
 func (e *env) startDaemonWith(name, node string, endpoints []string, pause func(context.Context)) *ipamdtest.Daemon {
 	e.t.Helper()
-	return ipamdtest.Start(e.t, ipamdtest.Options{Node: node, Endpoints: endpoints, Socket: filepath.Join(e.sockDir, name+".sock"), Pause: pause})
+	observe := func(req *cni.Request, r *cni.Reply) {
+		e.mu.Lock()
+		e.calls = append(e.calls, daemonCall{node: node, verb: req.Verb, container: req.ContainerID, reply: *r})
+		e.mu.Unlock()
+	}
+	return ipamdtest.Start(e.t, ipamdtest.Options{Node: node, Endpoints: endpoints, Socket: filepath.Join(e.sockDir, name+".sock"), Pause: pause, Observe: observe})
 }
 
 // restartDaemon stops node's daemon; the next socket(node) starts a new one with empty caches.

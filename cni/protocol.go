@@ -10,7 +10,8 @@ import (
 )
 
 // The plugin and the node daemon speak on a unix socket, one exchange per connection: the plugin
-// writes its request and shuts its side down, the daemon writes its reply and closes. No HTTP: net/http
+// writes its request, a frame that carries its length, and waits with its side open; the daemon
+// writes its reply and closes (the plugin's hang-up ends the daemon's read of it: shim.Magic). No HTTP: net/http
 // alone adds 0.4 ms to every start of the plugin, which the runtime pays on every ADD and DEL; both
 // sides bound what they read by MaxMessage and by a deadline. The plugin (package shim) sends the CNI
 // call as the runtime made it, in a frame, and ServeFrame answers it. Plugin and daemon come from one

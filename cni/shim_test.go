@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -200,11 +199,11 @@ func TestShimMatchesSkel(t *testing.T) {
 // before it serves the request (no etcd work), naming what is wrong.
 func TestServeFrameChecksFirst(t *testing.T) {
 	frame := func(env map[string]string, stdin string) []byte {
-		f := []byte(shim.Magic)
+		var f []byte
 		for k, v := range env {
 			f = shim.AppendRecord(f, k, []byte(v))
 		}
-		return shim.AppendRecord(f, shim.KeyStdin, []byte(stdin))
+		return shim.Seal(shim.AppendRecord(f, shim.KeyStdin, []byte(stdin)))
 	}
 	add := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/opt/cni/bin"}
 	good := `{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam"}}`
@@ -223,6 +222,15 @@ func TestServeFrameChecksFirst(t *testing.T) {
 			`{"cniVersion":"0.3.1","name":"n","ipam":{}}`), false, "config version does not allow CHECK"},
 		{"own netns", frame(map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p", shim.KeyNetNS: shim.NetNSOwn}, good),
 			false, "own network namespace"},
+		// The rules the daemon checks once, here, and not again before it queues the request.
+		{"bad container ID", frame(map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "../x", "CNI_IFNAME": "eth0", "CNI_NETNS": "/x", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"long interface name", frame(map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "a-very-long-interface-name", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"unknown command", frame(map[string]string{"CNI_COMMAND": "PUT", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/p"}, good),
+			false, `"code": 4`},
+		{"bad network name", frame(add, `{"cniVersion":"1.1.0","name":"a b","ipam":{}}`), false, `"code": 7`},
+		{"nothing to assign", frame(add, `{"cniVersion":"1.1.0","name":"n","ipam":{"assign_ipv4":"false"}}`), false, "nothing to assign"},
 	} {
 		served := false
 		out := cni.ServeFrame(c.frame, func(*cni.Request) *cni.Reply {
@@ -403,7 +411,19 @@ func fakeDaemon(t *testing.T, answer func(net.Conn)) string {
 				defer wg.Done()
 				defer c.Close()
 				c.SetDeadline(time.Now().Add(30 * time.Second))
-				io.Copy(io.Discard, c)
+				// The request to its end (its length): the plugin keeps its side open.
+				var req []byte
+				buf := make([]byte, 4096)
+				for {
+					if n, ok := shim.FrameSize(req); ok && len(req) >= n {
+						break
+					}
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					req = append(req, buf[:n]...)
+				}
 				answer(c)
 			}()
 		}
@@ -415,9 +435,11 @@ func fakeDaemon(t *testing.T, answer func(net.Conn)) string {
 // later, not 999: the operation's outcome is unknown and the runtime's retry is idempotent. So is a
 // reply without this release's magic (a daemon of another release), which says so.
 func TestShimIncompleteReply(t *testing.T) {
-	whole := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
-	afterExit := len(whole)
-	whole = shim.AppendRecord(whole, shim.KeyStdout, bytes.Repeat([]byte("r"), 300))
+	records := shim.AppendRecord(nil, shim.KeyExit, []byte("0"))
+	afterExit := len(records)
+	records = shim.AppendRecord(records, shim.KeyStdout, bytes.Repeat([]byte("r"), 300))
+	whole := shim.Seal(records)
+	afterExit += len(whole) - len(records)
 	replies := map[string][]byte{"another release's": []byte(`{"code":6,"msg":"decoding the request","node":"n"}`)}
 	for _, cut := range []int{len(shim.Magic) + 3, afterExit, afterExit + 10, len(whole) - 1} {
 		replies[fmt.Sprintf("cut at %d of %d bytes", cut, len(whole))] = whole[:cut]
@@ -430,7 +452,7 @@ func TestShimIncompleteReply(t *testing.T) {
 			!strings.Contains(got.stdout, "another release") {
 			t.Errorf("reply %s: exit %d, %s", name, got.exit, got.stdout)
 		}
-		if bytes.HasPrefix(reply, []byte("{")) && !strings.Contains(got.stdout, "not a block-ipam/2 frame") {
+		if bytes.HasPrefix(reply, []byte("{")) && !strings.Contains(got.stdout, "not a block-ipam/3 frame") {
 			t.Errorf("reply %s: %s does not say the reply is not a frame", name, got.stdout)
 		}
 	}
@@ -439,8 +461,8 @@ func TestShimIncompleteReply(t *testing.T) {
 // TestShimTimeoutBoundsTheExchange: the configured timeout bounds the whole wait for the reply, not
 // each read: a daemon that trickles its reply a byte at a time is given up on after it (11).
 func TestShimTimeoutBoundsTheExchange(t *testing.T) {
-	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
-	reply = shim.AppendRecord(reply, shim.KeyStdout, bytes.Repeat([]byte("r"), 400))
+	reply := shim.AppendRecord(nil, shim.KeyExit, []byte("0"))
+	reply = shim.Seal(shim.AppendRecord(reply, shim.KeyStdout, bytes.Repeat([]byte("r"), 400)))
 	sock := fakeDaemon(t, func(c net.Conn) {
 		for i := range reply { // 400 bytes at 50 ms: 20 s
 			if _, err := c.Write(reply[i : i+1]); err != nil {
@@ -467,10 +489,10 @@ func TestShimTimeoutBoundsTheExchange(t *testing.T) {
 func TestShimLogsWhereItsConfigurationSays(t *testing.T) {
 	dir := t.TempDir()
 	mine, named := filepath.Join(dir, "plugin.log"), filepath.Join(dir, "daemon-named.log")
-	reply := shim.AppendRecord([]byte(shim.Magic), shim.KeyExit, []byte("0"))
+	reply := shim.AppendRecord(nil, shim.KeyExit, []byte("0"))
 	reply = shim.AppendRecord(reply, shim.KeyStdout, nil)
 	reply = shim.AppendRecord(reply, shim.KeyLog, []byte("level=INFO msg=DEL\n"))
-	reply = shim.AppendRecord(reply, "log_file", []byte(named))
+	reply = shim.Seal(shim.AppendRecord(reply, "log_file", []byte(named)))
 	sock := fakeDaemon(t, func(c net.Conn) { c.Write(reply) })
 	stdin := []byte(`{"cniVersion":"1.1.0","name":"n","ipam":{"type":"block-ipam","log_file":"` + mine + `","socket":"` + sock + `"}}`)
 	got := runBinary(t, filepath.Join(pluginDir, "block-ipam"), cniEnv("DEL", "c1", "eth0", "", ""), stdin)

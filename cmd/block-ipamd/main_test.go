@@ -315,6 +315,11 @@ func TestStoppingDaemonLeavesSuccessorsSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
+	// The daemon accepts in order: once an ADD connected after held is answered, held was accepted
+	// (else the stop would drop it from the listen queue, and nothing would hold the daemon).
+	if err := addOn(t, sock, "c0"); err != nil {
+		t.Fatalf("ADD on the first daemon: %v", err)
+	}
 	old.cancel()
 	// The old daemon no longer accepts; the new one starts on the same path meanwhile.
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {

@@ -36,9 +36,7 @@ func (v *view) add(r *request, lead bool) error {
 		return v.recheck(err)
 	}
 	r.allocs = got
-	if held {
-		v.log.Debug("returning existing allocation", "handle", r.handle, "ifname", r.ifname)
-	} else {
+	if !held {
 		r.changed, r.newHandle = true, handleWith(v.handle, got)
 	}
 	return nil
@@ -278,7 +276,7 @@ func (v *view) releaseUnselected(cidr netip.Prefix, p *calico.IPPool) {
 	if e == nil || e.release || !calico.ReleaseWhenUnselected(*p, v.node, e.b, v.conf.Node) {
 		return
 	}
-	v.log.Info("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
+	v.did("releasing an empty block whose pool no longer selects this node", "block", cidr, "pool", p.Name)
 	e.release, e.dirty = true, true
 	v.affinityWrites[cidr] = calico.AffinityStale
 	v.use(cidr)
@@ -374,7 +372,7 @@ func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.Allocatio
 		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
 	}
 	a, _ = v.assignFrom(e, attr)
-	v.log.Info("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.Addr, "why", why)
+	v.did("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.Addr, "why", why)
 	return a, nil
 }
 
@@ -391,7 +389,7 @@ func (v *view) assignAffine(cidr netip.Prefix, attr calico.AllocationAttribute) 
 	}
 	switch step := calico.StepFor(v.conf.Node, v.affinity[cidr].state, b); step {
 	case calico.AffinityStale:
-		v.log.Info("deleting a stale affinity: its block belongs to another owner", "block", cidr)
+		v.did("deleting a stale affinity: its block belongs to another owner", "block", cidr)
 		v.affinityWrites[cidr] = step
 		return allocation{}, false, nil
 	case calico.AffinityCreate:
@@ -404,7 +402,7 @@ func (v *view) assignAffine(cidr netip.Prefix, attr calico.AllocationAttribute) 
 		a, ok := v.assignFrom(e, attr)
 		if ok {
 			v.blocks[cidr] = e
-			v.log.Info("creating the block of an affinity left without it (an interrupted claim)", "block", cidr, "state", v.affinity[cidr].state)
+			v.did("creating the block of an affinity left without it (an interrupted claim)", "block", cidr, "state", v.affinity[cidr].state)
 		}
 		return a, ok, nil
 	case calico.AffinityConfirm:
@@ -459,7 +457,7 @@ func (v *view) claim(f Family, pools []calico.IPPool, attr calico.AllocationAttr
 			e := newBlockEntry(cidr, v.conf.Node)
 			if a, ok := v.assignFrom(e, attr); ok {
 				v.blocks[cidr] = e
-				v.log.Info("claiming block", "block", cidr, "pool", pool.CIDR)
+				v.did("claiming block", "block", cidr, "pool", pool.CIDR)
 				return a, true, nil
 			}
 			used = append(used, cidr)
@@ -506,7 +504,7 @@ func (v *view) assignSpecific(pools []calico.IPPool, ip netip.Addr, attr calico.
 		}
 		e = newBlockEntry(cidr, v.conf.Node)
 		v.blocks[cidr] = e
-		v.log.Info("claiming block for a requested address", "block", cidr, "addr", ip)
+		v.did("claiming block for a requested address", "block", cidr, "addr", ip)
 	}
 	if !v.ownedByNode(e.b) && v.cfg.StrictAffinity {
 		return allocation{}, withCode(ErrAddressUnavailable, "requested address %s is in block %s, not affine to node %s, and strict affinity is on",

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 )
 
 // Secondary attribute keys block-ipam writes besides Calico's namespace, pod, node and timestamp.
@@ -81,7 +81,7 @@ func (c *call) decide(ctx context.Context, handleID string, f func(*view) error)
 		if err := c.sync(ctx, handleID); err != nil {
 			return nil, err
 		}
-		v := newView(c.state, c.conf, c.log, &c.read)
+		v := newView(c.state, c.conf, &c.read)
 		err := f(v)
 		var n *needs
 		if !errors.As(err, &n) {
@@ -331,12 +331,13 @@ func (c *call) write(ctx context.Context, v *view) error {
 	}
 	c.state.committed(p, res.Revision)
 	c.claims += p.claims
+	defer c.logActions(v)
 	// What the operation read is now as written.
 	for cidr, e := range p.blocks {
 		var w *blockEntry
 		if e == nil {
 			v.blocks[cidr] = nil
-			v.log.Info("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
+			v.did("deleted an empty block (no affinity, or its pool no longer selects its node)", "block", cidr)
 		} else {
 			e.rev, e.dirty, e.created = res.Revision, false, false
 			w = &blockEntry{b: e.b, rev: e.rev}
@@ -358,10 +359,10 @@ func (c *call) write(ctx context.Context, v *view) error {
 
 // retry runs attempt until it succeeds, fails for good, or the deadline or maxAttempts ends it. Lost
 // races (errConflict) and an unreachable etcd (errUnavailable) are retried after a capped, jittered
-// exponential backoff; running out returns an error that maps to CNI code 11. c.attempts counts
-// the attempts of every retry of the operation.
+// exponential backoff (the project's one); running out returns an error that maps to CNI code 11.
+// c.attempts counts the attempts of every retry of the operation.
 func (c *call) retry(ctx context.Context, what string, attempt func(context.Context) error) error {
-	backoff := 2 * time.Millisecond
+	bo := backoff.Backoff{Base: 2 * time.Millisecond, Max: 250 * time.Millisecond}
 	var last error
 	for n := 1; n <= maxAttempts; n++ {
 		c.attempts++
@@ -379,13 +380,7 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 			}
 		}
 		c.log.Debug("retrying", "what", what, "attempt", n, "err", err)
-		d := backoff/2 + rand.N(backoff/2+1)
-		backoff = min(backoff*2, 250*time.Millisecond)
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !bo.Wait(ctx) {
 			return fmt.Errorf("%s: gave up after %d attempts (%w): %w", what, n, ctx.Err(), last)
 		}
 	}
@@ -463,4 +458,11 @@ func handleBlocks(h *calico.Handle) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// logActions logs what the decision of v did; its write has committed.
+func (c *call) logActions(v *view) {
+	for _, a := range v.actions {
+		c.log.Log(context.Background(), a.level, a.msg, a.args...)
+	}
 }

@@ -38,8 +38,7 @@ func (v *view) del(r *request, _ bool) error {
 		v.handle, v.handleGuess = guess, data
 	}
 	if v.handle == nil {
-		v.log.Debug("no handle: nothing to release", "handle", r.handle)
-		return nil
+		return nil // nothing to release
 	}
 	if err := v.require(handleBlocks(v.handle)...); err != nil {
 		return err
@@ -88,7 +87,7 @@ func (v *view) releaseEmptied() error {
 		if err != nil || !calico.ReleaseWhenUnselected(*p, &n, e.b, o.Node) {
 			continue
 		}
-		v.log.Info("releasing an emptied block whose pool no longer selects its node", "block", cidr, "node", o.Node, "pool", p.Name)
+		v.did("releasing an emptied block whose pool no longer selects its node", "block", cidr, "node", o.Node, "pool", p.Name)
 		e.release = true
 		v.use(cidr)
 		v.uses[nodeKey], v.uses[affKey], v.keyWrites[affKey] = nkv.ModRevision, akv.ModRevision, nil
@@ -105,7 +104,7 @@ func (v *view) releaseHandle(handle, ifname string) (*calico.Handle, bool, error
 	for k, n := range v.handle.Block {
 		p, err := netip.ParsePrefix(k)
 		if err != nil {
-			v.log.Warn("dropping unparseable block from handle", "handle", handle, "block", k)
+			v.didWarn("dropping an unparseable block from the handle", "handle", handle, "block", k)
 			changed = true
 			continue
 		}

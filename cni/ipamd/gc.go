@@ -244,7 +244,7 @@ func (v *view) gc(cidrs []netip.Prefix, stale map[netip.Prefix][]gcCandidate) (i
 		}
 		e.dirty = true
 		released += len(ords)
-		v.log.Info("GC releases stale allocations", "block", cidr, "count", len(ords))
+		v.did("GC releases stale allocations", "block", cidr, "count", len(ords))
 	}
 	for i, key := range handleKeys {
 		counts, kv := perHandle[strings.TrimPrefix(key, calico.HandlePrefix)], handles[i]

@@ -63,12 +63,11 @@ func TestConnectionLimits(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	frame := shim.AppendRecord([]byte(shim.Magic), "CNI_COMMAND", []byte("ADD"))
-	frame = shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), 100<<10))
+	frame := shim.AppendRecord(nil, "CNI_COMMAND", []byte("ADD"))
+	frame = shim.Seal(shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), 100<<10)))
 	if _, err := c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
-	c.(*net.UnixConn).CloseWrite()
 	reply, err := io.ReadAll(c)
 	if err != nil {
 		t.Fatal(err)
@@ -96,4 +95,45 @@ func dropped(t *testing.T, srv *Server, reason string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestWholeRequestIsNotDisplaced: a connection displaced after its reader took the last byte of its
+// request, but before it marked the request read, is served all the same. The plugin keeps its side
+// open after its request, so such a connection looks idle in the kernel, like an attacker's.
+func TestWholeRequestIsNotDisplaced(t *testing.T) {
+	l := newConnLimits(1, 1<<20, newMetrics(nil))
+	ln, err := net.Listen("unix", t.TempDir()+"/l.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	plugin, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plugin.Close()
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := l.admit(conn, time.Minute)
+	frame := shim.Seal(shim.AppendRecord(nil, shim.KeyStdin, []byte("{}")))
+	if _, err := plugin.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	data, size, _, err := l.read(c, 1<<20)
+	if err != nil || size != len(frame) || !bytes.Equal(data, frame) {
+		t.Fatalf("read %q (size %d), %v", data, size, err)
+	}
+	time.Sleep(2 * displaceAge)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if !l.makeRoom(ctx) || !c.displaced {
+		t.Fatal("the connection, idle in the kernel and at the limit, was not displaced: the case under test did not arise")
+	}
+	l.doneReading(c)
+	if c.displaced || l.open != 1 || l.reading.Len() != 0 {
+		t.Errorf("after its whole request was read: displaced %v, %d open, %d reading; want it served, counted", c.displaced, l.open, l.reading.Len())
+	}
 }

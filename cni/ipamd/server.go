@@ -31,15 +31,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
-	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
@@ -81,6 +78,9 @@ type Config struct {
 	// DefaultMaxRequestBytes). See connLimits.
 	MaxConnections  int
 	MaxRequestBytes int64
+	// Observe, when set, receives every request with its reply as it is answered (tests and
+	// benchmarks read the daemon's figures of each call here; it must not change them).
+	Observe func(*cni.Request, *cni.Reply)
 }
 
 // EtcdHealth tells whether etcd serves (etcdconfig.Guard): a frozen etcd keeps the client's connection
@@ -411,32 +411,19 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 	s.metrics.requests.WithLabelValues(j.req.Verb, result).Inc()
 	s.metrics.latency.WithLabelValues(j.req.Verb).Observe(time.Since(j.start).Seconds())
 	j.answered = true
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(j.req, r)
+	}
 	j.done <- r
 }
 
-// validate checks a request before it is queued: the socket is the trust boundary.
+// validate checks what only the daemon knows of a request before it is queued: its node. Every CNI
+// rule (command, container ID, interface, network name, cniVersion, each configuration field) was
+// checked where the request entered, once (cni.ServeFrame: skel's checks, then LoadConfig).
 func (s *Server) validate(r *cni.Request) *types.Error {
-	switch r.Verb {
-	case "ADD", "DEL", "CHECK":
-		if !shim.ValidName(r.ContainerID) {
-			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("container ID %q is not valid", r.ContainerID)}
-		}
-		if err := utils.ValidateInterfaceName(r.IfName); err != nil {
-			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("interface name %q: %s", r.IfName, err.Msg)}
-		}
-	case "GC", "STATUS":
-	default:
-		return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("unknown verb %q", r.Verb)}
-	}
-	if err := utils.ValidateNetworkName(r.Network); err != nil {
-		return configError("name", "%s", err.Msg)
-	}
 	if r.Node != "" && r.Node != s.cfg.Node {
 		return configError("nodename", "the network configuration names node %q, but the block-ipam daemon at this socket serves node %q (its --nodename): remove nodename from the configuration or fix one of them",
 			r.Node, s.cfg.Node)
-	}
-	if r.Verb == "ADD" && !r.Assign[V4] && !r.Assign[V6] && len(r.RequestedIPs) == 0 {
-		return configError("ipam.assign_ipv4", "both assign_ipv4 and assign_ipv6 are false: nothing to assign")
 	}
 	return nil
 }
@@ -445,21 +432,6 @@ func (s *Server) validate(r *cni.Request) *types.Error {
 // package cni). A connection has connTimeout to deliver its request; the reply waits for the
 // operation, whose deadline is the request's.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hup, err := newHangups()
-	if err != nil {
-		return fmt.Errorf("watching for plugins that hang up: %w", err)
-	}
-	hctx, hstop := context.WithCancel(context.Background())
-	hdone := make(chan struct{})
-	go func() {
-		defer close(hdone)
-		hup.run(hctx)
-	}()
-	defer func() {
-		hstop()
-		<-hdone
-		unix.Close(hup.epfd)
-	}()
 	if sk, ok := l.(*Socket); ok {
 		s.socket.Store(sk)
 	}
@@ -490,11 +462,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			conn.Close()
 			return nil
 		}
-		c := s.limits.admit(conn)
+		c := s.limits.admit(conn, connTimeout)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, c, hup)
+			s.serveConn(ctx, c)
 		}()
 	}
 }
@@ -502,12 +474,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 // connTimeout bounds reading a request and writing a reply: a plugin writes its request at once.
 const connTimeout = 5 * time.Second
 
-func (s *Server) serveConn(ctx context.Context, conn *limitedConn, hup *hangups) {
+func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 	defer s.limits.release(conn)
 	defer conn.Close()
 	start := time.Now()
-	conn.SetReadDeadline(start.Add(connTimeout))
-	data, reserved, err := s.limits.read(conn, cni.MaxMessage+1)
+	data, size, reserved, err := s.limits.read(conn, cni.MaxMessage+1)
 	defer s.limits.unreserve(reserved)
 	var out []byte
 	switch {
@@ -515,13 +486,13 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn, hup *hangups)
 		// Read the rest into nothing (within the read deadline) before answering: a connection
 		// closed with data unread is reset, and the client would get ECONNRESET instead of 11.
 		s.metrics.dropped.WithLabelValues("bytes").Inc()
-		io.Copy(io.Discard, conn)
+		discard(conn, size, len(data))
 		out = cni.ErrorFrame(&types.Error{Code: types.ErrTryAgainLater,
 			Msg: fmt.Sprintf("block-ipam daemon: busy: it holds %d bytes of requests being read, its limit; try again later", s.cfg.MaxRequestBytes)})
 	case err != nil:
 		switch {
-		case !s.limits.doneReading(conn):
-			// Displaced for a newer connection: counted then.
+		case s.limits.stopReading(conn):
+			s.metrics.dropped.WithLabelValues("displaced").Inc()
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.metrics.dropped.WithLabelValues("deadline").Inc()
 			s.log.Debug("no whole request on the socket within the deadline", "deadline", connTimeout)
@@ -529,25 +500,49 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn, hup *hangups)
 			s.log.Warn("reading a request from the socket", "err", err)
 		}
 		return
-	case !s.limits.doneReading(conn):
-		return
 	case len(data) > cni.MaxMessage:
-		io.Copy(io.Discard, conn)
+		if s.limits.stopReading(conn) {
+			s.metrics.dropped.WithLabelValues("displaced").Inc()
+			return
+		}
+		discard(conn, size, len(data))
 		out = cni.ServeFrame(data, nil)
 	default:
+		s.limits.doneReading(conn)
 		jctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := hup.watch(conn.Conn, cancel)
+		// The request is read whole, and the plugin keeps its side open until it gets the reply:
+		// a read now returns only when the plugin hangs up (or sends more than its frame, which it
+		// must not), and then the request is given up. One goroutine blocked in that read, as
+		// net/http's connReader.backgroundRead; a read deadline in the past ends it.
+		conn.SetReadDeadline(time.Time{})
+		read := make(chan struct{})
+		go func() {
+			defer close(read)
+			var b [1]byte
+			if _, err := conn.Read(b[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+				cancel()
+			}
+		}()
 		// The plugin's call as the runtime made it: package cni does CNI's part.
 		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
-		stop()
+		conn.SetReadDeadline(time.Unix(1, 0))
+		<-read
 	}
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
 }
 
-// hangupPoll bounds how long the hang-up watcher takes to notice that Serve returns.
-const hangupPoll = 250 * time.Millisecond
+// discard reads the rest of a request the daemon refuses, so that closing does not reset the
+// connection before the client reads the reply: to the end its length gives (size, of which have
+// bytes were read), or to the end of the stream when it gave none.
+func discard(conn net.Conn, size, have int) {
+	if size >= 0 {
+		io.CopyN(io.Discard, conn, int64(size-have))
+		return
+	}
+	io.Copy(io.Discard, conn)
+}
 
 // deadline is when the daemon gives up on a request: a little before the shim does, so that it
 // gets the reason rather than a deadline.

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sys/unix"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
@@ -207,56 +206,46 @@ func TestHungUpRequestIsDropped(t *testing.T) {
 	}
 }
 
-// TestSocketHangupDetected: the hang-up watcher tells a plugin that closed its connection from one
-// that only half-closed it after its request.
-func TestSocketHangupDetected(t *testing.T) {
-	hup, err := newHangups()
+// TestHangupNoticedWhileWaiting: a plugin that closes its connection while its request runs is
+// noticed at once (the operation's context ends), and one that keeps its side open after the request
+// is not taken for a hang-up: the daemon reads the frame's length, and one goroutine blocked in a
+// read of the connection (no epoll) returns only when the plugin goes. The old half-close by the
+// plugin, which reads as EOF, would be a hang-up now.
+func TestHangupNoticedWhileWaiting(t *testing.T) {
+	var paused atomic.Pointer[context.Context]
+	stuck := make(chan struct{}, 2)
+	srv := startServer(t, Config{Pause: func(ctx context.Context) {
+		paused.Store(&ctx)
+		stuck <- struct{}{}
+		<-ctx.Done()
+	}}, nil)
+	env, stdin, err := ipamcall.Frame(addRequest("c1", time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); hup.run(ctx) }()
-	defer func() { cancel(); <-done; unix.Close(hup.epfd) }()
-	for _, full := range []bool{false, true} {
-		a, b, err := socketPair(t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.(*net.UnixConn).CloseWrite()
-		hung := make(chan struct{})
-		stop := hup.watch(b, func() { close(hung) })
-		if full {
-			a.Close()
-		}
-		select {
-		case <-hung:
-			if !full {
-				t.Error("half-closed connection taken for a hang-up")
-			}
-		case <-time.After(300 * time.Millisecond):
-			if full {
-				t.Error("closed connection not noticed")
-			}
-		}
-		stop()
-		a.Close()
-		b.Close()
+	var records []byte
+	for k, v := range env {
+		records = shim.AppendRecord(records, k, []byte(v))
 	}
-}
-
-func socketPair(dir string) (net.Conn, net.Conn, error) {
-	l, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	frame := shim.Seal(shim.AppendRecord(records, shim.KeyStdin, stdin))
+	conn, err := net.Dial("unix", srv.sock)
 	if err != nil {
-		return nil, nil, err
+		t.Fatal(err)
 	}
-	defer l.Close()
-	a, err := net.Dial("unix", l.Addr().String())
-	if err != nil {
-		return nil, nil, err
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
 	}
-	b, err := l.Accept()
-	return a, b, err
+	<-stuck // the request was read whole and runs, the connection still open
+	ctx := *paused.Load()
+	if ctx.Err() != nil {
+		t.Fatal("a plugin waiting with its side open was taken for a hang-up")
+	}
+	conn.Close()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plugin's hang-up was not noticed (its request runs to its one-minute deadline)")
+	}
 }
 
 // TestDeletedPoolLeavesState: a pool deleted while an ADD that would claim from it is being written
@@ -786,8 +775,8 @@ func TestBatchAnswersEachByItsDeadline(t *testing.T) {
 // and read to its end first, so that the client gets the answer rather than a reset connection.
 func TestOversizedFrameAnsweredAsFrame(t *testing.T) {
 	srv := startServer(t, Config{}, nil)
-	frame := shim.AppendRecord([]byte(shim.Magic), "CNI_COMMAND", []byte("ADD"))
-	frame = shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), cni.MaxMessage))
+	frame := shim.AppendRecord(nil, "CNI_COMMAND", []byte("ADD"))
+	frame = shim.Seal(shim.AppendRecord(frame, shim.KeyStdin, bytes.Repeat([]byte("x"), cni.MaxMessage)))
 	conn, err := net.Dial("unix", srv.sock)
 	if err != nil {
 		t.Fatal(err)
@@ -797,7 +786,6 @@ func TestOversizedFrameAnsweredAsFrame(t *testing.T) {
 	if _, err := conn.Write(frame); err != nil {
 		t.Fatalf("sending %d bytes: %v", len(frame), err)
 	}
-	conn.(*net.UnixConn).CloseWrite()
 	reply, err := io.ReadAll(conn)
 	if err != nil {
 		t.Fatalf("reading the reply: %v", err)
@@ -862,9 +850,11 @@ func TestServeOutlivesAcceptErrors(t *testing.T) {
 // the state loop serves the next request at once.
 func TestLeaderHangupReleasesStateLoop(t *testing.T) {
 	var pauses atomic.Int64
+	var first context.Context
 	stuck, release := make(chan struct{}), make(chan struct{})
-	srv := startServer(t, Config{Pause: func(context.Context) {
+	srv := startServer(t, Config{Pause: func(ctx context.Context) {
 		if pauses.Add(1) == 1 {
+			first = ctx
 			close(stuck)
 			<-release
 		}
@@ -875,7 +865,11 @@ func TestLeaderHangupReleasesStateLoop(t *testing.T) {
 	<-stuck
 	cancel() // the runtime kills the plugin
 	<-done
-	time.Sleep(300 * time.Millisecond) // > hangupPoll: the hang-up is noticed
+	for end := time.Now().Add(10 * time.Second); first.Err() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the hang-up was not noticed")
+		}
+	}
 	close(release)
 	start := time.Now()
 	r, err := ipamcall.Call(context.Background(), srv.sock, addRequest("c2", 20*time.Second))

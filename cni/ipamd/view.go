@@ -91,10 +91,13 @@ func (n *needs) merge(o *needs) *needs {
 // besides it (the handle, blocks of other nodes, block listings). Deciding changes only the view's
 // copies; writes() turns the changes into one conditional transaction. It does no I/O.
 type view struct {
-	// conf is the operation's request, log its logger, read what it read besides the state.
+	// conf is the operation's request, read what it read besides the state.
 	conf *cni.Request
-	log  *slog.Logger
 	read *opRead
+	// actions are what the decision did that is worth a log line (did): the operation logs them
+	// once the write that holds them commits (call.write), so that a decision taken again after a
+	// lost race, one whose write fails, and one that writes nothing (STATUS) log nothing.
+	actions []action
 
 	// handleView is the handle of the request being decided (see decideBatch; none for GC and
 	// STATUS).
@@ -155,8 +158,8 @@ func loadHandle(read *opRead, id string) (handleView, error) {
 }
 
 // newView returns a view of the node state and of what the operation has read.
-func newView(s *nodeState, conf *cni.Request, log *slog.Logger, read *opRead) *view {
-	v := &view{conf: conf, log: log, read: read, decoded: s.decoded, uses: map[string]int64{},
+func newView(s *nodeState, conf *cni.Request, read *opRead) *view {
+	v := &view{conf: conf, read: read, decoded: s.decoded, uses: map[string]int64{},
 		affinityWrites: map[netip.Prefix]calico.AffinityStep{}, keyWrites: map[string][]byte{},
 		blocks: make(map[netip.Prefix]*blockEntry, len(s.blocks)+len(read.blocks)), bad: maps.Clone(s.bad)}
 	// The blocks are shared until changed (blockEntry.edit).
@@ -208,8 +211,25 @@ func (v *view) recheck(err error) error {
 	if len(n.keys) == 0 && !n.sources {
 		return err
 	}
-	v.log.Debug("reading the datastore again before refusing", "err", err)
 	return n
+}
+
+// action is one thing a decision did, as its log line.
+type action struct {
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+// did records an action of the decision (logged at Info once its write commits).
+func (v *view) did(msg string, args ...any) {
+	v.actions = append(v.actions, action{level: slog.LevelInfo, msg: msg, args: args})
+}
+
+// didWarn records an action that works around bad data in etcd (logged at Warn once its write
+// commits).
+func (v *view) didWarn(msg string, args ...any) {
+	v.actions = append(v.actions, action{level: slog.LevelWarn, msg: msg, args: args})
 }
 
 // needHandle is the need for the view's handle.

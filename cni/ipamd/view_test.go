@@ -55,7 +55,7 @@ func stateWith(tb testing.TB, bits int, blocks map[string]int, secondary map[str
 // decideOn decides the requests as a batch (reqs[0] its leader) on a new view of c's state: the
 // view, and the decision's need or the leader's own failure.
 func decideOn(c *call, d decision, reqs ...*request) (*view, error) {
-	v := newView(c.state, c.conf, c.log, &c.read)
+	v := newView(c.state, c.conf, &c.read)
 	err := v.decideBatch(reqs, d)
 	if err == nil {
 		err = reqs[0].err
@@ -300,7 +300,7 @@ func TestOverlapKeys(t *testing.T) {
 	for _, tt := range tests {
 		s := testState(t, nil)
 		tc := testCall(s)
-		v := newView(s, tc.conf, tc.log, &tc.read)
+		v := newView(s, tc.conf, &tc.read)
 		v.pools = nil
 		for _, bits := range tt.sizes {
 			v.pools = append(v.pools, calico.IPPool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: bits})

@@ -88,8 +88,7 @@ func Main(about string) int {
 		return fail(err)
 	}
 
-	frame := make([]byte, 0, len(Magic)+len(stdin)+512)
-	frame = append(frame, Magic...)
+	frame := make([]byte, 0, len(stdin)+512)
 	for _, name := range Env {
 		if v := getenv(name); v != "" {
 			frame = AppendRecord(frame, name, []byte(v))
@@ -108,7 +107,7 @@ func Main(about string) int {
 			frame = AppendRecord(frame, KeyResolvConf, data)
 		}
 	}
-	frame = AppendRecord(frame, KeyStdin, stdin)
+	frame = Seal(AppendRecord(frame, KeyStdin, stdin))
 	if len(frame) > MaxFrame {
 		// The daemon would refuse it: say so without asking, and not as an unreachable daemon,
 		// which the runtime retries for ever.
@@ -395,7 +394,8 @@ type callError struct {
 }
 
 // exchange sends frame to the daemon at socket and returns its reply, within timeout: one
-// connection, the request, a shutdown of the plugin's side, the reply until the daemon closes. The
+// connection, the request, the reply until the daemon closes. The plugin's side stays open until it
+// exits: its end is how the daemon learns that the plugin gave up (Magic). The
 // kernel's send and receive timeouts bound one system call each, and a retry after EINTR would
 // restart them: before each call they are set to the time left of the whole exchange.
 func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *callError) {
@@ -447,9 +447,6 @@ func exchange(socket string, frame []byte, timeout time.Duration) ([]byte, *call
 			return nil, unreachable("sending the request", err)
 		}
 		b = b[n:]
-	}
-	if err := syscall.Shutdown(fd, syscall.SHUT_WR); err != nil {
-		return nil, unreachable("sending the request", err)
 	}
 	buf := make([]byte, 0, 4096)
 	for {

@@ -1,8 +1,8 @@
 // Package ipamcall calls block-ipam's node daemon over its socket the way the plugin (package
 // cni/shim) does, with one frame, and reads the reply frame back into a cni.Reply: tests, benchmarks
 // and the skel-based reference plugin use it as their client. The figures the daemon reports per call
-// (its node, attempts, batched requests, etcd round trips, GC's releases) come from the log line it
-// sends the plugin; the allocations from the result it rendered.
+// (its node, attempts, batched requests, etcd round trips, GC's releases) come from records of the
+// reply frame; the allocations from the result it rendered.
 package ipamcall
 
 import (
@@ -13,9 +13,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -100,14 +98,14 @@ func Frame(req *cni.Request) (env map[string]string, stdin []byte, err error) {
 
 // Do sends the call of env and stdin (the network configuration) to the daemon on socket in one frame
 // and reads the reply frame: the CNI error's code and message, ADD's allocations from the result,
-// and the figures of the daemon's log line. An error wraps ErrUnreachable when the daemon could not
+// and the daemon's figures of the call. An error wraps ErrUnreachable when the daemon could not
 // be reached or died before answering.
 func Do(ctx context.Context, socket string, env map[string]string, stdin []byte) (*cni.Reply, error) {
-	frame := []byte(shim.Magic)
+	var frame []byte
 	for k, v := range env {
 		frame = shim.AppendRecord(frame, k, []byte(v))
 	}
-	frame = shim.AppendRecord(frame, shim.KeyStdin, stdin)
+	frame = shim.Seal(shim.AppendRecord(frame, shim.KeyStdin, stdin))
 	data, err := exchange(ctx, socket, frame)
 	if err != nil {
 		return nil, err
@@ -134,7 +132,9 @@ func Do(ctx context.Context, socket string, env map[string]string, stdin []byte)
 	default:
 		return nil, fmt.Errorf("block-ipam daemon at %s: exit code %q", socket, exit)
 	}
-	parseLog(string(rec[shim.KeyLog]), reply)
+	if err := figures(rec, reply); err != nil {
+		return nil, fmt.Errorf("block-ipam daemon at %s: %w", socket, err)
+	}
 	return reply, nil
 }
 
@@ -161,32 +161,30 @@ func allocations(stdout []byte) ([]cni.Allocation, error) {
 	return out, nil
 }
 
-var logField = regexp.MustCompile(`(?:^| )(node|attempts|batched|etcd_round_trips|released)=(\S+)`)
-
-// parseLog reads the figures of the daemon's log line (slog's text format) into reply.
-func parseLog(line string, reply *cni.Reply) {
-	// The error, quoted, comes last: figures inside its text are not the call's.
-	if i := strings.Index(line, " err="); i >= 0 {
-		line = line[:i]
-	}
-	for _, m := range logField.FindAllStringSubmatch(line, -1) {
-		n, _ := strconv.ParseInt(m[2], 10, 64)
-		switch m[1] {
-		case "node":
-			reply.Node = m[2]
-		case "attempts":
-			reply.Attempts = int(n)
-		case "batched":
-			reply.Batched = int(n)
-		case "etcd_round_trips":
-			reply.RoundTrips = n
-		case "released":
-			reply.Released = int(n)
+// figures reads the daemon's figures of the call from the reply frame into reply.
+func figures(rec map[string][]byte, reply *cni.Reply) error {
+	reply.Node = string(rec[shim.KeyNode])
+	for key, into := range map[string]func(int64){
+		shim.KeyAttempts:   func(n int64) { reply.Attempts = int(n) },
+		shim.KeyBatched:    func(n int64) { reply.Batched = int(n) },
+		shim.KeyRoundTrips: func(n int64) { reply.RoundTrips = n },
+		shim.KeyReleased:   func(n int64) { reply.Released = int(n) },
+	} {
+		v, ok := rec[key]
+		if !ok {
+			continue
 		}
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			return fmt.Errorf("reply's %s %q: %w", key, v, err)
+		}
+		into(n)
 	}
+	return nil
 }
 
-// exchange writes frame to the daemon, shuts its side down and reads the reply, within ctx.
+// exchange writes frame to the daemon and reads the reply, within ctx; closing the connection early
+// is the plugin's hang-up.
 func exchange(ctx context.Context, socket string, frame []byte) ([]byte, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
@@ -201,9 +199,6 @@ func exchange(ctx context.Context, socket string, frame []byte) ([]byte, error) 
 	defer stop()
 	if _, err := conn.Write(frame); err != nil {
 		return nil, fmt.Errorf("%w at %s: sending the request: %w", ErrUnreachable, socket, err)
-	}
-	if err := conn.(*net.UnixConn).CloseWrite(); err != nil {
-		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, socket, err)
 	}
 	data, err := io.ReadAll(io.LimitReader(conn, shim.MaxFrame+1))
 	if err != nil {

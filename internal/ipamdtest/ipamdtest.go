@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 )
 
@@ -28,6 +29,8 @@ type Options struct {
 	Pause func(context.Context)
 	// Log receives the daemon's warnings and errors (nil: discarded).
 	Log io.Writer
+	// Observe is ipamd.Config.Observe (optional): each request with its reply, figures included.
+	Observe func(*cni.Request, *cni.Reply)
 }
 
 // Daemon is a running daemon.
@@ -49,7 +52,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 	if o.Log != nil {
 		log = slog.New(slog.NewTextHandler(o.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	srv, err := ipamd.New(ipamd.Config{Node: o.Node, Client: cli, Endpoints: strings.Join(o.Endpoints, ","), Pause: o.Pause, Logger: log})
+	srv, err := ipamd.New(ipamd.Config{Node: o.Node, Client: cli, Endpoints: strings.Join(o.Endpoints, ","), Pause: o.Pause, Logger: log, Observe: o.Observe})
 	if err != nil {
 		cli.Close()
 		tb.Fatal(err)
