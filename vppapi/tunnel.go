@@ -53,6 +53,9 @@ type IPIPTunnel struct {
 	Tag string
 }
 
+// Name is VPP's name of the tunnel's interface, ipip<Instance>.
+func (t IPIPTunnel) Name() string { return "ipip" + strconv.FormatUint(uint64(t.Instance), 10) }
+
 // String names the tunnel for errors and logs: "ipip0 (sw_if_index 2) 192.0.2.1 -> 192.0.2.2".
 func (t IPIPTunnel) String() string {
 	s := "ipip" + strconv.FormatUint(uint64(t.Instance), 10) + " (sw_if_index " +
