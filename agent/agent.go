@@ -212,11 +212,11 @@ type Agent struct {
 	dumpMode string
 	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
 	// of routes VPP kept after such a delete: its own entries, foreign from then on (ip_route_dump only).
-	deleted       map[netip.Prefix]vppapi.Route
-	undeletable   map[netip.Prefix]struct{}
-	uplink        uint32
-	uplinkMTU     uint32 // the uplink's L3 MTU as last read; 0 when unknown
-	uplinkReady   bool
+	deleted     map[netip.Prefix]vppapi.Route
+	undeletable map[netip.Prefix]struct{}
+	uplink      uint32
+	uplinkMTU   uint32 // the uplink's L3 MTU as last read; 0 when unknown
+	uplinkReady bool
 	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump.
 	tun tunnelState
 	// encapLogged are the pools whose modes the agent logged about (VXLAN pending, problems), by name,
@@ -225,7 +225,7 @@ type Agent struct {
 	// mtuWarned is the last MTU warning logged ("" none).
 	mtuWarned string
 	// encapCountAt is when the routes-by-encapsulation gauge was last computed.
-	encapCountAt time.Time
+	encapCountAt  time.Time
 	waitingUplink bool
 	vppUp         bool
 	needFull      string                   // reason of a full resync that is due as soon as it can run
