@@ -1,0 +1,328 @@
+package agent_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.fd.io/govpp/adapter/socketclient"
+	"go.fd.io/govpp/binapi/ip_types"
+	"go.fd.io/govpp/binapi/ipip"
+	"go.fd.io/govpp/core"
+
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+)
+
+// putPoolModes writes the IPv4 pool with the given modes (as written: any string).
+func (c *cluster) putPoolModes(ipipMode, vxlanMode calico.EncapMode) {
+	c.t.Helper()
+	p := calico.IPPool{Name: "default-ipv4-ippool", CIDR: poolV4, BlockSize: 26, IPIPMode: ipipMode, VXLANMode: vxlanMode}
+	if err := calicotest.PutPool(c.ctx(), c.cli, p); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// encapFIB returns node name's API routes in the pools as "prefix via nh" (on the uplink) or "prefix
+// tunnel dst" (through a tunnel of the simulator, no next hop), sorted.
+func (c *cluster) encapFIB(name string) []string {
+	sim := c.nodes[name].sim
+	dst := map[uint32]netip.Addr{}
+	for _, t := range sim.Tunnels() {
+		dst[t.SwIfIndex] = t.Dst
+	}
+	var out []string
+	for _, r := range sim.APIRoutes(0) {
+		if !poolV4.Contains(r.Prefix.Addr()) && !poolV6.Contains(r.Prefix.Addr()) {
+			continue
+		}
+		var paths []string
+		for _, p := range r.Paths {
+			if d, ok := dst[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
+				paths = append(paths, "tunnel "+d.String())
+			} else {
+				paths = append(paths, fmt.Sprintf("via %s@%d", p.NextHop, p.SwIfIndex))
+			}
+		}
+		out = append(out, r.Prefix.String()+" "+strings.Join(paths, ","))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// eventuallyEncap waits until node name's encapFIB equals want (sorted by the caller or not).
+func (c *cluster) eventuallyEncap(name string, want []string) {
+	c.t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	var got []string
+	c.waitFor(fmt.Sprintf("node %s's FIB %q", name, want), settle, func() bool {
+		got = c.encapFIB(name)
+		return slices.Equal(got, want)
+	})
+}
+
+// tunnelsOf returns node name's IPIP tunnels by destination.
+func (c *cluster) tunnelsOf(name string) map[netip.Addr]vppsim.Tunnel {
+	out := map[netip.Addr]vppsim.Tunnel{}
+	for _, t := range c.nodes[name].sim.Tunnels() {
+		out[t.Dst] = t
+	}
+	return out
+}
+
+// TestIPIPAlways: with ipipMode Always on the IPv4 pool, the agent routes each remote IPv4 block
+// through one p2p tunnel per peer: tagged vpp-route-agent, source its uplink address, unnumbered to the
+// uplink, MTU the uplink's less 20, admin up; the route has no next hop. IPv6 stays flat (IPIP is
+// IPv4-only). /debug/routes and the metrics name the encapsulation and the tunnel. When a peer's last
+// block goes, its route goes and then its tunnel, in the same reconcile.
+func TestIPIPAlways(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b", "c")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.putBlock("10.244.3.0/26", "c", nil)
+	c.putBlock("fd00:10:244::80/122", "b", nil)
+	b, cc := c.nodes["b"], c.nodes["c"]
+	c.eventuallyEncap("a", []string{
+		"10.244.2.0/26 tunnel " + b.peerV4.String(),
+		"10.244.3.0/26 tunnel " + cc.peerV4.String(),
+		"fd00:10:244::80/122 via " + b.peerV6.String() + "@1",
+	})
+	tunnels := c.tunnelsOf("a")
+	if len(tunnels) != 2 {
+		t.Fatalf("tunnels %v, want one to b and one to c", tunnels)
+	}
+	for _, peer := range []netip.Addr{b.peerV4, cc.peerV4} {
+		tun := tunnels[peer]
+		want := vppsim.Tunnel{SwIfIndex: tun.SwIfIndex, Name: tun.Name, Src: c.nodes["a"].peerV4, Dst: peer, Unnumbered: 1,
+			MTU: [4]uint32{8980, 8980, 0, 0}, AdminUp: true, Tag: agent.TunnelTag}
+		if tun != want {
+			t.Errorf("tunnel to %s:\n got %+v\nwant %+v", peer, tun, want)
+		}
+	}
+	if n := c.metric("a", "vpp_route_agent_tunnels", "encap", "ipip"); n != 2 {
+		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 2", n)
+	}
+	if n := c.metric("a", "vpp_route_agent_pod_mtu_bytes"); n != 8980 {
+		t.Errorf("vpp_route_agent_pod_mtu_bytes = %v, want 8980 (the uplink's 9000 less IPIP's 20)", n)
+	}
+	c.waitFor("routes by encapsulation in the metrics", settle, func() bool {
+		return c.metric("a", "vpp_route_agent_routes_programmed_by_encap", "encap", "ipip") == 2 &&
+			c.metric("a", "vpp_route_agent_routes_programmed_by_encap", "encap", "none") == 1
+	})
+	var d agent.Debug
+	c.waitFor("/debug/routes with the tunnels", settle, func() bool {
+		d = c.debug("a")
+		return len(d.Programmed) == 3 && len(d.Tunnels) == 2
+	})
+	for _, r := range d.Programmed {
+		wantEncap := calico.EncapIPIP
+		if r.Prefix.Addr().Is6() {
+			wantEncap = calico.EncapNone
+		}
+		if r.Encap != wantEncap || (wantEncap == calico.EncapIPIP) != (r.Tunnel != "" && r.TunnelIndex != 0) {
+			t.Errorf("programmed %+v: want encap %v with a tunnel named for ipip", r, wantEncap)
+		}
+	}
+	for _, r := range d.Desired {
+		if r.Prefix.Addr().Is4() && r.Encap != calico.EncapIPIP {
+			t.Errorf("desired %+v: want encap ipip", r)
+		}
+	}
+
+	// c's block goes: its route, then its tunnel (a tunnel deleted first would leave the route dead and
+	// undeletable through its path).
+	c.del(calico.BlockKey(netip.MustParsePrefix("10.244.3.0/26")))
+	c.eventuallyEncap("a", []string{
+		"10.244.2.0/26 tunnel " + b.peerV4.String(),
+		"fd00:10:244::80/122 via " + b.peerV6.String() + "@1",
+	})
+	c.waitFor("the tunnel to c deleted", settle, func() bool {
+		_, still := c.tunnelsOf("a")[cc.peerV4]
+		return !still && len(c.tunnelsOf("a")) == 1
+	})
+	if n := c.metric("a", "vpp_route_agent_tunnel_operations_total", "op", "delete", "result", "ok"); n != 1 {
+		t.Errorf("tunnel deletes %v, want 1", n)
+	}
+	if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete", "result", "error"); n != 0 {
+		t.Errorf("route delete errors %v, want 0", n)
+	}
+}
+
+// TestIPIPModeEdit: a pool's mode edited at run time reprograms its routes without a restart, each
+// route replaced in place (no route deleted: no gap), and the tunnels no route uses any more deleted.
+// Never -> Always -> Never -> Always.
+func TestIPIPModeEdit(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b", "c")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.putBlock("10.244.3.0/26", "c", nil)
+	b, cc := c.nodes["b"], c.nodes["c"]
+	flat := []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1", "10.244.3.0/26 via " + cc.peerV4.String() + "@1"}
+	tunneled := []string{"10.244.2.0/26 tunnel " + b.peerV4.String(), "10.244.3.0/26 tunnel " + cc.peerV4.String()}
+	c.eventuallyEncap("a", flat)
+	for i, step := range []struct {
+		mode calico.EncapMode
+		want []string
+	}{{calico.EncapAlways, tunneled}, {calico.EncapNever, flat}, {calico.EncapAlways, tunneled}} {
+		c.putPoolModes(step.mode, calico.EncapNever)
+		c.eventuallyEncap("a", step.want)
+		wantTunnels := 2
+		if step.mode == calico.EncapNever {
+			wantTunnels = 0
+		}
+		c.waitFor(fmt.Sprintf("step %d: %d tunnels", i, wantTunnels), settle, func() bool { return len(c.tunnelsOf("a")) == wantTunnels })
+		if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete"); n != 0 {
+			t.Fatalf("step %d (ipipMode %s): %v route deletes; a mode change must replace routes in place", i, step.mode, n)
+		}
+	}
+	if n := c.metric("a", "vpp_route_agent_tunnel_operations_total", "op", "create", "result", "ok"); n != 4 {
+		t.Errorf("tunnel creations %v, want 4 (two per switch to Always)", n)
+	}
+}
+
+// TestIPIPAgentRestart: an agent restarted over a VPP with its tunnels adopts them by their tag: it
+// sends no tunnel or route write at all, so nothing flaps; an operator's tunnel (no tag) is neither
+// counted nor touched, even when no pool uses IPIP any more, while the agent's own are deleted.
+func TestIPIPAgentRestart(t *testing.T) {
+	c := newCluster(t, clusterOpts{resync: 200 * time.Millisecond}, "a", "b", "c")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.putBlock("10.244.3.0/26", "c", nil)
+	b, cc := c.nodes["b"], c.nodes["c"]
+	tunneled := []string{"10.244.2.0/26 tunnel " + b.peerV4.String(), "10.244.3.0/26 tunnel " + cc.peerV4.String()}
+	c.eventuallyEncap("a", tunneled)
+	// An operator's tunnel, as `create ipip tunnel src ... dst ...` makes it: no tag.
+	operatorTunnel(t, c.nodes["a"].sock, c.nodes["a"].peerV4, netip.MustParseAddr("192.168.100.99"))
+	before := c.tunnelsOf("a")
+
+	c.stop("a")
+	sim := c.nodes["a"].sim
+	sim.ResetRequests()
+	c.start("a")
+	c.waitFor("two periodic resyncs after the restart", settle, func() bool {
+		return c.metric("a", "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok") >= 2
+	})
+	c.eventuallyEncap("a", tunneled)
+	for _, msg := range []string{"ip_route_add_del", "ipip_add_tunnel", "ipip_del_tunnel", "sw_interface_set_unnumbered",
+		"sw_interface_set_flags", "sw_interface_set_mtu", "sw_interface_tag_add_del"} {
+		if n := sim.CountRequests(msg); n != 0 {
+			t.Errorf("the restarted agent sent %d %s: a restart must not touch what is in place", n, msg)
+		}
+	}
+	if after := c.tunnelsOf("a"); !mapsEqual(before, after) {
+		t.Errorf("tunnels changed across the restart:\nbefore %+v\n after %+v", before, after)
+	}
+	if n := c.metric("a", "vpp_route_agent_tunnels", "encap", "ipip"); n != 2 {
+		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 2 (the operator's is not the agent's)", n)
+	}
+
+	c.putPoolModes(calico.EncapNever, calico.EncapNever)
+	c.waitFor("only the operator's tunnel left", settle, func() bool {
+		left := c.tunnelsOf("a")
+		op, ok := left[netip.MustParseAddr("192.168.100.99")]
+		return len(left) == 1 && ok && op.Tag == ""
+	})
+	if n := c.metric("a", "vpp_route_agent_tunnels", "encap", "ipip"); n != 0 {
+		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 0", n)
+	}
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// operatorTunnel creates a p2p IPIP tunnel on the VPP at sock, as an operator's vppctl does: no tag.
+func operatorTunnel(t *testing.T, sock string, src, dst netip.Addr) {
+	t.Helper()
+	conn, err := core.Connect(socketclient.NewVppClient(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Disconnect()
+	ch, err := conn.NewAPIChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	req := &ipip.IpipAddTunnel{Tunnel: ipip.IpipTunnel{Instance: ^uint32(0),
+		Src: ip_types.Address{Af: ip_types.ADDRESS_IP4, Un: ip_types.AddressUnionIP4(src.As4())},
+		Dst: ip_types.Address{Af: ip_types.ADDRESS_IP4, Un: ip_types.AddressUnionIP4(dst.As4())}}}
+	if err := ch.SendRequest(req).ReceiveReply(&ipip.IpipAddTunnelReply{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIPIPVPPRestart: a restarted VPP has no tunnels and no routes; the agent builds both again.
+func TestIPIPVPPRestart(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	want := []string{"10.244.2.0/26 tunnel " + c.nodes["b"].peerV4.String()}
+	c.eventuallyEncap("a", want)
+	if err := c.nodes["a"].sim.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	c.eventuallyEncap("a", want)
+	tun := c.tunnelsOf("a")[c.nodes["b"].peerV4]
+	if tun.Tag != agent.TunnelTag || tun.Unnumbered != 1 || !tun.AdminUp {
+		t.Errorf("tunnel after the VPP restart: %+v", tun)
+	}
+}
+
+// TestIPIPProblemPool: a pool whose modes Calico's validator would refuse keeps the encapsulation its
+// routes have: an unknown ipipMode (Calico reads it as Never) leaves the tunnel routes as they are, and
+// both modes set (VXLAN wins in Calico's reading) too; a block new to such a pool follows Calico's
+// reading (flat). A valid mode again decides as usual.
+func TestIPIPProblemPool(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b", "c")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	b, cc := c.nodes["b"], c.nodes["c"]
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String()})
+	for i, modes := range [][2]calico.EncapMode{{"Sometimes", calico.EncapNever}, {calico.EncapAlways, calico.EncapAlways}} {
+		deletes := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete")
+		c.putPoolModes(modes[0], modes[1])
+		c.waitFor("the agent to take the pool edit", settle, func() bool {
+			return c.nodes["a"].logs.count("encapsulation modes are in question") > i
+		})
+		c.putBlock("10.244.3.0/26", "c", nil) // after the pool edit: the agent has the edit when it sees it
+		c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String(), "10.244.3.0/26 via " + cc.peerV4.String() + "@1"})
+		if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete"); n != deletes {
+			t.Fatalf("modes %v: %v route deletes, want none", modes, n-deletes)
+		}
+		c.del(calico.BlockKey(netip.MustParsePrefix("10.244.3.0/26")))
+		c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String()})
+		c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	}
+	c.putPoolModes(calico.EncapNever, calico.EncapNever)
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1"})
+}
+
+// TestVXLANPoolStaysFlat: VXLAN is not implemented yet: a VXLAN pool's blocks keep flat routes (never
+// withdrawn), the agent says so once, and /debug/routes notes it.
+func TestVXLANPoolStaysFlat(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	c.putPoolModes(calico.EncapNever, calico.EncapAlways)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + c.nodes["b"].peerV4.String() + "@1"})
+	c.waitFor("the vxlan log", settle, func() bool { return c.nodes["a"].logs.count("vxlan not implemented yet") == 1 })
+	d := c.debug("a")
+	if len(d.Desired) != 1 || d.Desired[0].Encap != calico.EncapNone || !strings.Contains(d.Desired[0].EncapNote, "vxlan not implemented") {
+		t.Errorf("desired %+v: want encap none with the vxlan note", d.Desired)
+	}
+	if len(c.tunnelsOf("a")) != 0 {
+		t.Errorf("tunnels %v, want none", c.tunnelsOf("a"))
+	}
+}
