@@ -217,8 +217,10 @@ type Agent struct {
 	uplink      uint32
 	uplinkMTU   uint32 // the uplink's L3 MTU as last read; 0 when unknown
 	uplinkReady bool
-	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump.
-	tun tunnelState
+	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump;
+	// tunnelsRead says they were read since VPP (re)connected.
+	tun         tunnelState
+	tunnelsRead bool
 	// encapLogged are the pools whose modes the agent logged about (VXLAN pending, problems), by name,
 	// with what it logged.
 	encapLogged map[string]string
@@ -456,6 +458,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	// vppapi logs connection changes; the agent only reacts to them.
 	case vppapi.Connected:
 		a.vppUp = true
+		a.tunnelsRead = false
 		a.uplinkReady = false
 		a.programmedValid = false
 		clear(a.deleted)

@@ -106,6 +106,10 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 		}
 	}
 	a.m.tunnels.WithLabelValues(calico.EncapIPIP.String()).Set(float64(len(a.tun.byIndex)))
+	if !a.tunnelsRead && len(a.tun.byIndex) > 0 {
+		a.log.Info("adopted the agent's tunnels VPP has", "tunnels", len(a.tun.byIndex), "usable", len(a.tun.byKey))
+	}
+	a.tunnelsRead = true
 	return nil
 }
 
