@@ -326,3 +326,37 @@ func TestVXLANPoolStaysFlat(t *testing.T) {
 		t.Errorf("tunnels %v, want none", c.tunnelsOf("a"))
 	}
 }
+
+// TestIPIPUplinkRebind: the uplink deleted and made again (another interface took its index): the
+// tunnels borrow the new uplink's address again (VPP dropped their unnumbered use of the deleted one) and
+// the routes through them are in place and alive.
+func TestIPIPUplinkRebind(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	b := c.nodes["b"]
+	want := []string{"10.244.2.0/26 tunnel " + b.peerV4.String()}
+	c.eventuallyEncap("a", want)
+	sim := c.nodes["a"].sim
+	if err := sim.DeleteInterface(uplinkName); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the agent says the uplink is missing", settle, func() bool { return c.metric("a", "vpp_route_agent_uplink_waiting") == 1 })
+	if _, err := sim.CreateInterface("loop9"); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := sim.CreateInterface(uplinkName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the tunnel unnumbered to the new uplink", settle, func() bool {
+		tun, ok := c.tunnelsOf("a")[b.peerV4]
+		return ok && tun.Unnumbered == idx && tun.AdminUp
+	})
+	c.eventuallyEncap("a", want)
+	for _, r := range sim.APIRoutes(0) {
+		if r.Unresolved {
+			t.Errorf("%s still drops traffic", r.Prefix)
+		}
+	}
+}
