@@ -220,7 +220,12 @@ func TestIPIPAgentRestart(t *testing.T) {
 		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 2 (the operator's is not the agent's)", n)
 	}
 
+	if n := c.metric("a", "vpp_route_agent_routes_conflicting"); n != 0 {
+		t.Errorf("%v routes taken for another's after the restart, want 0", n)
+	}
+
 	c.putPoolModes(calico.EncapNever, calico.EncapNever)
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1", "10.244.3.0/26 via " + cc.peerV4.String() + "@1"})
 	c.waitFor("only the operator's tunnel left", settle, func() bool {
 		left := c.tunnelsOf("a")
 		op, ok := left[netip.MustParseAddr("192.168.100.99")]
