@@ -69,6 +69,7 @@ type Dataplane interface {
 	InterfaceMTU(ctx context.Context, swIfIndex uint32) (uint32, error)
 	EnsureIPIPTunnel(ctx context.Context, spec vppapi.IPIPSpec) (uint32, error)
 	DumpIPIPTunnels(ctx context.Context) ([]vppapi.IPIPTunnel, error)
+	IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (vppapi.IPIPTunnel, bool, error)
 	DeleteIPIPTunnel(ctx context.Context, swIfIndex uint32) error
 }
 
@@ -327,6 +328,7 @@ func (a *Agent) Relist() { a.src.Relist() }
 
 func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
+	defer a.checkMTU() // with the pools and encapsulation this snapshot leaves
 	first := a.snap == nil
 	if first {
 		// The list's last part, sent before its snapshot, may not have been taken yet.

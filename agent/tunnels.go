@@ -133,7 +133,10 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 		return 0, false
 	}
 	if a.cfg.DryRun {
-		a.log.Info("dry run: would create a tunnel", "encap", e.String(), "src", src, "dst", peer)
+		if a.tun.refused[key] != "dry run" { // once per peer, not at every resync
+			a.tun.refused[key] = "dry run"
+			a.log.Info("dry run: would create a tunnel (its routes are not shown as added)", "encap", e.String(), "src", src, "dst", peer)
+		}
 		return 0, false
 	}
 	spec := vppapi.IPIPSpec{Src: src, Dst: peer, TableID: a.cfg.TableID, Unnumbered: a.uplink, MTU: a.tunnelMTU(), Tag: TunnelTag}
@@ -159,18 +162,13 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 }
 
 // instanceOf finds the instance (the N of ipip<N>) of tunnel idx, for logs and /debug/routes; 0 if the
-// dump fails.
+// dump fails (the next full resync reads it).
 func (a *Agent) instanceOf(ctx context.Context, idx uint32) uint32 {
-	tunnels, err := a.dp.DumpIPIPTunnels(ctx)
-	if err != nil {
+	t, ok, err := a.dp.IPIPTunnelAt(ctx, idx)
+	if err != nil || !ok {
 		return 0
 	}
-	for _, t := range tunnels {
-		if t.SwIfIndex == idx {
-			return t.Instance
-		}
-	}
-	return 0
+	return t.Instance
 }
 
 func (a *Agent) refuseTunnel(key tunnelKey, why string) {
@@ -301,7 +299,6 @@ func (a *Agent) noteEncap(snap *blockwatch.Snapshot) {
 			delete(a.encapLogged, name)
 		}
 	}
-	a.checkMTU()
 }
 
 // checkMTU exports the largest pod MTU the routes this node programs can carry (the uplink's MTU, less

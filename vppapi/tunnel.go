@@ -203,9 +203,31 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump IPIP tunnels: %w", err)
 	}
+	return c.dumpIPIP(ctx, sess, noInterface)
+}
+
+// IPIPTunnelAt returns the IPIP tunnel of index swIfIndex (one ipip_tunnel_dump and one
+// sw_interface_dump of that index); false when VPP has no tunnel there.
+func (c *Client) IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (IPIPTunnel, bool, error) {
+	sess, err := c.current()
+	if err != nil {
+		return IPIPTunnel{}, false, fmt.Errorf("dump IPIP tunnel sw_if_index %d: %w", swIfIndex, err)
+	}
+	if swIfIndex == 0 || swIfIndex == noInterface {
+		return IPIPTunnel{}, false, nil // local0 is no tunnel, and 0 or ~0 would dump every one
+	}
+	out, err := c.dumpIPIP(ctx, sess, swIfIndex)
+	if err != nil || len(out) == 0 {
+		return IPIPTunnel{}, false, err
+	}
+	return out[0], true, nil
+}
+
+// dumpIPIP dumps the IPIP tunnels, all of them for noInterface, with their interfaces' tags.
+func (c *Client) dumpIPIP(ctx context.Context, sess *session, idx uint32) ([]IPIPTunnel, error) {
 	var out []IPIPTunnel
-	req := &ipip.IpipTunnelDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
-	err = c.dump(ctx, sess, req, func(m api.Message) error {
+	req := &ipip.IpipTunnelDump{SwIfIndex: interface_types.InterfaceIndex(idx)}
+	err := c.dump(ctx, sess, req, func(m api.Message) error {
 		d, ok := m.(*ipip.IpipTunnelDetails)
 		if !ok {
 			return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
@@ -218,8 +240,10 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 		if err != nil {
 			return fmt.Errorf("tunnel sw_if_index %d: destination: %w", d.Tunnel.SwIfIndex, err)
 		}
-		out = append(out, IPIPTunnel{SwIfIndex: uint32(d.Tunnel.SwIfIndex), Instance: d.Tunnel.Instance,
-			Src: src, Dst: dst, TableID: d.Tunnel.TableID, Mode: TunnelMode(d.Tunnel.Mode)})
+		if idx == noInterface || uint32(d.Tunnel.SwIfIndex) == idx {
+			out = append(out, IPIPTunnel{SwIfIndex: uint32(d.Tunnel.SwIfIndex), Instance: d.Tunnel.Instance,
+				Src: src, Dst: dst, TableID: d.Tunnel.TableID, Mode: TunnelMode(d.Tunnel.Mode)})
+		}
 		return nil
 	})
 	if err != nil {
@@ -230,7 +254,7 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 	}
 	// ipip_tunnel_details has no tag: sw_interface_details has.
 	tags := map[uint32]string{}
-	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
+	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(idx)}
 	err = c.dump(ctx, sess, ifreq, func(m api.Message) error {
 		d, ok := m.(*interfaces.SwInterfaceDetails)
 		if !ok {

@@ -495,6 +495,12 @@ func TestIPIPTunnelTag(t *testing.T) {
 	if got := tags(); got[tagged] != "vpp-route-agent" || got[plain] != "" || len(got) != 2 {
 		t.Errorf("tags = %v, want %d tagged vpp-route-agent and %d untagged", got, tagged, plain)
 	}
+	if at, ok, err := h.c.IPIPTunnelAt(ctx, tagged); err != nil || !ok || at.Tag != "vpp-route-agent" || at.Dst != addr(peerIP) {
+		t.Errorf("IPIPTunnelAt(%d) = %+v, %v, %v; want the tagged tunnel", tagged, at, ok, err)
+	}
+	if at, ok, err := h.c.IPIPTunnelAt(ctx, uplink); err != nil || ok {
+		t.Errorf("IPIPTunnelAt(uplink) = %+v, %v, %v; want no tunnel", at, ok, err)
+	}
 	if rv := retval(t, ch, &interfaces.SwInterfaceTagAddDel{IsAdd: true, SwIfIndex: interface_types.InterfaceIndex(plain)},
 		&interfaces.SwInterfaceTagAddDelReply{}); rv != -7 {
 		t.Errorf("an empty tag: retval %d, want -7", rv)
