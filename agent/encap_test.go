@@ -365,3 +365,28 @@ func TestIPIPUplinkRebind(t *testing.T) {
 		}
 	}
 }
+
+// TestIPIPMTU: a FelixConfiguration ipipMTU sets the tunnels' MTU and the pod MTU; one that does not fit
+// in the uplink's MTU (9000) with IPIP's 20 bytes is warned about once, and the pod MTU stays what fits.
+func TestIPIPMTU(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	felix := func(mtu int) {
+		c.put(calico.FelixConfigurationKey("default"), fmt.Sprintf(
+			`{"kind":"FelixConfiguration","apiVersion":"projectcalico.org/v3","metadata":{"name":"default"},"spec":{"ipipMTU":%d}}`, mtu))
+	}
+	felix(1400)
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	// Both taken before the first tunnel is made (etcd's prefixes are watched on separate streams).
+	c.waitFor("pod MTU 1400", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 1400 })
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + c.nodes["b"].peerV4.String()})
+	if tun := c.tunnelsOf("a")[c.nodes["b"].peerV4]; tun.MTU != [4]uint32{1400, 1400, 0, 0} {
+		t.Errorf("tunnel MTU %v, want ipipMTU 1400", tun.MTU)
+	}
+	if n := c.nodes["a"].logs.count("exceeds the uplink's MTU"); n != 0 {
+		t.Errorf("warned %d times about an MTU that fits", n)
+	}
+	felix(8990)
+	c.waitFor("the warning", settle, func() bool { return c.nodes["a"].logs.count("exceeds the uplink's MTU") == 1 })
+	c.waitFor("pod MTU 8980", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8980 })
+}

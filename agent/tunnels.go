@@ -317,8 +317,9 @@ func (a *Agent) checkMTU() {
 			continue
 		}
 		mtu := a.snap.Tunnel.MTU(calico.EncapIPIP, false, uplink)
-		pod = min(pod, mtu)
-		if over := calico.EncapIPIP.Overhead(false); mtu+over > uplink {
+		over := calico.EncapIPIP.Overhead(false)
+		pod = min(pod, mtu, uplink-over) // a configured MTU too large for the uplink does not fit either
+		if mtu+over > uplink {
 			warn = fmt.Sprintf("IPIP MTU %d (FelixConfiguration ipipMTU) plus its %d bytes exceeds the uplink's MTU %d: "+
 				"full-size packets of pool %s will be fragmented or dropped", mtu, over, uplink, p.cidr)
 		}
