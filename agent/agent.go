@@ -222,6 +222,9 @@ type Agent struct {
 	// tunnelsRead says they were read since VPP (re)connected.
 	tun         tunnelState
 	tunnelsRead bool
+	// tunnelCfg is this node's FelixConfiguration tunnel settings, from the latest snapshot or, while the
+	// first list goes on, its parts (tunnels made then get their MTU from it too).
+	tunnelCfg calico.TunnelConfig
 	// encapLogged are the pools whose modes the agent logged about (VXLAN pending, problems), by name,
 	// with what it logged.
 	encapLogged map[string]string
@@ -340,6 +343,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 	prev := a.snap
 	a.snap = snap
+	a.tunnelCfg = snap.Tunnel
 	pools := ManagedPools(snap, a.cfg.Pools)
 	// A pool disabled or deleted that was disabled changes which routes are parked (see parked).
 	parkedChanged := prev != nil && a.cfg.Pools == nil && !slices.Equal(disabledPools(prev), disabledPools(snap))
@@ -402,6 +406,7 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 		// The first part of the list, or of a list retried at a new revision.
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
 		a.desired.enc = newEncapView(a.desired.check, part.Pools, part.Nodes)
+		a.tunnelCfg = part.Tunnel
 		a.desired.begin(part.Peers, a.pools, part.Total)
 		a.trackPeers()
 		a.listedRev, a.listedTotal = part.Revision, part.Total

@@ -390,3 +390,19 @@ func TestIPIPMTU(t *testing.T) {
 	c.waitFor("the warning", settle, func() bool { return c.nodes["a"].logs.count("exceeds the uplink's MTU") == 1 })
 	c.waitFor("pod MTU 8980", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8980 })
 }
+
+// TestIPIPAtStart: an agent started with an IPIP pool and remote blocks already in etcd makes its
+// tunnels while it lists etcd (the routes go in before the list is complete), with the MTU of a tunnel
+// made later: the uplink's less 20.
+func TestIPIPAtStart(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	c.stop("a")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.start("a")
+	b := c.nodes["b"]
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String()})
+	if tun := c.tunnelsOf("a")[b.peerV4]; tun.MTU != [4]uint32{8980, 8980, 0, 0} || tun.Tag != agent.TunnelTag {
+		t.Errorf("tunnel made at start: %+v, want MTU 8980 and the agent's tag", tun)
+	}
+}

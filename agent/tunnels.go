@@ -183,10 +183,10 @@ func (a *Agent) refuseTunnel(key tunnelKey, why string) {
 // tunnelMTU is the MTU of a new IPIP tunnel: FelixConfiguration's ipipMTU, else the uplink's MTU less
 // the 20 bytes of IPIP (calico.TunnelConfig.MTU); 0 (VPP's default) while the uplink's MTU is unknown.
 func (a *Agent) tunnelMTU() uint32 {
-	if a.uplinkMTU == 0 || a.snap == nil {
+	if a.uplinkMTU == 0 {
 		return 0
 	}
-	mtu := a.snap.Tunnel.MTU(calico.EncapIPIP, false, int(a.uplinkMTU))
+	mtu := a.tunnelCfg.MTU(calico.EncapIPIP, false, int(a.uplinkMTU))
 	if mtu <= 0 {
 		return 0
 	}
@@ -306,7 +306,7 @@ func (a *Agent) noteEncap(snap *blockwatch.Snapshot) {
 // MTU configured in FelixConfiguration (ipipMTU) does not fit in the uplink's MTU with the 20 bytes of
 // IPIP.
 func (a *Agent) checkMTU() {
-	if a.uplinkMTU == 0 || a.snap == nil {
+	if a.uplinkMTU == 0 {
 		return
 	}
 	uplink := int(a.uplinkMTU)
@@ -316,7 +316,7 @@ func (a *Agent) checkMTU() {
 		if p.encap.Type != calico.EncapIPIP || !inPools(a.pools, p.cidr) {
 			continue
 		}
-		mtu := a.snap.Tunnel.MTU(calico.EncapIPIP, false, uplink)
+		mtu := a.tunnelCfg.MTU(calico.EncapIPIP, false, uplink)
 		over := calico.EncapIPIP.Overhead(false)
 		pod = min(pod, mtu, uplink-over) // a configured MTU too large for the uplink does not fit either
 		if mtu+over > uplink {
