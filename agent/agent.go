@@ -70,6 +70,7 @@ type Dataplane interface {
 	EnsureIPIPTunnel(ctx context.Context, spec vppapi.IPIPSpec) (uint32, error)
 	DumpIPIPTunnels(ctx context.Context) ([]vppapi.IPIPTunnel, error)
 	IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (vppapi.IPIPTunnel, bool, error)
+	SetTunnelMTU(ctx context.Context, swIfIndex, mtu uint32) error
 	DeleteIPIPTunnel(ctx context.Context, swIfIndex uint32) error
 }
 
@@ -375,6 +376,9 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	dirty := a.desired.update(snap)
 	a.trackPeers()
 	a.releaseHeld(prev, snap, dirty)
+	if snap.TunnelChanged && a.tunnelMTU() != 0 {
+		a.needFull = "tunnel-config" // the tunnels' MTU (the resync reads and sets it)
+	}
 	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
 	}

@@ -386,6 +386,10 @@ func TestIPIPMTU(t *testing.T) {
 	if n := c.nodes["a"].logs.count("exceeds the uplink's MTU"); n != 0 {
 		t.Errorf("warned %d times about an MTU that fits", n)
 	}
+	felix(1300) // the tunnel made for 1400 follows
+	c.waitFor("tunnel MTU 1300", settle, func() bool {
+		return c.tunnelsOf("a")[c.nodes["b"].peerV4].MTU == [4]uint32{1300, 1300, 0, 0} && c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 1300
+	})
 	felix(8990)
 	c.waitFor("the warning", settle, func() bool { return c.nodes["a"].logs.count("exceeds the uplink's MTU") == 1 })
 	c.waitFor("pod MTU 8980", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8980 })

@@ -126,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // syncKinds are the kind label values of the resync metrics: what triggered a full resync.
 func syncKinds() []string {
-	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "uplink-lost", "relist-pools"}
+	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "uplink-lost", "relist-pools", "tunnel-config"}
 	for _, r := range blockwatch.RelistReasons() {
 		kinds = append(kinds, "relist-"+r)
 	}

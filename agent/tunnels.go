@@ -100,6 +100,7 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 			a.tun.unusedMaybe[t.SwIfIndex] = struct{}{}
 			if usable {
 				a.tun.byKey[key] = own
+				a.fixTunnelMTU(ctx, own, t.MTU)
 			}
 		case usable:
 			a.tun.foreign[key] = t.SwIfIndex
@@ -111,6 +112,21 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 	}
 	a.tunnelsRead = true
 	return nil
+}
+
+// fixTunnelMTU sets the MTU of tunnel t, whose MTU is now have, when it is not the one a new tunnel gets
+// (the uplink's MTU or FelixConfiguration's ipipMTU changed since it was made).
+func (a *Agent) fixTunnelMTU(ctx context.Context, t *ownTunnel, have uint32) {
+	want := a.tunnelMTU()
+	if want == 0 || want == have || a.cfg.DryRun {
+		return
+	}
+	if err := a.dp.SetTunnelMTU(ctx, t.swIfIndex, want); err != nil {
+		a.log.Warn("cannot set a tunnel's MTU; will retry", "tunnel", t.name(), "mtu", want, "err", err)
+		a.scheduleRetry()
+		return
+	}
+	a.log.Info("set a tunnel's MTU", "tunnel", t.name(), "sw_if_index", t.swIfIndex, "mtu", want, "was", have)
 }
 
 // tunnelFor returns the agent's tunnel of encapsulation e to peer, creating it (tagged, unnumbered to

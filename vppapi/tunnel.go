@@ -51,6 +51,8 @@ type IPIPTunnel struct {
 	// Tag is the interface's tag (sw_interface_details.tag; "" when none): who made the tunnel, for
 	// those that mark theirs (IPIPSpec.Tag).
 	Tag string
+	// MTU is the interface's L3 MTU (sw_interface_details.mtu[0]; VPP's default for a tunnel is 9000).
+	MTU uint32
 }
 
 // Name is VPP's name of the tunnel's interface, ipip<Instance>.
@@ -252,8 +254,9 @@ func (c *Client) dumpIPIP(ctx context.Context, sess *session, idx uint32) ([]IPI
 	if len(out) == 0 {
 		return out, nil
 	}
-	// ipip_tunnel_details has no tag: sw_interface_details has.
+	// ipip_tunnel_details has no tag or MTU: sw_interface_details has.
 	tags := map[uint32]string{}
+	mtus := map[uint32]uint32{}
 	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(idx)}
 	err = c.dump(ctx, sess, ifreq, func(m api.Message) error {
 		d, ok := m.(*interfaces.SwInterfaceDetails)
@@ -263,15 +266,31 @@ func (c *Client) dumpIPIP(ctx context.Context, sess *session, idx uint32) ([]IPI
 		if d.Tag != "" {
 			tags[uint32(d.SwIfIndex)] = d.Tag
 		}
+		if len(d.Mtu) > 0 {
+			mtus[uint32(d.SwIfIndex)] = d.Mtu[0]
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dump IPIP tunnels: interface tags: %w", err)
 	}
 	for i := range out {
-		out[i].Tag = tags[out[i].SwIfIndex]
+		out[i].Tag, out[i].MTU = tags[out[i].SwIfIndex], mtus[out[i].SwIfIndex]
 	}
 	return out, nil
+}
+
+// SetTunnelMTU sets the L3 and IPv4 MTU of tunnel swIfIndex (as IPIPSpec.MTU does at creation).
+func (c *Client) SetTunnelMTU(ctx context.Context, swIfIndex, mtu uint32) error {
+	sess, err := c.current()
+	if err == nil {
+		req := &interfaces.SwInterfaceSetMtu{SwIfIndex: interface_types.InterfaceIndex(swIfIndex), Mtu: []uint32{mtu, mtu, 0, 0}}
+		_, err = c.call(ctx, sess, req)
+	}
+	if err != nil {
+		return fmt.Errorf("set sw_if_index %d MTU %d: %w", swIfIndex, mtu, err)
+	}
+	return nil
 }
 
 // InterfaceMTU returns the L3 MTU of interface swIfIndex (sw_interface_details.mtu[0], or its link MTU
