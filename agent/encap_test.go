@@ -2,8 +2,11 @@ package agent_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -408,5 +411,98 @@ func TestIPIPAtStart(t *testing.T) {
 	c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String()})
 	if tun := c.tunnelsOf("a")[b.peerV4]; tun.MTU != [4]uint32{8980, 8980, 0, 0} || tun.Tag != agent.TunnelTag {
 		t.Errorf("tunnel made at start: %+v, want MTU 8980 and the agent's tag", tun)
+	}
+}
+
+// TestRandomizedEncapConvergence plays a random sequence of block puts and deletes, pool mode edits
+// (Never, Always, CrossSubnet, an unknown mode), peer registrations (y in another subnet), agent restarts
+// and VPP restarts against three nodes; once the pool has a valid mode again and things are quiet, each
+// node's routes are the desired ones with their encapsulation, and its tunnels exactly one per peer its
+// IPIP routes go to, all tagged: none leaked, none missing. RANDOM_SEED reproduces a run.
+func TestRandomizedEncapConvergence(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("RANDOM_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("RANDOM_SEED=%d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0xe9ca))
+	c := newCluster(t, clusterOpts{grace: 100 * time.Millisecond}, "a", "b", "c")
+	nodes := []string{"a", "b", "c", "x", "y"}
+	peerOf := map[string]string{"x": "192.168.100.50", "y": "192.168.101.51"}
+	var cidrs []string
+	for i := range 12 {
+		cidrs = append(cidrs, fmt.Sprintf("10.244.%d.%d/26", i/4, (i%4)*64))
+	}
+	cidrs = append(cidrs, "fd00:10:244::/122", "fd00:10:244::40/122")
+	modes := []calico.EncapMode{calico.EncapNever, calico.EncapAlways, calico.EncapCrossSubnet, "Sometimes"}
+	for range 150 {
+		switch k := rng.IntN(100); {
+		case k < 45:
+			pods := map[int]string{}
+			for j := rng.IntN(2); j > 0; j-- {
+				pods[rng.IntN(64)] = nodes[rng.IntN(len(nodes))]
+			}
+			c.putBlock(cidrs[rng.IntN(len(cidrs))], nodes[rng.IntN(len(nodes))], pods)
+		case k < 60:
+			c.del(calico.BlockKey(netip.MustParsePrefix(cidrs[rng.IntN(len(cidrs))])))
+		case k < 80:
+			c.putPoolModes(modes[rng.IntN(len(modes))], calico.EncapNever)
+		case k < 88:
+			n := []string{"x", "y"}[rng.IntN(2)]
+			if rng.IntN(2) == 0 {
+				c.put(hosts+n+"/peerip/ipv4/1", peerOf[n])
+			} else {
+				c.del(hosts + n + "/peerip/ipv4/1")
+			}
+		case k < 94:
+			n := []string{"a", "b", "c"}[rng.IntN(3)]
+			c.stop(n)
+			c.start(n)
+		default:
+			if err := c.nodes[[]string{"a", "b", "c"}[rng.IntN(3)]].sim.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rng.IntN(6) == 0 {
+			time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+		}
+	}
+	c.putPoolModes(modes[rng.IntN(3)], calico.EncapNever) // a valid mode decides every route again
+
+	deadline := time.Now().Add(settle)
+	for {
+		snap := c.snapshot()
+		bad := ""
+		for name, n := range c.nodes {
+			routes, _ := agent.Desired(snap, agent.Options{NodeName: name, UplinkPrefixes: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24)}})
+			var want []string
+			peers := map[netip.Addr]bool{}
+			for _, r := range routes {
+				if r.Encap == calico.EncapIPIP {
+					want = append(want, r.Prefix.String()+" tunnel "+r.NextHop.String())
+					peers[r.NextHop] = true
+				} else {
+					want = append(want, fmt.Sprintf("%s via %s@1", r.Prefix, r.NextHop))
+				}
+			}
+			slices.Sort(want)
+			got := c.encapFIB(name)
+			tunnels := c.tunnelsOf(name)
+			tagged := len(tunnels) == len(peers)
+			for dst, tun := range tunnels {
+				tagged = tagged && peers[dst] && tun.Tag == agent.TunnelTag && tun.AdminUp && tun.Unnumbered == 1
+			}
+			if !slices.Equal(got, want) || !tagged {
+				bad = fmt.Sprintf("node %s:\n got %q\nwant %q\ntunnels %+v, want to %v", name, got, want, tunnels, peers)
+				break
+			}
+		}
+		if bad == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not converged after %s: %s", settle, bad)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
