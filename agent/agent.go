@@ -922,7 +922,9 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	}
 	r := vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: e.Paths[0].SwIfIndex, TableID: e.TableID}
 	if len(e.Paths) > 1 {
-		r.NextHop = netip.Addr{} // forces a replace to the single desired path
+		// Forces a replace to the single desired path: no desired route is via no next hop on no
+		// interface (a tunnel route has no next hop, so the next hop alone would not tell).
+		r.NextHop, r.SwIfIndex = netip.Addr{}, ^uint32(0)
 	}
 	return r, true
 }

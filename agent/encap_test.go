@@ -506,3 +506,21 @@ func TestRandomizedEncapConvergence(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestIPIPMultipathLeftover: a route of the agent's found with two paths, through its tunnel and via the
+// peer on the uplink (left by another writer), is replaced by the single tunnel path at the next resync.
+func TestIPIPMultipathLeftover(t *testing.T) {
+	c := newCluster(t, clusterOpts{resync: 200 * time.Millisecond}, "a", "b")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", nil)
+	b := c.nodes["b"]
+	want := []string{"10.244.2.0/26 tunnel " + b.peerV4.String()}
+	c.eventuallyEncap("a", want)
+	tun := c.tunnelsOf("a")[b.peerV4]
+	leftover := vppsim.Route{Prefix: netip.MustParsePrefix("10.244.2.0/26"),
+		Paths: []vppsim.Path{{SwIfIndex: tun.SwIfIndex}, {NextHop: b.peerV4, SwIfIndex: 1}}}
+	if err := c.nodes["a"].sim.AddRoute(leftover); err != nil {
+		t.Fatal(err)
+	}
+	c.eventuallyEncap("a", want)
+}
