@@ -66,6 +66,12 @@ type Dataplane interface {
 	DumpBestRoutes(ctx context.Context, tableID uint32) ([]vppapi.FIBEntry, error)
 	Apply(ctx context.Context, adds, deletes []vppapi.Route) vppapi.Result
 	Status() vppapi.Status
+	InterfaceMTU(ctx context.Context, swIfIndex uint32) (uint32, error)
+	EnsureIPIPTunnel(ctx context.Context, spec vppapi.IPIPSpec) (uint32, error)
+	DumpIPIPTunnels(ctx context.Context) ([]vppapi.IPIPTunnel, error)
+	IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (vppapi.IPIPTunnel, bool, error)
+	SetTunnelMTU(ctx context.Context, swIfIndex, mtu uint32) error
+	DeleteIPIPTunnel(ctx context.Context, swIfIndex uint32) error
 }
 
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
@@ -208,10 +214,25 @@ type Agent struct {
 	dumpMode string
 	// deleted are the routes VPP acknowledged deleting since the last dump, and undeletable the prefixes
 	// of routes VPP kept after such a delete: its own entries, foreign from then on (ip_route_dump only).
-	deleted       map[netip.Prefix]vppapi.Route
-	undeletable   map[netip.Prefix]struct{}
-	uplink        uint32
-	uplinkReady   bool
+	deleted     map[netip.Prefix]vppapi.Route
+	undeletable map[netip.Prefix]struct{}
+	uplink      uint32
+	uplinkMTU   uint32 // the uplink's L3 MTU as last read; 0 when unknown
+	uplinkReady bool
+	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump;
+	// tunnelsRead says they were read since VPP (re)connected.
+	tun         tunnelState
+	tunnelsRead bool
+	// tunnelCfg is this node's FelixConfiguration tunnel settings, from the latest snapshot or, while the
+	// first list goes on, its parts (tunnels made then get their MTU from it too).
+	tunnelCfg calico.TunnelConfig
+	// encapLogged are the pools whose modes the agent logged about (VXLAN pending, problems), by name,
+	// with what it logged.
+	encapLogged map[string]string
+	// mtuWarned is the last MTU warning logged ("" none).
+	mtuWarned string
+	// encapCountAt is when the routes-by-encapsulation gauge was last computed.
+	encapCountAt  time.Time
 	waitingUplink bool
 	vppUp         bool
 	needFull      string                   // reason of a full resync that is due as soon as it can run
@@ -260,6 +281,8 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		deleted:      map[netip.Prefix]vppapi.Route{},
 		undeletable:  map[netip.Prefix]struct{}{},
 		missingSince: map[peerFamily]time.Time{},
+		tun:          newTunnelState(),
+		encapLogged:  map[string]string{},
 		m:            m.orNop(),
 	}
 	a.live.Turn()
@@ -309,6 +332,7 @@ func (a *Agent) Relist() { a.src.Relist() }
 
 func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	a.m.snapshots.Inc()
+	defer a.checkMTU() // with the pools and encapsulation this snapshot leaves
 	first := a.snap == nil
 	if first {
 		// The list's last part, sent before its snapshot, may not have been taken yet.
@@ -320,11 +344,17 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	}
 	prev := a.snap
 	a.snap = snap
+	a.tunnelCfg = snap.Tunnel
 	pools := ManagedPools(snap, a.cfg.Pools)
 	// A pool disabled or deleted that was disabled changes which routes are parked (see parked).
 	parkedChanged := prev != nil && a.cfg.Pools == nil && !slices.Equal(disabledPools(prev), disabledPools(snap))
-	if snap.Full || first || !slices.Equal(pools, a.pools) || parkedChanged {
-		if first && a.listedRev != 0 && a.desired.catchUp(snap, pools) {
+	// A pool's mode edited, or this node's subnet changed: every route's encapsulation is decided again.
+	enc := newEncapView(a.desired.check, snap.Pools, snap.Nodes)
+	encapChanged := !enc.equal(a.desired.enc)
+	a.noteEncap(snap)
+	if snap.Full || first || !slices.Equal(pools, a.pools) || parkedChanged || encapChanged {
+		a.desired.enc = enc
+		if first && a.listedRev != 0 && !encapChanged && a.desired.catchUp(snap, pools) {
 			a.log.Debug("the desired routes were built while listing", "blocks", snap.Blocks.Len(), "table_dumped", a.dumpedListing)
 		} else {
 			a.dumpedListing = false
@@ -346,6 +376,9 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	dirty := a.desired.update(snap)
 	a.trackPeers()
 	a.releaseHeld(prev, snap, dirty)
+	if snap.TunnelChanged && a.tunnelMTU() != 0 {
+		a.needFull = "tunnel-config" // the tunnels' MTU (the resync reads and sets it)
+	}
 	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
 	}
@@ -376,6 +409,8 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 	if part.Revision != a.listedRev {
 		// The first part of the list, or of a list retried at a new revision.
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
+		a.desired.enc = newEncapView(a.desired.check, part.Pools, part.Nodes)
+		a.tunnelCfg = part.Tunnel
 		a.desired.begin(part.Peers, a.pools, part.Total)
 		a.trackPeers()
 		a.listedRev, a.listedTotal = part.Revision, part.Total
@@ -410,7 +445,9 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 		_, have := a.programmed[p]
 		_, isForeign := a.foreign[p]
 		if tgt.resolved && !have && !isForeign {
-			adds = append(adds, vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplink, TableID: a.cfg.TableID})
+			if want, ok := a.wantRoute(ctx, p, tgt, vppapi.Route{}, false); ok {
+				adds = append(adds, want)
+			}
 		}
 	}
 	if dirty == nil {
@@ -432,12 +469,16 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	// vppapi logs connection changes; the agent only reacts to them.
 	case vppapi.Connected:
 		a.vppUp = true
+		a.tunnelsRead = false
 		a.uplinkReady = false
 		a.programmedValid = false
 		clear(a.deleted)
 		if ev.Restarted {
-			clear(a.programmed) // a restarted VPP has an empty FIB
+			clear(a.programmed) // a restarted VPP has an empty FIB, and no tunnels
 			clear(a.undeletable)
+			refused := a.tun.refused
+			a.tun = newTunnelState()
+			a.tun.refused = refused
 		}
 		a.needFull = "vpp-connect"
 		if ev.Restarted {
@@ -511,6 +552,12 @@ func (a *Agent) setupUplink(ctx context.Context) error {
 	}
 	a.setWaitingUplink(false)
 	a.uplink, a.uplinkReady = idx, true
+	if mtu, err := a.dp.InterfaceMTU(ctx, idx); err == nil {
+		a.uplinkMTU = mtu
+		a.checkMTU()
+	} else {
+		a.log.Debug("cannot read the uplink's MTU", "err", err)
+	}
 	return nil
 }
 
@@ -657,6 +704,8 @@ func (a *Agent) rebindRoutes(ctx context.Context) error {
 		if len(a.programmed) > 0 {
 			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(a.programmed))
 		}
+		// The tunnels borrowed the lost uplink's address: borrow it again before routes go through them.
+		a.reattachTunnels(ctx)
 		// Back as they were, through the uplink as it is now: the reconcile below then changes only what it
 		// would have changed anyway (it keeps the routes inside held blocks, those of peers in their grace,
 		// and every route while etcd is out of sync).
@@ -761,8 +810,12 @@ const (
 	dumpAll      = "ip_route_dump"
 )
 
-// dumpTable dumps the API routes of the table, or, from a VPP that cannot filter by source, every route.
+// dumpTable reads the tunnels (refreshTunnels: classify needs them), then dumps the API routes of the
+// table, or, from a VPP that cannot filter by source, every route.
 func (a *Agent) dumpTable(ctx context.Context) ([]vppapi.FIBEntry, error) {
+	if err := a.refreshTunnels(ctx); err != nil {
+		return nil, fmt.Errorf("read the tunnels: %w", err)
+	}
 	mode := dumpBySource
 	entries, err := a.dp.DumpAPIRoutes(ctx, a.cfg.TableID)
 	if errors.Is(err, vppapi.ErrUnsupported) {
@@ -853,20 +906,25 @@ func (a *Agent) parked(p netip.Prefix) bool {
 	return false
 }
 
-// ownedRoute reports whether e is one of ours: every path a plain path via the uplink with a next hop.
-// A multipath leftover is normalised to its first path; the next add replaces the whole set.
+// ownedRoute reports whether e is one of ours: every path a plain path via the uplink with a next hop,
+// or through one of the agent's tunnels without one. A multipath leftover is normalised to its first
+// path; the next add replaces the whole set.
 func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	if len(e.Paths) == 0 {
 		return vppapi.Route{}, false
 	}
 	for _, p := range e.Paths {
-		if p.Type != vppapi.PathNormal || p.SwIfIndex != a.uplink || !p.NextHop.IsValid() {
+		viaUplink := p.SwIfIndex == a.uplink && p.NextHop.IsValid()
+		viaTunnel := a.isTunnel(p.SwIfIndex) && !p.NextHop.IsValid()
+		if p.Type != vppapi.PathNormal || !viaUplink && !viaTunnel {
 			return vppapi.Route{}, false
 		}
 	}
-	r := vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: a.uplink, TableID: e.TableID}
+	r := vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: e.Paths[0].SwIfIndex, TableID: e.TableID}
 	if len(e.Paths) > 1 {
-		r.NextHop = netip.Addr{} // forces a replace to the single desired path
+		// Forces a replace to the single desired path: no desired route is via no next hop on no
+		// interface (a tunnel route has no next hop, so the next hop alone would not tell).
+		r.NextHop, r.SwIfIndex = netip.Addr{}, ^uint32(0)
 	}
 	return r, true
 }
@@ -889,8 +947,8 @@ func (a *Agent) applyDirty(ctx context.Context, dirty iter.Seq[netip.Prefix], al
 			if _, isForeign := a.foreign[p]; isForeign {
 				continue
 			}
-			want := vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplink, TableID: a.cfg.TableID}
-			if !programmed || have != want {
+			want, ok := a.wantRoute(ctx, p, tgt, have, programmed)
+			if ok && (!programmed || have != want) {
 				adds = append(adds, want)
 			}
 		case programmed:
@@ -917,7 +975,9 @@ func (a *Agent) applyDirty(ctx context.Context, dirty iter.Seq[netip.Prefix], al
 			dels = append(dels, have)
 		}
 	}
-	return a.apply(ctx, adds, dels)
+	n := a.apply(ctx, adds, dels)
+	a.gcTunnels(ctx)
+	return n
 }
 
 // apply makes the FIB changes (or logs them in a dry run), records in programmed what VPP acknowledged,
@@ -945,12 +1005,22 @@ func (a *Agent) apply(ctx context.Context, adds, dels []vppapi.Route) int {
 		failed[f.Route.Prefix] = f
 	}
 	for _, r := range adds {
-		if _, bad := failed[r.Prefix]; !bad {
+		if old, ok := a.programmed[r.Prefix]; ok && old.SwIfIndex != r.SwIfIndex && a.isTunnel(old.SwIfIndex) {
+			a.tun.unusedMaybe[old.SwIfIndex] = struct{}{}
+		}
+		if _, bad := failed[r.Prefix]; bad {
+			if a.isTunnel(r.SwIfIndex) {
+				a.tun.unusedMaybe[r.SwIfIndex] = struct{}{} // made for it, perhaps used by no route
+			}
+		} else {
 			a.programmed[r.Prefix] = r
 			delete(a.deleted, r.Prefix) // added again since (a rebind): not one VPP kept
 		}
 	}
 	for _, r := range dels {
+		if a.isTunnel(r.SwIfIndex) {
+			a.tun.unusedMaybe[r.SwIfIndex] = struct{}{}
+		}
 		if _, bad := failed[r.Prefix]; !bad {
 			delete(a.programmed, r.Prefix)
 			if a.dumpMode == dumpAll {
@@ -1083,6 +1153,14 @@ func (a *Agent) withdrawAll() {
 	res := a.dp.Apply(ctx, nil, dels)
 	a.m.countOps(0, len(dels), res.Failed)
 	a.log.Info("withdrew owned routes on exit", "routes", len(dels)-len(res.Failed), "failed", len(res.Failed))
+	if len(res.Failed) > 0 {
+		return // a tunnel a route still uses stays
+	}
+	for idx := range a.tun.byIndex {
+		if err := a.dp.DeleteIPIPTunnel(ctx, idx); err != nil {
+			a.log.Error("withdraw on exit: cannot delete a tunnel", "sw_if_index", idx, "err", err)
+		}
+	}
 }
 
 func sortRoutes(rs []vppapi.Route) {

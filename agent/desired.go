@@ -29,6 +29,15 @@ type DesiredRoute struct {
 	Kind    RouteKind    `json:"kind"`
 	// Block is the block the route comes from (equal to Prefix for KindBlock).
 	Block netip.Prefix `json:"block"`
+	// Encap is how the route carries packets (see encapView.of): none (via NextHop on the uplink) or
+	// ipip (through a tunnel to NextHop).
+	Encap calico.Encap `json:"encap"`
+	// EncapNote says why Encap departs from the pool's mode (a VXLAN pool: flat for now).
+	EncapNote string `json:"encap_note,omitempty"`
+	// EncapProblem says that the block's pool has modes Calico's validator would refuse
+	// (calico.IPPool.EncapProblems): the agent keeps the encapsulation the route has in VPP, and uses
+	// Encap only for a route it has not programmed yet.
+	EncapProblem bool `json:"encap_problem,omitempty"`
 }
 
 // Unresolved is a route this node should have but cannot program, and why.
@@ -61,6 +70,80 @@ func (o Options) peerCheck() peerCheck {
 	return peerCheck{node: o.NodeName, own: o.PeerIPs, subnets: o.UplinkPrefixes}
 }
 
+// vxlanPending is the EncapNote of a route in a VXLAN pool: VXLAN is not implemented yet, and such a
+// pool's blocks keep flat routes (as before pools' modes were read) rather than being withdrawn.
+const vxlanPending = "vxlan not implemented yet: flat route"
+
+// encapView is what the encapsulation of a route depends on besides its block and next hop: the pools'
+// modes and this node's subnets, against which CrossSubnet tests the next hop.
+type encapView struct {
+	pools            []encapPool // sorted by CIDR
+	subnet4, subnet6 netip.Prefix
+}
+
+type encapPool struct {
+	cidr    netip.Prefix
+	encap   calico.PoolEncap
+	problem bool
+}
+
+func (e encapView) equal(o encapView) bool {
+	return slices.Equal(e.pools, o.pools) && e.subnet4 == o.subnet4 && e.subnet6 == o.subnet6
+}
+
+// newEncapView reads the pools' modes (disabled pools too: felix routes their blocks the same way) and
+// this node's subnet of each family: the uplink's prefix when the agent was given its addresses, else
+// the prefix of this node's address in its Calico Node resource (spec.bgp.ipv4Address, felix's own
+// reading). The uplink's prefix comes first because CrossSubnet asks whether the next hop (the peer IP
+// the remote agent registered) is on the uplink's link: exactly what the uplink's prefix says, where
+// the Node resource can lag behind or name another interface.
+func newEncapView(check peerCheck, pools map[string]calico.IPPool, nodes map[string]calico.Node) encapView {
+	var e encapView
+	for _, p := range pools {
+		// A pool made in code without modes means Never, as calico.DecodeIPPool reads an absent one.
+		p.IPIPMode = cmp.Or(p.IPIPMode, calico.EncapNever)
+		p.VXLANMode = cmp.Or(p.VXLANMode, calico.EncapNever)
+		e.pools = append(e.pools, encapPool{cidr: p.CIDR, encap: p.Encap(), problem: len(p.EncapProblems()) > 0})
+	}
+	slices.SortFunc(e.pools, func(a, b encapPool) int { return comparePrefix(a.cidr, b.cidr) })
+	for _, s := range check.subnets {
+		if s.Addr().Is4() && !e.subnet4.IsValid() {
+			e.subnet4 = s.Masked()
+		}
+		if s.Addr().Is6() && !e.subnet6.IsValid() {
+			e.subnet6 = s.Masked()
+		}
+	}
+	if n, ok := nodes[check.node]; ok {
+		if !e.subnet4.IsValid() {
+			e.subnet4 = n.V4.Subnet
+		}
+		if !e.subnet6.IsValid() {
+			e.subnet6 = n.V6.Subnet
+		}
+	}
+	return e
+}
+
+// of returns the encapsulation of a route in block towards next hop nh: the pool's (calico.PoolEncap,
+// CrossSubnet against this node's subnet), with a VXLAN pool's routes left flat for now.
+func (e encapView) of(block netip.Prefix, nh netip.Addr) (enc calico.Encap, note string, problem bool) {
+	i := slices.IndexFunc(e.pools, func(p encapPool) bool { return calico.Within(block, p.cidr) })
+	if i < 0 {
+		return calico.EncapNone, "", false
+	}
+	p := e.pools[i]
+	subnet := e.subnet4
+	if nh.Is6() {
+		subnet = e.subnet6
+	}
+	enc = p.encap.Toward(subnet, nh)
+	if enc == calico.EncapVXLAN {
+		return calico.EncapNone, vxlanPending, p.problem
+	}
+	return enc, "", p.problem
+}
+
 // Desired computes, from a snapshot, the routes this node must have and the ones it cannot resolve, both
 // sorted by prefix. It is pure.
 func Desired(snap *blockwatch.Snapshot, opts Options) ([]DesiredRoute, []Unresolved) {
@@ -80,6 +163,7 @@ type RoutesView struct {
 // View computes the RoutesView of a snapshot. It is pure.
 func View(snap *blockwatch.Snapshot, opts Options) RoutesView {
 	d := newDesiredSet(opts.peerCheck())
+	d.enc = newEncapView(d.check, snap.Pools, snap.Nodes)
 	d.reset(snap, ManagedPools(snap, opts.Pools))
 	return RoutesView{Desired: d.routes(), Unresolved: d.unresolvedList(), InvalidPeers: sortedInvalid(d.invalid),
 		Held: heldBlocks(snap)}
@@ -167,6 +251,9 @@ type desiredSet struct {
 	node  string
 	check peerCheck
 	pools []netip.Prefix
+	// enc decides each route's encapsulation; the owner sets it before a reset or begin, and resets
+	// when it changes.
+	enc encapView
 	// peers are the registered peers usable as next hops; invalid the refused addresses.
 	peers   map[string]blockwatch.Peer
 	invalid map[peerFamily]InvalidPeer
@@ -547,7 +634,9 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 			Reason: reason, MissingPeer: true})
 		return
 	}
-	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block})
+	enc, note, problem := d.enc.of(block, nh)
+	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block,
+		Encap: enc, EncapNote: note, EncapProblem: problem})
 }
 
 // prefixesOf returns the route prefixes that depend on node's peer IPs.

@@ -212,3 +212,66 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 }
 
 func has(m map[netip.Prefix]struct{}, p netip.Prefix) bool { _, ok := m[p]; return ok }
+
+// TestDesiredEncap: each route's encapsulation follows its pool (felix's rule): IPIP Always tunnels every
+// IPv4 route; CrossSubnet tunnels only towards next hops outside this node's subnet, which is the
+// uplink's prefix when given, else the prefix of this node's address in its Calico Node resource (and
+// with neither every next hop counts as another subnet); ipipMode on an IPv6 pool is ignored; a VXLAN
+// pool stays flat for now, with a note; a pool with modes Calico would refuse is marked.
+func TestDesiredEncap(t *testing.T) {
+	peers := map[string]blockwatch.Peer{
+		"a":    {IPv4: addr("192.0.2.1"), IPv6: addr("2001:db8::1")},
+		"near": {IPv4: addr("192.0.2.2"), IPv6: addr("2001:db8::2")},
+		"far":  {IPv4: addr("198.51.100.2"), IPv6: addr("2001:db8:1::2")},
+	}
+	snap := snapOf([]*blockwatch.Block{
+		hostBlock("10.244.1.0/26", "near"), hostBlock("10.244.2.0/26", "far"),
+		hostBlock("fd00:10:244::40/122", "far"),
+	}, peers)
+	type row struct {
+		near, far, far6 calico.Encap
+		note            string
+		problem         bool
+	}
+	for _, tc := range []struct {
+		name        string
+		ipip, vxlan calico.EncapMode
+		ipip6       calico.EncapMode
+		uplink      []netip.Prefix
+		nodeSubnet  netip.Prefix
+		want        row
+	}{
+		{name: "never", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", false}},
+		{name: "always", ipip: calico.EncapAlways, want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, "", false}},
+		{name: "cross-subnet, uplink prefix", ipip: calico.EncapCrossSubnet, uplink: []netip.Prefix{pfx("192.0.2.1/24")},
+			nodeSubnet: pfx("198.51.100.0/24"), // the uplink's prefix wins over the Node resource
+			want:       row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, "", false}},
+		{name: "cross-subnet, Node resource", ipip: calico.EncapCrossSubnet, nodeSubnet: pfx("192.0.2.0/24"),
+			want: row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, "", false}},
+		{name: "cross-subnet, no subnet known", ipip: calico.EncapCrossSubnet,
+			want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, "", false}},
+		{name: "ipip on the IPv6 pool", ipip6: calico.EncapAlways, want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", false}},
+		{name: "vxlan", vxlan: calico.EncapAlways, want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, vxlanPending, false}},
+		{name: "unknown mode", ipip: "Sometimes", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := *snap
+			s.Pools = map[string]calico.IPPool{
+				"v4": {Name: "v4", CIDR: pfx("10.244.0.0/16"), BlockSize: 26, IPIPMode: tc.ipip, VXLANMode: tc.vxlan},
+				"v6": {Name: "v6", CIDR: pfx("fd00:10:244::/48"), BlockSize: 122, IPIPMode: tc.ipip6},
+			}
+			if tc.nodeSubnet.IsValid() {
+				s.Nodes = map[string]calico.Node{"a": {V4: calico.NodeFamily{Addr: addr("192.0.2.1"), Subnet: tc.nodeSubnet}}}
+			}
+			routes, _ := Desired(&s, Options{NodeName: "a", UplinkPrefixes: tc.uplink})
+			got := map[netip.Prefix]DesiredRoute{}
+			for _, r := range routes {
+				got[r.Prefix] = r
+			}
+			near, far, far6 := got[pfx("10.244.1.0/26")], got[pfx("10.244.2.0/26")], got[pfx("fd00:10:244::40/122")]
+			if g := (row{near.Encap, far.Encap, far6.Encap, far.EncapNote, far.EncapProblem}); g != tc.want {
+				t.Errorf("near, far, far IPv6, note, problem = %+v, want %+v", g, tc.want)
+			}
+		})
+	}
+}

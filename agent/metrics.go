@@ -28,6 +28,10 @@ type Metrics struct {
 	conflicting                            prometheus.Gauge
 	eventToFIB                             prometheus.Histogram
 	snapshots                              prometheus.Counter
+	tunnels                                *prometheus.GaugeVec
+	tunnelOps                              *prometheus.CounterVec
+	routesByEncap                          *prometheus.GaugeVec
+	podMTU                                 prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: unregistered, for tests).
@@ -76,6 +80,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}),
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_snapshots_total",
 			Help: "etcd snapshots applied by the reconciler."}),
+		tunnels: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_tunnels",
+			Help: "Tunnels of the agent in VPP (tagged vpp-route-agent), by encapsulation."}, []string{"encap"}),
+		tunnelOps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_tunnel_operations_total",
+			Help: "Tunnel creations and deletions by op (create, delete) and result (ok, error)."}, []string{"op", "result"}),
+		routesByEncap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed_by_encap",
+			Help: "Routes owned by the agent in the FIB by encapsulation: none (via the next hop on the uplink) or ipip (through a tunnel)."}, []string{"encap"}),
+		podMTU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_pod_mtu_bytes",
+			Help: "The largest pod MTU the routes this node programs carry: the uplink's MTU, less 20 while a managed IPv4 pool uses IPIP (or FelixConfiguration ipipMTU); 0 until the uplink's MTU is read."}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_build_info",
 		Help:        "Build information; always 1.",
@@ -83,7 +95,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
-			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots, build)
+			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots,
+			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).
@@ -92,6 +105,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.ops.WithLabelValues(op, result)
 		}
 	}
+	for _, op := range []string{"create", "delete"} {
+		for _, result := range []string{"ok", "error"} {
+			m.tunnelOps.WithLabelValues(op, result)
+		}
+	}
+	m.tunnels.WithLabelValues("ipip")
+	m.routesByEncap.WithLabelValues("none")
+	m.routesByEncap.WithLabelValues("ipip")
 	for _, k := range blockKindNames {
 		m.blocks.WithLabelValues(k)
 	}
@@ -105,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // syncKinds are the kind label values of the resync metrics: what triggered a full resync.
 func syncKinds() []string {
-	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "uplink-lost", "relist-pools"}
+	kinds := []string{"periodic", "retry", "vpp-connect", "vpp-restart", "uplink-lost", "relist-pools", "tunnel-config"}
 	for _, r := range blockwatch.RelistReasons() {
 		kinds = append(kinds, "relist-"+r)
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
 // Debug is the JSON document of /debug/routes: what the agent wants, what it has programmed, what it
@@ -27,13 +30,31 @@ type Debug struct {
 	InvalidPeers []InvalidPeer        `json:"invalid_peers"`
 	Held         []HeldBlock          `json:"held"`
 	Foreign      []netip.Prefix       `json:"foreign_in_pools"`
+	Tunnels      []DebugTunnel        `json:"tunnels"`
 	Missing      map[string]time.Time `json:"peers_missing_since,omitempty"`
 }
 
-// ProgrammedRoute is a route the agent believes is in the FIB (as of its last dump and writes).
+// ProgrammedRoute is a route the agent believes is in the FIB (as of its last dump and writes): via
+// NextHop on the uplink (encap none), or through a tunnel of the agent (NextHop is then the tunnel's
+// peer).
 type ProgrammedRoute struct {
 	Prefix  netip.Prefix `json:"prefix"`
 	NextHop netip.Addr   `json:"next_hop"`
+	Encap   calico.Encap `json:"encap"`
+	// Tunnel and TunnelIndex name the tunnel the route goes through ("" and 0 for encap none).
+	Tunnel      string `json:"tunnel,omitempty"`
+	TunnelIndex uint32 `json:"tunnel_sw_if_index,omitempty"`
+}
+
+// DebugTunnel is a tunnel of the agent in VPP.
+type DebugTunnel struct {
+	Encap     calico.Encap `json:"encap"`
+	Name      string       `json:"name"`
+	SwIfIndex uint32       `json:"sw_if_index"`
+	Src       netip.Addr   `json:"src"`
+	Dst       netip.Addr   `json:"dst"`
+	// Stale says that its source is not this node's tunnel source any more: deleted once unused.
+	Stale bool `json:"stale,omitempty"`
 }
 
 // debugState is what the reconcile loop publishes for /debug/routes: the snapshot it works from and
@@ -50,6 +71,7 @@ type debugState struct {
 	pools      []netip.Prefix
 	uplink     uint32
 	programmed []ProgrammedRoute
+	tunnels    []DebugTunnel
 	foreign    []netip.Prefix
 	missing    map[string]time.Time
 }
@@ -111,8 +133,13 @@ func (a *Agent) publishDebug() {
 	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplink,
 		programmed: make([]ProgrammedRoute, 0, len(a.programmed)), missing: make(map[string]time.Time, len(a.missingSince))}
 	for _, r := range a.programmed {
-		st.programmed = append(st.programmed, ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop})
+		st.programmed = append(st.programmed, a.programmedRoute(r))
 	}
+	for idx, t := range a.tun.byIndex {
+		st.tunnels = append(st.tunnels, DebugTunnel{Encap: t.key.encap, Name: t.name(), SwIfIndex: idx, Src: t.src,
+			Dst: t.key.peer, Stale: a.tun.byKey[t.key] != t})
+	}
+	slices.SortFunc(st.tunnels, func(x, y DebugTunnel) int { return cmp.Compare(x.SwIfIndex, y.SwIfIndex) })
 	for p := range a.foreign {
 		st.foreign = append(st.foreign, p)
 	}
@@ -126,6 +153,7 @@ func (a *Agent) publishDebug() {
 func (a *Agent) debugView(st *debugState) Debug {
 	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Pools: st.pools,
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
+		Tunnels: append([]DebugTunnel{}, st.tunnels...),
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
 	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return comparePrefix(x.Prefix, y.Prefix) })
 	slices.SortFunc(d.Foreign, comparePrefix)
@@ -151,6 +179,18 @@ func (a *Agent) publish() {
 		v.waitingUplink = a.waitingUplink
 		v.etcdSynced = synced
 	})
+	if time.Since(a.encapCountAt) >= time.Second {
+		// A pass over every route: at most once a second.
+		a.encapCountAt = time.Now()
+		tunneled := 0
+		for _, r := range a.programmed {
+			if a.isTunnel(r.SwIfIndex) {
+				tunneled++
+			}
+		}
+		a.m.routesByEncap.WithLabelValues("none").Set(float64(len(a.programmed) - tunneled))
+		a.m.routesByEncap.WithLabelValues("ipip").Set(float64(tunneled))
+	}
 	a.m.desired.Set(float64(a.desired.resolvedCount()))
 	a.m.programmed.Set(float64(len(a.programmed)))
 	a.m.unresolved.Set(float64(a.desired.unresolvedCount))
@@ -160,6 +200,15 @@ func (a *Agent) publish() {
 	}
 	a.m.invalidPeers.Set(float64(len(a.desired.invalid)))
 	a.m.setBlocks(a.desired.blocks)
+}
+
+// programmedRoute describes a programmed route for /debug/routes.
+func (a *Agent) programmedRoute(r vppapi.Route) ProgrammedRoute {
+	out := ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop}
+	if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
+		out.Encap, out.NextHop, out.Tunnel, out.TunnelIndex = t.key.encap, t.key.peer, t.name(), r.SwIfIndex
+	}
+	return out
 }
 
 func (a *Agent) setView(f func(v *readiness)) {

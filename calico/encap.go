@@ -49,6 +49,24 @@ func (e Encap) String() string {
 	return "none"
 }
 
+// MarshalText writes the encapsulation as String does.
+func (e Encap) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
+
+// UnmarshalText reads "none", "ipip" or "vxlan".
+func (e *Encap) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "none":
+		*e = EncapNone
+	case "ipip":
+		*e = EncapIPIP
+	case "vxlan":
+		*e = EncapVXLAN
+	default:
+		return fmt.Errorf("unknown encapsulation %q (want none, ipip or vxlan)", b)
+	}
+	return nil
+}
+
 // Overhead returns the bytes the encapsulation adds to each packet whose outer header is IPv6 (v6) or
 // IPv4: felix's ipipMTUOverhead 20 and vxlanMTUOverhead 50 / vxlanV6MTUOverhead 70
 // (felix/dataplane/linux/int_dataplane.go). felix never builds IPIP over IPv6 (IPIP is IPv4-only,

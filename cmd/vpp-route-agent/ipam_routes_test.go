@@ -105,17 +105,17 @@ func TestRoutesReadsWhatBlockIPAMWrites(t *testing.T) {
 	var blockA, blockB string
 	for _, l := range lines {
 		f := strings.Fields(l)
-		if len(f) == 5 && f[4] == "node-a" && strings.HasSuffix(f[0], "/28") {
+		if len(f) >= 5 && f[4] == "node-a" && strings.HasSuffix(f[0], "/28") {
 			blockA = f[0]
 		}
-		if len(f) == 5 && f[4] == "node-b" && strings.HasSuffix(f[0], "/28") {
+		if len(f) >= 5 && f[4] == "node-b" && strings.HasSuffix(f[0], "/28") {
 			blockB = f[0]
 		}
 	}
 	want := []string{
-		blockA + " via 192.0.2.1 owner node-a",
-		blockB + " via 192.0.2.2 owner node-b",
-		netip.PrefixFrom(borrowed, 32).String() + " via 192.0.2.1 owner node-a",
+		blockA + " via 192.0.2.1 owner node-a encap none",
+		blockB + " via 192.0.2.2 owner node-b encap none",
+		netip.PrefixFrom(borrowed, 32).String() + " via 192.0.2.1 owner node-a encap none",
 	}
 	slices.Sort(want)
 	got := slices.Clone(lines)

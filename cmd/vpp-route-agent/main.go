@@ -284,7 +284,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	}
 	watcher, err := blockwatch.New(blockwatch.Config{Client: cli, BlockPrefix: cfg.etcd.blockPrefix, HostsPrefix: cfg.etcd.hostsPrefix,
 		LegacyHostAffinity: cfg.etcd.legacyHostAffinity, RequestTimeout: cfg.etcd.RequestTimeout,
-		Ownership: blockwatch.Ownership(cfg.etcd.ownership), Logger: log, Registerer: reg})
+		Ownership: blockwatch.Ownership(cfg.etcd.ownership), NodeName: cfg.node, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
 	}

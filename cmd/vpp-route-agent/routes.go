@@ -55,7 +55,7 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return err
 	}
 	defer cli.Close()
-	snap, err := listOnce(ctx, &ef, cli)
+	snap, err := listOnce(ctx, &ef, cli, node)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,11 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return writeRoutesJSON(stdout, v)
 	}
 	for _, r := range v.Desired {
-		fmt.Fprintf(stdout, "%s via %s owner %s\n", r.Prefix, r.NextHop, r.Owner)
+		note := ""
+		if r.EncapNote != "" {
+			note = " (" + r.EncapNote + ")"
+		}
+		fmt.Fprintf(stdout, "%s via %s owner %s encap %s%s\n", r.Prefix, r.NextHop, r.Owner, r.Encap, note)
 	}
 	for _, u := range v.Unresolved {
 		fmt.Fprintf(stdout, "unresolved %s owner %s: %s\n", u.Prefix, u.Owner, u.Reason)
@@ -82,14 +86,14 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 }
 
 // listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
-func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client) (*blockwatch.Snapshot, error) {
+func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client, node string) (*blockwatch.Snapshot, error) {
 	limit := ef.DialTimeout + ef.RequestTimeout
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	snap, err := blockwatch.List(ctx, blockwatch.Config{
 		Client: cli, BlockPrefix: ef.blockPrefix, HostsPrefix: ef.hostsPrefix,
 		RequestTimeout: ef.RequestTimeout, LegacyHostAffinity: ef.legacyHostAffinity,
-		Ownership: blockwatch.Ownership(ef.ownership), Logger: slog.New(slog.DiscardHandler),
+		Ownership: blockwatch.Ownership(ef.ownership), NodeName: node, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		why := ""
@@ -107,6 +111,8 @@ type routeJSON struct {
 	Owner      string  `json:"owner"`
 	Kind       string  `json:"kind"`
 	Block      string  `json:"block"`
+	Encap      string  `json:"encap,omitempty"`
+	EncapNote  string  `json:"encap_note,omitempty"`
 	Unresolved string  `json:"unresolved,omitempty"`
 	Held       string  `json:"held,omitempty"`
 }
@@ -118,7 +124,8 @@ func writeRoutesJSON(w io.Writer, v agent.RoutesView) error {
 	out := make([]routeJSON, 0, len(routes)+len(unresolved)+len(v.Held))
 	for _, r := range routes {
 		nh := r.NextHop.String()
-		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String()})
+		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String(),
+			Encap: r.Encap.String(), EncapNote: r.EncapNote})
 	}
 	for _, u := range unresolved {
 		out = append(out, routeJSON{Prefix: u.Prefix.String(), Owner: u.Owner, Kind: string(u.Kind), Block: u.Block.String(), Unresolved: u.Reason})

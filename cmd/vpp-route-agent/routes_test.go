@@ -66,3 +66,59 @@ func TestRoutesListsHeldBlocksAndRefusedPeers(t *testing.T) {
 		t.Errorf("json output has no held row:\n%s", out.String())
 	}
 }
+
+// TestRoutesShowEncap: the routes subcommand shows each route's encapsulation: with a CrossSubnet IPIP
+// pool, a peer in this node's subnet (read from its Calico Node resource: the subcommand has no uplink
+// address) gets a flat route, one in another subnet an IPIP route; the IPv6 pool stays flat.
+func TestRoutesShowEncap(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26,
+		IPIPMode: calico.EncapCrossSubnet}); err != nil {
+		t.Fatal(err)
+	}
+	node := `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-a"},"spec":{"bgp":{"ipv4Address":"192.0.2.1/24"}}}`
+	if _, err := cli.Put(ctx, calico.NodeKey("node-a"), node); err != nil {
+		t.Fatal(err)
+	}
+	for node, ip := range map[string]string{"node-b": "192.0.2.2", "node-c": "198.51.100.3"} {
+		if err := calicotest.PutPeer(ctx, cli, "/vpp-calico/hosts/", node, netip.MustParseAddr(ip)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for cidr, owner := range map[string]string{"10.244.1.0/26": "node-b", "10.244.2.0/26": "node-c"} {
+		v, _ := calico.EncodeBlock(calicotest.Block(netip.MustParsePrefix(cidr), owner, 1))
+		if _, err := cli.Put(ctx, calico.BlockKey(netip.MustParsePrefix(cidr)), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"routes", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-a"}
+	var out bytes.Buffer
+	if err := run(ctx, args, &out, &bytes.Buffer{}, env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"10.244.1.0/26 via 192.0.2.2 owner node-b encap none\n",
+		"10.244.2.0/26 via 198.51.100.3 owner node-c encap ipip\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("routes output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := run(ctx, append(args, "--output", "json"), &out, &bytes.Buffer{}, env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatal(err)
+	}
+	got := map[any]any{}
+	for _, r := range rows {
+		got[r["prefix"]] = r["encap"]
+	}
+	if got["10.244.1.0/26"] != "none" || got["10.244.2.0/26"] != "ipip" {
+		t.Errorf("json encap by prefix %v, want none and ipip:\n%s", got, out.String())
+	}
+}

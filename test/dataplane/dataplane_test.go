@@ -70,8 +70,8 @@ func checkPairs(t *testing.T, nodes []*vpptopo.Node) {
 // each other through the router, and pods on one subnet reach each other. Across the subnets the agent
 // programs what it does today, the block via the remote node's address as an attached next hop on the
 // uplink; that address is not on the uplink's link, nobody answers its ARP or ND, and the pods do not
-// reach each other. Issue 17's encapsulation (IPIP or VXLAN to the remote node address, which the router
-// does route) is what will make them answer: this test then changes to expect answers.
+// reach each other. The pools here encapsulate nothing (ipipMode and vxlanMode Never); with an IPIP pool
+// the pods answer across the router too (TestRoutedIPIP).
 func TestRoutedPodToPodNeedsEncapsulation(t *testing.T) {
 	requireLab(t)
 	topo := startTopology(t, vpptopo.Routed, 3)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -159,11 +160,13 @@ func (c *cluster) deleteBlocks(n *vpptopo.Node) {
 }
 
 // startAgent runs a vpp-route-agent for node n: its uplink is the node's memif, with the node's
-// addresses, which it also registers as its peer IPs. Its log goes to a file, shown if the test fails.
-func startAgent(t *testing.T, etcd string, n *vpptopo.Node) {
+// addresses, which it also registers as its peer IPs. Its log goes to a file (appended to by a restarted
+// agent), shown if the test fails. It returns a function that stops the agent (SIGTERM), as the test's
+// end does.
+func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 	t.Helper()
 	logPath := filepath.Join(n.VPP.Dir(), "agent.log")
-	logFile, err := os.Create(logPath)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +180,7 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) {
 		"--uplink-address", n.Addr6.String(),
 		"--metrics-address", "",
 		"--log-format", "json",
+		"--log-level", "debug", // the tests wait for "full resync done"
 		"--registration-ttl", "10s")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()} // no ETCD_ENDPOINTS, NODENAME leak in
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -186,14 +190,20 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stop()
 		logFile.Close()
 		out, _ := os.ReadFile(logPath)
 		if raceEnabled && strings.Contains(string(out), "WARNING: DATA RACE") {
@@ -202,6 +212,7 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) {
 			t.Logf("agent %s log:\n%s", n.Name, out)
 		}
 	})
+	return stop
 }
 
 // wantRoutes are the routes the agent on node n must program: every other node's blocks via that node's

@@ -745,9 +745,9 @@ func TestRoutesCommand(t *testing.T) {
 	// the deleted block is absent.
 
 	stdout, stderr, code, _ := run(t, nil, "routes", "--etcd-endpoints", c.etcd.Endpoint(), "--nodename", "node-c")
-	wantTable := "10.244.1.64/26 via 192.0.2.1 owner node-a\n" +
-		"10.244.1.68/32 via 192.0.2.2 owner node-b\n" +
-		"fd00:10:244:0:8e1f:1a2b:3c4d:5e40/122 via 2001:db8::1 owner node-a\n" +
+	wantTable := "10.244.1.64/26 via 192.0.2.1 owner node-a encap none\n" +
+		"10.244.1.68/32 via 192.0.2.2 owner node-b encap none\n" +
+		"fd00:10:244:0:8e1f:1a2b:3c4d:5e40/122 via 2001:db8::1 owner node-a encap none\n" +
 		"unresolved 192.168.45.0/26 owner node-old: node \"node-old\" has no registered IPv4 peer IP\n"
 	if code != 0 || stdout != wantTable {
 		t.Errorf("routes (table) for node-c: exit %d\n got %q\nwant %q\nstderr: %s", code, stdout, wantTable, stderr)
