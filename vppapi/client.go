@@ -57,6 +57,7 @@ func tunnelMessages() []api.Message {
 		(*ipip.IpipTunnelDump)(nil), (*ipip.IpipTunnelDetails)(nil),
 		(*interfaces.SwInterfaceSetUnnumbered)(nil), (*interfaces.SwInterfaceSetUnnumberedReply)(nil),
 		(*interfaces.SwInterfaceSetMtu)(nil), (*interfaces.SwInterfaceSetMtuReply)(nil),
+		(*interfaces.SwInterfaceTagAddDel)(nil), (*interfaces.SwInterfaceTagAddDelReply)(nil),
 	}
 }
 

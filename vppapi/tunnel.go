@@ -48,6 +48,9 @@ type IPIPTunnel struct {
 	// TableID is the outer (underlay) table.
 	TableID uint32
 	Mode    TunnelMode
+	// Tag is the interface's tag (sw_interface_details.tag; "" when none): who made the tunnel, for
+	// those that mark theirs (IPIPSpec.Tag).
+	Tag string
 }
 
 // String names the tunnel for errors and logs: "ipip0 (sw_if_index 2) 192.0.2.1 -> 192.0.2.2".
@@ -75,6 +78,10 @@ type IPIPSpec struct {
 	Unnumbered uint32
 	// MTU, when not 0, is set as the tunnel's L3 and IPv4 MTU; 0 keeps VPP's (9000).
 	MTU uint32
+	// Tag, when not "", is set as the interface's tag (sw_interface_tag_add_del, at most 63 bytes): VPP
+	// keeps it until the interface is deleted and shows it in sw_interface_dump, so that whoever made the
+	// tunnel can tell it from another's after a restart (IPIPTunnel.Tag).
+	Tag string
 }
 
 // String names the spec for errors: "IPIP tunnel 192.0.2.1 -> 192.0.2.2".
@@ -118,12 +125,24 @@ func (c *Client) ensureIPIP(ctx context.Context, spec IPIPSpec) (uint32, error) 
 	if err != nil {
 		return 0, err
 	}
+	if len(spec.Tag) > maxTag {
+		return 0, fmt.Errorf("tag %q longer than %d bytes", spec.Tag, maxTag)
+	}
 	idx, err := c.addIPIP(ctx, sess, src, dst, spec.TableID, TunnelP2P)
 	if err != nil {
 		return 0, err
 	}
+	if spec.Tag != "" {
+		req := &interfaces.SwInterfaceTagAddDel{IsAdd: true, SwIfIndex: interface_types.InterfaceIndex(idx), Tag: spec.Tag}
+		if _, err := c.call(ctx, sess, req); err != nil {
+			return idx, fmt.Errorf("tag sw_if_index %d %q: %w", idx, spec.Tag, err)
+		}
+	}
 	return idx, c.configureTunnel(ctx, sess, idx, spec.Unnumbered, spec.MTU)
 }
+
+// maxTag is the longest interface tag VPP keeps: the API field is a string[64], NUL included.
+const maxTag = 63
 
 // addIPIP sends ipip_add_tunnel and returns the tunnel's index, the existing one's if VPP has it.
 func (c *Client) addIPIP(ctx context.Context, sess *session, src, dst netip.Addr, table uint32, mode TunnelMode) (uint32, error) {
@@ -203,7 +222,62 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump IPIP tunnels: %w", err)
 	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	// ipip_tunnel_details has no tag: sw_interface_details has.
+	tags := map[uint32]string{}
+	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
+	err = c.dump(ctx, sess, ifreq, func(m api.Message) error {
+		d, ok := m.(*interfaces.SwInterfaceDetails)
+		if !ok {
+			return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
+		}
+		if d.Tag != "" {
+			tags[uint32(d.SwIfIndex)] = d.Tag
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump IPIP tunnels: interface tags: %w", err)
+	}
+	for i := range out {
+		out[i].Tag = tags[out[i].SwIfIndex]
+	}
 	return out, nil
+}
+
+// InterfaceMTU returns the L3 MTU of interface swIfIndex (sw_interface_details.mtu[0], or its link MTU
+// when that is 0): the MTU of the packets it sends, which tunnels over it must leave room in.
+func (c *Client) InterfaceMTU(ctx context.Context, swIfIndex uint32) (uint32, error) {
+	sess, err := c.current()
+	if err != nil {
+		return 0, fmt.Errorf("MTU of sw_if_index %d: %w", swIfIndex, err)
+	}
+	var mtu uint32
+	found := false
+	req := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(swIfIndex)}
+	err = c.dump(ctx, sess, req, func(m api.Message) error {
+		d, ok := m.(*interfaces.SwInterfaceDetails)
+		if !ok {
+			return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
+		}
+		if uint32(d.SwIfIndex) == swIfIndex && !found {
+			found = true
+			mtu = uint32(d.LinkMtu)
+			if len(d.Mtu) > 0 && d.Mtu[0] != 0 {
+				mtu = d.Mtu[0]
+			}
+		}
+		return nil
+	})
+	if err == nil && !found {
+		err = ErrNoInterface
+	}
+	if err != nil {
+		return 0, fmt.Errorf("MTU of sw_if_index %d: %w", swIfIndex, err)
+	}
+	return mtu, nil
 }
 
 // DeleteIPIPTunnel deletes the IPIP tunnel of index swIfIndex. A tunnel VPP does not have (-6) counts as

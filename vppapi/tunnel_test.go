@@ -464,3 +464,66 @@ func TestIPIPMultipoint(t *testing.T) {
 		t.Errorf("delete the inherited TEIB entry: %d, want 0", rv)
 	}
 }
+
+// TestIPIPTunnelTag: a tag given to EnsureIPIPTunnel comes back in DumpIPIPTunnels (VPP keeps it on the
+// interface, sw_interface_details.tag); a tunnel made without one has none; deleting the tunnel clears
+// the tag, so the next interface to take its index is not taken for the tagger's. VPP refuses an empty
+// tag (-7) and an unknown index (-2). InterfaceMTU reads the uplink's L3 MTU.
+func TestIPIPTunnelTag(t *testing.T) {
+	v, h, uplink := tunnelSetup(t)
+	ctx := ctxT(t)
+	ch := rawChannel(t, v)
+	tagged, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr(peerIP), Unnumbered: uplink, Tag: "vpp-route-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("192.0.2.3"), Unnumbered: uplink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := func() map[uint32]string {
+		tunnels, err := h.c.DumpIPIPTunnels(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint32]string{}
+		for _, tun := range tunnels {
+			out[tun.SwIfIndex] = tun.Tag
+		}
+		return out
+	}
+	if got := tags(); got[tagged] != "vpp-route-agent" || got[plain] != "" || len(got) != 2 {
+		t.Errorf("tags = %v, want %d tagged vpp-route-agent and %d untagged", got, tagged, plain)
+	}
+	if rv := retval(t, ch, &interfaces.SwInterfaceTagAddDel{IsAdd: true, SwIfIndex: interface_types.InterfaceIndex(plain)},
+		&interfaces.SwInterfaceTagAddDelReply{}); rv != -7 {
+		t.Errorf("an empty tag: retval %d, want -7", rv)
+	}
+	if rv := retval(t, ch, &interfaces.SwInterfaceTagAddDel{IsAdd: true, SwIfIndex: 999, Tag: "x"},
+		&interfaces.SwInterfaceTagAddDelReply{}); rv != -2 {
+		t.Errorf("an unknown index: retval %d, want -2", rv)
+	}
+	if err := h.c.DeleteIPIPTunnel(ctx, tagged); err != nil {
+		t.Fatal(err)
+	}
+	again, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr("192.0.2.4"), Unnumbered: uplink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != tagged {
+		t.Logf("the new tunnel took index %d, not the freed %d", again, tagged)
+	}
+	if got := tags(); got[again] != "" {
+		t.Errorf("a tunnel made without a tag at index %d has tag %q: the deleted tunnel's tag stayed", again, got[again])
+	}
+	mtu, err := h.c.InterfaceMTU(ctx, uplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := ifaceDetails(t, ch, uplink); mtu == 0 || (d.Mtu[0] != 0 && mtu != d.Mtu[0]) {
+		t.Errorf("InterfaceMTU(uplink) = %d, sw_interface_details.mtu %v", mtu, d.Mtu)
+	}
+	if _, err := h.c.InterfaceMTU(ctx, 999); !errors.Is(err, vppapi.ErrNoInterface) {
+		t.Errorf("InterfaceMTU(999) = %v, want ErrNoInterface", err)
+	}
+}

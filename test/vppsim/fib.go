@@ -485,6 +485,8 @@ type iface struct {
 	unnumbered *uint32
 	// mtu is the L3/IPv4/IPv6/MPLS MTU as set by sw_interface_set_mtu; nil: the default.
 	mtu *[4]uint32
+	// tag is the interface's tag (sw_interface_tag_add_del); "" when none.
+	tag string
 }
 
 // linkUp is the link state VPP reports: a hardware interface's link comes up

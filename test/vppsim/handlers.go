@@ -40,6 +40,7 @@ var handlers = map[string]handlerFunc{
 	"sw_interface_set_unnumbered": handleSwInterfaceSetUnnumbered,
 	"ip_unnumbered_dump":          handleIPUnnumberedDump,
 	"sw_interface_set_mtu":        handleSwInterfaceSetMtu,
+	"sw_interface_tag_add_del":    handleSwInterfaceTagAddDel,
 	"teib_entry_add_del":          handleTEIBEntryAddDel,
 	"teib_dump":                   handleTEIBDump,
 }
@@ -133,6 +134,7 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 		Flags:         ifaceFlags(ifc),
 		Type:          interface_types.IF_API_TYPE_HARDWARE,
 		InterfaceName: ifc.name,
+		Tag:           ifc.tag,
 	}
 	if ifc.index == 0 {
 		d.InterfaceDevType = "local"

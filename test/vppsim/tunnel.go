@@ -34,6 +34,9 @@ import (
 //     modelled: routes through a tunnel whose dst is unreachable drop (no API shows it).
 //   - sw_interface_set_unnumbered: an unknown sw_if_index (the one with the address) is -10, an unknown
 //     unnumbered_sw_if_index -2; setting it again, or removing it when not set, is 0.
+//   - sw_interface_tag_add_del sets (is_add) or clears an interface's tag, shown in
+//     sw_interface_details.tag; an empty tag to add is -7, an unknown index -2. Deleting the interface
+//     clears its tag: the next interface that takes the index has none.
 //   - sw_interface_set_mtu stores the four values as given (dumped in sw_interface_details.mtu); an
 //     unknown index is -2.
 //   - teib_entry_add_del: an unknown (or deleted) sw_if_index -2, an existing (sw_if_index, peer) -116,
@@ -43,6 +46,7 @@ import (
 
 // Return values of the tunnel messages (VPP's vnet/api_errno.h).
 const (
+	rvInvalidValue       int32 = -7
 	rvNoSuchEntry        int32 = -6
 	rvInvalidSwIfIndex2  int32 = -10
 	rvInvalidDstAddress  int32 = -58
@@ -228,7 +232,7 @@ func (s *Sim) removeInterface(ifc *iface) {
 		tun.tracked = false
 	}
 	hadAddrs := len(ifc.addrs) > 0 && ifc.adminUp
-	ifc.deleted, ifc.adminUp, ifc.addrs, ifc.unnumbered, ifc.mtu = true, false, nil, nil, nil
+	ifc.deleted, ifc.adminUp, ifc.addrs, ifc.unnumbered, ifc.mtu, ifc.tag = true, false, nil, nil, nil, ""
 	for _, other := range s.ifaces {
 		if other.unnumbered != nil && *other.unnumbered == ifc.index {
 			other.unnumbered = nil
@@ -357,6 +361,24 @@ func handleSwInterfaceSetMtu(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	}
 	s.mu.Unlock()
 	c.reply(ctx, &interfaces.SwInterfaceSetMtuReply{Retval: rv})
+}
+
+func handleSwInterfaceTagAddDel(s *Sim, c *conn, ctx uint32, msg api.Message) {
+	m := msg.(*interfaces.SwInterfaceTagAddDel)
+	s.mu.Lock()
+	rv := rvOK
+	switch ifc := s.ifaceAt(uint32(m.SwIfIndex)); {
+	case ifc == nil:
+		rv = rvInvalidSwIfIndex
+	case !m.IsAdd:
+		ifc.tag = ""
+	case m.Tag == "":
+		rv = rvInvalidValue
+	default:
+		ifc.tag = m.Tag
+	}
+	s.mu.Unlock()
+	c.reply(ctx, &interfaces.SwInterfaceTagAddDelReply{Retval: rv})
 }
 
 func handleTEIBEntryAddDel(s *Sim, c *conn, ctx uint32, msg api.Message) {
