@@ -487,6 +487,8 @@ type iface struct {
 	mtu *[4]uint32
 	// tag is the interface's tag (sw_interface_tag_add_del); "" when none.
 	tag string
+	// vxlan is set for a VXLAN tunnel's interface (vxlan.go).
+	vxlan *vxlanTunnel
 }
 
 // linkUp is the link state VPP reports: a hardware interface's link comes up

@@ -152,6 +152,9 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 	if ifc.tunnel != nil {
 		tunnelDetails(d)
 	}
+	if ifc.vxlan != nil {
+		vxlanDetails(d)
+	}
 	return d
 }
 
