@@ -132,4 +132,3 @@ func TestVXLANDataPlane(t *testing.T) {
 	ping(a, b, false, false)
 	ping(b, a, true, false)
 }
-
