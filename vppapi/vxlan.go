@@ -43,7 +43,10 @@ var (
 
 	// ErrNoNextHop fails, before it is sent, a route added through a VXLAN tunnel without a next hop: VPP
 	// 26.06 accepts it (a glean path on the tunnel) and crashes, SIGSEGV in ip4_glean_node_fn, at the
-	// first packet it forwards (measured). A route through a VXLAN tunnel names the remote VTEP IP.
+	// first packet it forwards (measured). A route through a VXLAN tunnel names the remote VTEP IP. Apply
+	// checks against the VXLAN tunnels the current connection made (EnsureVXLANTunnel) or dumped
+	// (DumpVXLANTunnels), less those deleted since (DeleteVXLANTunnel, VPP's interface events): a tunnel
+	// another client made meanwhile is not known until the next dump.
 	ErrNoNextHop = errors.New("a route through a VXLAN tunnel needs a next hop (the remote VTEP IP)")
 )
 
