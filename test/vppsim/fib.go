@@ -481,14 +481,14 @@ type iface struct {
 	addrs   []netip.Prefix // address with prefix length, host bits kept
 	// tunnel is set for an IPIP tunnel's interface (tunnel.go).
 	tunnel *ipipTunnel
+	// vxlan is set for a VXLAN tunnel's interface (vxlan.go).
+	vxlan *vxlanTunnel
 	// unnumbered is the index whose addresses this interface borrows; nil if none.
 	unnumbered *uint32
 	// mtu is the L3/IPv4/IPv6/MPLS MTU as set by sw_interface_set_mtu; nil: the default.
 	mtu *[4]uint32
 	// tag is the interface's tag (sw_interface_tag_add_del); "" when none.
 	tag string
-	// vxlan is set for a VXLAN tunnel's interface (vxlan.go).
-	vxlan *vxlanTunnel
 }
 
 // linkUp is the link state VPP reports: a hardware interface's link comes up
