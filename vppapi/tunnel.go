@@ -51,7 +51,12 @@ type IPIPTunnel struct {
 	// Tag is the interface's tag (sw_interface_details.tag; "" when none): who made the tunnel, for
 	// those that mark theirs (IPIPSpec.Tag).
 	Tag string
+	// MTU is the interface's L3 MTU (sw_interface_details.mtu[0]; VPP's default for a tunnel is 9000).
+	MTU uint32
 }
+
+// Name is VPP's name of the tunnel's interface, ipip<Instance>.
+func (t IPIPTunnel) Name() string { return "ipip" + strconv.FormatUint(uint64(t.Instance), 10) }
 
 // String names the tunnel for errors and logs: "ipip0 (sw_if_index 2) 192.0.2.1 -> 192.0.2.2".
 func (t IPIPTunnel) String() string {
@@ -200,9 +205,31 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump IPIP tunnels: %w", err)
 	}
+	return c.dumpIPIP(ctx, sess, noInterface)
+}
+
+// IPIPTunnelAt returns the IPIP tunnel of index swIfIndex (one ipip_tunnel_dump and one
+// sw_interface_dump of that index); false when VPP has no tunnel there.
+func (c *Client) IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (IPIPTunnel, bool, error) {
+	sess, err := c.current()
+	if err != nil {
+		return IPIPTunnel{}, false, fmt.Errorf("dump IPIP tunnel sw_if_index %d: %w", swIfIndex, err)
+	}
+	if swIfIndex == 0 || swIfIndex == noInterface {
+		return IPIPTunnel{}, false, nil // local0 is no tunnel, and 0 or ~0 would dump every one
+	}
+	out, err := c.dumpIPIP(ctx, sess, swIfIndex)
+	if err != nil || len(out) == 0 {
+		return IPIPTunnel{}, false, err
+	}
+	return out[0], true, nil
+}
+
+// dumpIPIP dumps the IPIP tunnels, all of them for noInterface, with their interfaces' tags.
+func (c *Client) dumpIPIP(ctx context.Context, sess *session, idx uint32) ([]IPIPTunnel, error) {
 	var out []IPIPTunnel
-	req := &ipip.IpipTunnelDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
-	err = c.dump(ctx, sess, req, func(m api.Message) error {
+	req := &ipip.IpipTunnelDump{SwIfIndex: interface_types.InterfaceIndex(idx)}
+	err := c.dump(ctx, sess, req, func(m api.Message) error {
 		d, ok := m.(*ipip.IpipTunnelDetails)
 		if !ok {
 			return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
@@ -215,8 +242,10 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 		if err != nil {
 			return fmt.Errorf("tunnel sw_if_index %d: destination: %w", d.Tunnel.SwIfIndex, err)
 		}
-		out = append(out, IPIPTunnel{SwIfIndex: uint32(d.Tunnel.SwIfIndex), Instance: d.Tunnel.Instance,
-			Src: src, Dst: dst, TableID: d.Tunnel.TableID, Mode: TunnelMode(d.Tunnel.Mode)})
+		if idx == noInterface || uint32(d.Tunnel.SwIfIndex) == idx {
+			out = append(out, IPIPTunnel{SwIfIndex: uint32(d.Tunnel.SwIfIndex), Instance: d.Tunnel.Instance,
+				Src: src, Dst: dst, TableID: d.Tunnel.TableID, Mode: TunnelMode(d.Tunnel.Mode)})
+		}
 		return nil
 	})
 	if err != nil {
@@ -225,9 +254,10 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 	if len(out) == 0 {
 		return out, nil
 	}
-	// ipip_tunnel_details has no tag: sw_interface_details has.
+	// ipip_tunnel_details has no tag or MTU: sw_interface_details has.
 	tags := map[uint32]string{}
-	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
+	mtus := map[uint32]uint32{}
+	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(idx)}
 	err = c.dump(ctx, sess, ifreq, func(m api.Message) error {
 		d, ok := m.(*interfaces.SwInterfaceDetails)
 		if !ok {
@@ -236,15 +266,31 @@ func (c *Client) DumpIPIPTunnels(ctx context.Context) ([]IPIPTunnel, error) {
 		if d.Tag != "" {
 			tags[uint32(d.SwIfIndex)] = d.Tag
 		}
+		if len(d.Mtu) > 0 {
+			mtus[uint32(d.SwIfIndex)] = d.Mtu[0]
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dump IPIP tunnels: interface tags: %w", err)
 	}
 	for i := range out {
-		out[i].Tag = tags[out[i].SwIfIndex]
+		out[i].Tag, out[i].MTU = tags[out[i].SwIfIndex], mtus[out[i].SwIfIndex]
 	}
 	return out, nil
+}
+
+// SetTunnelMTU sets the L3 and IPv4 MTU of tunnel swIfIndex (as IPIPSpec.MTU does at creation).
+func (c *Client) SetTunnelMTU(ctx context.Context, swIfIndex, mtu uint32) error {
+	sess, err := c.current()
+	if err == nil {
+		req := &interfaces.SwInterfaceSetMtu{SwIfIndex: interface_types.InterfaceIndex(swIfIndex), Mtu: []uint32{mtu, mtu, 0, 0}}
+		_, err = c.call(ctx, sess, req)
+	}
+	if err != nil {
+		return fmt.Errorf("set sw_if_index %d MTU %d: %w", swIfIndex, mtu, err)
+	}
+	return nil
 }
 
 // InterfaceMTU returns the L3 MTU of interface swIfIndex (sw_interface_details.mtu[0], or its link MTU

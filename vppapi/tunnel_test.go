@@ -145,7 +145,7 @@ func TestIPIPTunnel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := vppapi.IPIPTunnel{SwIfIndex: idx, Instance: 0, Src: addr(nodeIP), Dst: addr(peerIP), Mode: vppapi.TunnelP2P}
+	want := vppapi.IPIPTunnel{SwIfIndex: idx, Instance: 0, Src: addr(nodeIP), Dst: addr(peerIP), Mode: vppapi.TunnelP2P, MTU: 1480}
 	if !slices.Equal(tunnels, []vppapi.IPIPTunnel{want}) {
 		t.Errorf("DumpIPIPTunnels = %v, want [%v]", tunnels, want)
 	}
@@ -398,7 +398,7 @@ func TestIPIPMultipoint(t *testing.T) {
 		t.Fatalf("EnsureIPIPMultipoint again = %d, %v; want %d", again, err, idx)
 	}
 	tunnels, err := h.c.DumpIPIPTunnels(ctx)
-	if want := (vppapi.IPIPTunnel{SwIfIndex: idx, Src: addr(nodeIP), Dst: addr("0.0.0.0"), Mode: vppapi.TunnelMP}); err != nil || !slices.Equal(tunnels, []vppapi.IPIPTunnel{want}) {
+	if want := (vppapi.IPIPTunnel{SwIfIndex: idx, Src: addr(nodeIP), Dst: addr("0.0.0.0"), Mode: vppapi.TunnelMP, MTU: 9000}); err != nil || !slices.Equal(tunnels, []vppapi.IPIPTunnel{want}) {
 		t.Errorf("DumpIPIPTunnels = %v, %v; want [%v]", tunnels, err, want)
 	}
 	e := vppapi.TEIBEntry{SwIfIndex: idx, Peer: addr("10.255.0.2"), NextHop: addr(peerIP)}
@@ -495,6 +495,12 @@ func TestIPIPTunnelTag(t *testing.T) {
 	if got := tags(); got[tagged] != "vpp-route-agent" || got[plain] != "" || len(got) != 2 {
 		t.Errorf("tags = %v, want %d tagged vpp-route-agent and %d untagged", got, tagged, plain)
 	}
+	if at, ok, err := h.c.IPIPTunnelAt(ctx, tagged); err != nil || !ok || at.Tag != "vpp-route-agent" || at.Dst != addr(peerIP) {
+		t.Errorf("IPIPTunnelAt(%d) = %+v, %v, %v; want the tagged tunnel", tagged, at, ok, err)
+	}
+	if at, ok, err := h.c.IPIPTunnelAt(ctx, uplink); err != nil || ok {
+		t.Errorf("IPIPTunnelAt(uplink) = %+v, %v, %v; want no tunnel", at, ok, err)
+	}
 	if rv := retval(t, ch, &interfaces.SwInterfaceTagAddDel{IsAdd: true, SwIfIndex: interface_types.InterfaceIndex(plain)},
 		&interfaces.SwInterfaceTagAddDelReply{}); rv != -7 {
 		t.Errorf("an empty tag: retval %d, want -7", rv)
@@ -515,6 +521,12 @@ func TestIPIPTunnelTag(t *testing.T) {
 	}
 	if got := tags(); got[again] != "" {
 		t.Errorf("a tunnel made without a tag at index %d has tag %q: the deleted tunnel's tag stayed", again, got[again])
+	}
+	if err := h.c.SetTunnelMTU(ctx, plain, 1300); err != nil {
+		t.Fatal(err)
+	}
+	if at, _, err := h.c.IPIPTunnelAt(ctx, plain); err != nil || at.MTU != 1300 {
+		t.Errorf("after SetTunnelMTU(1300): %+v, %v", at, err)
 	}
 	mtu, err := h.c.InterfaceMTU(ctx, uplink)
 	if err != nil {

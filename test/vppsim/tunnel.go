@@ -92,6 +92,9 @@ type Tunnel struct {
 	Unnumbered uint32 `json:"unnumbered"`
 	// MTU is L3, IPv4, IPv6, MPLS as set (VPP's default 9000/0/0/0).
 	MTU [4]uint32 `json:"mtu"`
+	// AdminUp is the interface's admin state; Tag its tag ("" none).
+	AdminUp bool   `json:"admin_up"`
+	Tag     string `json:"tag,omitempty"`
 }
 
 // Tunnels returns a snapshot of the IPIP tunnels, by sw_if_index.
@@ -105,7 +108,8 @@ func (s *Sim) Tunnels() []Tunnel {
 			continue
 		}
 		out = append(out, Tunnel{SwIfIndex: ifc.index, Name: ifc.name, Src: t.src, Dst: t.dst, TableID: t.tableID,
-			Multipoint: t.mode == tunnel_types.TUNNEL_API_MODE_MP, Unnumbered: ifc.unnumberedOf(), MTU: ifc.mtus()})
+			Multipoint: t.mode == tunnel_types.TUNNEL_API_MODE_MP, Unnumbered: ifc.unnumberedOf(), MTU: ifc.mtus(),
+			AdminUp: ifc.adminUp, Tag: ifc.tag})
 	}
 	return out
 }
