@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,9 +18,12 @@ import (
 	"go.fd.io/govpp/api"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/ip_neighbor"
 	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/memclnt"
+	"go.fd.io/govpp/binapi/vlib"
 	"go.fd.io/govpp/binapi/vpe"
+	"go.fd.io/govpp/binapi/vxlan"
 	"go.fd.io/govpp/core"
 )
 
@@ -72,7 +76,8 @@ func routeSourceMessages() []api.Message {
 // vpp_route_agent_vpp_api_errors_total.
 func requestMessageNames() []string {
 	var names []string
-	for _, m := range slices.Concat(usedMessages(), tunnelMessages(), routeSourceMessages(), interfaceEventMessages()) {
+	for _, m := range slices.Concat(usedMessages(), tunnelMessages(), routeSourceMessages(), interfaceEventMessages(),
+		neighborMessages(), vxlanMessages()) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -152,6 +157,9 @@ type Status struct {
 	// it; two unanswered health probes end the connection.
 	Stalled      bool
 	StalledSince time.Time
+	// VXLAN says whether the connected VPP has the vxlan plugin (its messages, with this package's CRCs),
+	// so that the VXLAN tunnel operations work; without it they fail with ErrNoVXLANPlugin.
+	VXLAN bool
 }
 
 // Client talks to one VPP over its binary API socket. Run keeps the connection; the other methods use
@@ -184,6 +192,15 @@ type session struct {
 	version string
 	// routeSource: VPP has ip_route_v2_dump (DumpAPIRoutes works).
 	routeSource bool
+	// vxlan: VPP has the vxlan plugin (vxlan.go).
+	vxlan bool
+	// vxlanMu guards the VXLAN state below.
+	vxlanMu sync.Mutex
+	// vxlanIfaces are the VXLAN tunnels this connection made or dumped, whose routes Apply checks.
+	vxlanIfaces map[uint32]struct{}
+	// decap is ethernet-input's next index of vxlan4-input and vxlan6-input, once known.
+	decap      [2]uint32
+	decapKnown [2]bool
 	// ctx is cancelled, with a cause wrapping ErrNotConnected, when the connection ends: requests in
 	// flight on it stop waiting at once.
 	ctx    context.Context
@@ -257,7 +274,7 @@ func (c *Client) Run(ctx context.Context) error {
 			w := c.watchInterfaces(ctx, sess)
 			c.publish(sess, connects > 1)
 			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted,
-				"route_source_dump", sess.routeSource)
+				"route_source_dump", sess.routeSource, "vxlan_plugin", sess.vxlan)
 			c.emit(ctx, Event{Kind: Connected, PID: sess.pid, Version: sess.version, Restarted: restarted})
 			watched := c.forwardInterfaceEvents(ctx, sess, w)
 
@@ -310,14 +327,14 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("connect to VPP at %s: %w", c.cfg.Socket, err)
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	sess := &session{conn: conn, ctx: sctx, cancel: cancel}
+	sess := &session{conn: conn, ctx: sctx, cancel: cancel, vxlanIfaces: map[uint32]struct{}{}}
 	fail := func(err error) (*session, error) {
 		cancel(err)
 		conn.Disconnect()
 		return nil, err
 	}
 
-	compatErr := checkCompatibility(conn, append(usedMessages(), tunnelMessages()...)...)
+	compatErr := checkCompatibility(conn, slices.Concat(usedMessages(), tunnelMessages(), neighborMessages())...)
 	sess.version = "unknown"
 	var missing []string
 	var cerr *api.CompatibilityError
@@ -337,6 +354,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return fail(&IncompatibleError{Version: sess.version, Messages: missing, Err: compatErr})
 	}
 	sess.routeSource = checkCompatibility(conn, routeSourceMessages()...) == nil
+	sess.vxlan = checkCompatibility(conn, vxlanMessages()...) == nil
 	pid, err := c.ping(ctx, sess)
 	if err != nil {
 		return fail(err)
@@ -402,6 +420,7 @@ func (c *Client) publish(sess *session, reconnect bool) {
 	c.status.PID = sess.pid
 	c.status.Version = sess.version
 	c.status.RouteSource = sess.routeSource
+	c.status.VXLAN = sess.vxlan
 	if reconnect {
 		c.status.Reconnects++
 	}
@@ -501,6 +520,7 @@ func (c *Client) forwardInterfaceEvents(ctx context.Context, sess *session, w ap
 		defer w.Close()
 		for m := range w.Events() { // closed when the session ends
 			if ev, ok := m.(*interfaces.SwInterfaceEvent); ok && ev.Deleted {
+				sess.noteVXLAN(uint32(ev.SwIfIndex), false) // its index may be another interface's next
 				c.emit(ctx, Event{Kind: InterfaceDeleted, PID: sess.pid, Version: sess.version, SwIfIndex: uint32(ev.SwIfIndex)})
 			}
 		}
@@ -708,6 +728,22 @@ func replyError(reply api.Message) error {
 		rv = r.Retval
 	case *interfaces.SwInterfaceSetMtuReply:
 		rv = r.Retval
+	case *interfaces.SwInterfaceTagAddDelReply:
+		rv = r.Retval
+	case *interfaces.SwInterfaceSetMacAddressReply:
+		rv = r.Retval
+	case *vlib.AddNodeNextReply:
+		rv = r.Retval
+	case *ip_neighbor.IPNeighborAddDelReply:
+		rv = r.Retval
+	case *vxlan.VxlanAddDelTunnelV3Reply:
+		rv = r.Retval
+	default:
+		// A reply not listed above still has its retval checked (as GoVPP's channels do), so that a new
+		// request's failure is never taken for success.
+		if f := reflect.Indirect(reflect.ValueOf(reply)).FieldByName("Retval"); f.IsValid() && f.Kind() == reflect.Int32 {
+			rv = int32(f.Int())
+		}
 	}
 	return api.RetvalToVPPApiError(rv)
 }

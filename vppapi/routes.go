@@ -179,6 +179,8 @@ type batch struct {
 	adds, deletes []Route
 	res           Result
 	failed        []indexedError
+	// sess is the connection the batch goes over: its VXLAN tunnels need a next hop.
+	sess *session
 }
 
 // indexedError is a route error and the index of its route in adds followed by deletes.
@@ -212,6 +214,10 @@ func (b *batch) failRest(from int, err error) {
 // encode fills msg with route i; a route that cannot be encoded fails.
 func (b *batch) encode(msg *ip.IPRouteAddDel, i int) bool {
 	r, op := b.at(i)
+	if op == OpAdd && !r.NextHop.IsValid() && b.sess != nil && b.sess.isVXLAN(r.SwIfIndex) {
+		b.fail(i, fmt.Errorf("invalid route: %w", ErrNoNextHop))
+		return false
+	}
 	if err := fillRouteAddDel(msg, r, op == OpAdd); err != nil {
 		b.fail(i, fmt.Errorf("invalid route: %w", err))
 		return false
@@ -262,6 +268,7 @@ func (c *Client) apply(ctx context.Context, adds, deletes []Route, pipelined boo
 		b.failRest(0, err)
 		return b.result()
 	}
+	b.sess = sess
 	octx, stop := sess.opContext(ctx)
 	defer stop()
 	window := 1
@@ -326,7 +333,7 @@ func (c *Client) pipeline(octx context.Context, s api.Stream, b *batch, window i
 	)
 	go func() {
 		defer close(sent)
-		lb := &batch{adds: b.adds, deletes: b.deletes} // the sender's own failures, merged after it ends
+		lb := &batch{adds: b.adds, deletes: b.deletes, sess: b.sess} // the sender's own failures, merged after it ends
 		defer func() { local = lb.failed }()
 		msg := newRouteMsg()
 		done := octx.Done()

@@ -12,7 +12,7 @@ import (
 // Route is one route the agent programs: Prefix via NextHop on SwIfIndex in TableID. Canonical netip
 // values (Masked, Unmap); Apply canonicalises again before encoding, so VPP always sees the masked prefix.
 // NextHop may be the zero Addr: the route goes out of SwIfIndex alone, as through a p2p IPIP tunnel, and
-// dumps as a Path with no NextHop on that interface.
+// dumps as a Path with no NextHop on that interface; not through a VXLAN tunnel (ErrNoNextHop).
 type Route struct {
 	Prefix    netip.Prefix
 	NextHop   netip.Addr

@@ -3,6 +3,9 @@
 //
 //	vppsim --socket PATH [--interface NAME]... [--version TEXT] [--crc NAME=CRC]... [--http ADDR]
 //	       [--interfaces-after DURATION | --interfaces-on-demand] [--reply-delay DURATION] [--hang-up-after N] [--stall]
+//	       [--no-vxlan]
+//
+// --no-vxlan leaves the vxlan plugin's messages out of the message table, as in VPP's minimal build.
 //
 // The fault flags play a real VPP's behaviours and failures for process-level tests: interfaces created
 // by VPP's startup-config appear 2 s after every (re)start (--interfaces-after 2s) or when the test says so
@@ -83,7 +86,8 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 	fs.BoolVar(&o.debug, "debug", false, "log per-connection events")
 	var ifDelay time.Duration
 	fs.DurationVar(&ifDelay, "interfaces-after", 0, "the interfaces appear this long after start and after every restart (VPP's startup-config: 2s)")
-	var ifOnDemand bool
+	var ifOnDemand, noVXLAN bool
+	fs.BoolVar(&noVXLAN, "no-vxlan", false, "no vxlan plugin: its messages are not in the message table (VPP's minimal build)")
 	fs.BoolVar(&ifOnDemand, "interfaces-on-demand", false, "the interfaces appear only on POST /interfaces, after start and after every restart")
 	fs.DurationVar(&o.faults.ReplyDelay, "reply-delay", 0, "delay the processing of every request (a busy VPP)")
 	fs.IntVar(&o.faults.HangUpAfter, "hang-up-after", 0, "close each connection after it received this many messages (0: never)")
@@ -113,7 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (options, vppsim.Config, error)
 		return o, vppsim.Config{}, fmt.Errorf("%w: --interfaces-after and --interfaces-on-demand exclude each other", errUsage)
 	}
 	cfg := vppsim.Config{Interfaces: o.interfaces, Version: o.version, InterfaceDelay: ifDelay,
-		InterfacesOnDemand: ifOnDemand}
+		InterfacesOnDemand: ifOnDemand, NoVXLAN: noVXLAN}
 	for _, kv := range o.crcs {
 		name, crc, ok := strings.Cut(kv, "=")
 		if !ok || name == "" {

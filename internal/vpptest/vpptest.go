@@ -62,6 +62,10 @@ type Options struct {
 	// CountRequests makes RequestCounts work against a real VPP too (VPP's API trace, on from the start);
 	// the simulator always counts.
 	CountRequests bool
+	// VXLAN gives VPP the vxlan plugin where it can: the simulator's message table has its messages
+	// (without VXLAN it has none, as VPP's minimal build), a real VPP loads vxlan_plugin.so when its
+	// package has it (the lab build; the minimal one has no plugins). HasVXLAN says which.
+	VXLAN bool
 }
 
 // VPP is one VPP of a test, simulated or real.
@@ -73,6 +77,7 @@ type VPP struct {
 	sim    *vppsim.Sim
 	proc   *vppproc.VPP
 	sock   string
+	vxlan  bool
 }
 
 // StartupDelay is how long after a (re)start a real VPP creates its startup-config interfaces.
@@ -104,7 +109,8 @@ func (v *VPP) Start() {
 		v.t.Fatal("vpptest: VPP already started")
 	}
 	if !Real() {
-		cfg := vppsim.Config{Interfaces: v.interfaces(), Version: "26.06-sim", InterfacesOnDemand: v.opts.LateUplink}
+		cfg := vppsim.Config{Interfaces: v.interfaces(), Version: "26.06-sim", InterfacesOnDemand: v.opts.LateUplink,
+			NoVXLAN: !v.opts.VXLAN}
 		sim, err := vppsim.New(cfg)
 		if err != nil {
 			v.t.Fatal(err)
@@ -114,6 +120,7 @@ func (v *VPP) Start() {
 		}
 		v.t.Cleanup(func() { sim.Close() })
 		v.sim = sim
+		v.vxlan = v.opts.VXLAN
 		return
 	}
 	bin, err := vppproc.Find()
@@ -126,7 +133,16 @@ func (v *VPP) Start() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: v.dir, Setup: setup, APITrace: v.opts.CountRequests})
+	var plugins []string
+	if v.opts.VXLAN {
+		if dir, err := bin.PluginDir(); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, vxlanPlugin)); err == nil {
+				plugins = []string{vxlanPlugin}
+			}
+		}
+	}
+	v.vxlan = len(plugins) > 0
+	p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: v.dir, Setup: setup, APITrace: v.opts.CountRequests, Plugins: plugins})
 	if err != nil {
 		v.t.Fatal(err)
 	}
@@ -141,6 +157,13 @@ func (v *VPP) Start() {
 		}
 	}
 }
+
+// vxlanPlugin is the file of VPP's vxlan plugin.
+const vxlanPlugin = "vxlan_plugin.so"
+
+// HasVXLAN reports whether VPP has the vxlan plugin (Options.VXLAN, and for a real VPP a package that
+// has it).
+func (v *VPP) HasVXLAN() bool { return v.vxlan }
 
 // interfaces are the names of sw_if_index 1, 2, ...
 func (v *VPP) interfaces() []string {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -98,7 +99,12 @@ type Config struct {
 	Dir string
 	// HeapMB is each VPP's main heap; 0 means 128 (the smallest that starts; plenty for a few routes).
 	HeapMB int
+	// VXLAN loads the vxlan plugin (VXLANPlugin) into the node VPPs as well.
+	VXLAN bool
 }
+
+// VXLANPlugin is the file of VPP's vxlan plugin, which the lab build has.
+const VXLANPlugin = "vxlan_plugin.so"
 
 // PodInterface is the loopback that holds a node's pod addresses.
 const PodInterface = "loop1"
@@ -146,6 +152,10 @@ func Start(ctx context.Context, bin vppproc.Binaries, cfg Config) (*Topology, er
 		cfg.HeapMB = 128
 	}
 	t := &Topology{Kind: cfg.Kind}
+	nodePlugins := plugins
+	if cfg.VXLAN {
+		nodePlugins = append(slices.Clone(plugins), VXLANPlugin)
+	}
 	var switchSetup []string
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := newNode(cfg.Kind, i)
@@ -181,7 +191,7 @@ func Start(ctx context.Context, bin vppproc.Binaries, cfg Config) (*Topology, er
 				"ip route add ::/0 via "+n.Gateway6.String()+" "+UplinkInterface)
 		}
 		p, err := vppproc.Start(ctx, bin, vppproc.Options{Dir: filepath.Join(cfg.Dir, n.Name), Setup: setup,
-			Plugins: plugins, InterruptMode: true, HeapMB: cfg.HeapMB})
+			Plugins: nodePlugins, InterruptMode: true, HeapMB: cfg.HeapMB})
 		if err != nil {
 			t.Stop()
 			return nil, fmt.Errorf("start %s's VPP: %w", n.Name, err)

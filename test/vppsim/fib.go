@@ -481,6 +481,8 @@ type iface struct {
 	addrs   []netip.Prefix // address with prefix length, host bits kept
 	// tunnel is set for an IPIP tunnel's interface (tunnel.go).
 	tunnel *ipipTunnel
+	// vxlan is set for a VXLAN tunnel's interface (vxlan.go).
+	vxlan *vxlanTunnel
 	// unnumbered is the index whose addresses this interface borrows; nil if none.
 	unnumbered *uint32
 	// mtu is the L3/IPv4/IPv6/MPLS MTU as set by sw_interface_set_mtu; nil: the default.

@@ -153,6 +153,9 @@ func ifaceDetails(ifc *iface) *interfaces.SwInterfaceDetails {
 	if ifc.tunnel != nil {
 		tunnelDetails(d)
 	}
+	if ifc.vxlan != nil {
+		vxlanDetails(d)
+	}
 	return d
 }
 

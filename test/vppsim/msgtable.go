@@ -16,6 +16,7 @@ import (
 	"go.fd.io/govpp/binapi/teib"
 	"go.fd.io/govpp/binapi/vlib"
 	"go.fd.io/govpp/binapi/vpe"
+	"go.fd.io/govpp/binapi/vxlan"
 )
 
 // memclntOrder is the order of the messages in VPP's memclnt.api. VPP numbers
@@ -56,10 +57,11 @@ var memclntOrder = []string{
 const firstDynamicID = 29
 
 // binapiPackages are the binapi packages whose messages the simulator
-// advertises after memclnt, in id order. Messages without a handler get no
-// reply, as in a VPP that has no handler registered for them.
-func binapiPackages() [][]api.Message {
-	return [][]api.Message{
+// advertises after memclnt, in id order, those of the vxlan plugin only with
+// vxlan. Messages without a handler get no reply, as in a VPP that has no
+// handler registered for them.
+func binapiPackages(withVXLAN bool) [][]api.Message {
+	pkgs := [][]api.Message{
 		vlib.AllMessages(),
 		vpe.AllMessages(),
 		interfaces.AllMessages(),
@@ -69,6 +71,10 @@ func binapiPackages() [][]api.Message {
 		ipip.AllMessages(),
 		teib.AllMessages(),
 	}
+	if withVXLAN {
+		pkgs = append(pkgs, vxlan.AllMessages())
+	}
+	return pkgs
 }
 
 // handlerFunc processes one decoded request on connection c. ctx is the
@@ -116,8 +122,9 @@ func (t *msgTable) id(name string) uint16 {
 
 // buildMsgTable numbers memclnt as real VPP does and every other message from
 // firstDynamicID in a stable order, or in an order shuffled by seed when seed
-// is not zero. CRC overrides replace the advertised CRC of a message.
-func buildMsgTable(overrides map[string]string, seed int64) (*msgTable, error) {
+// is not zero. CRC overrides replace the advertised CRC of a message. withVXLAN
+// includes the vxlan plugin's messages.
+func buildMsgTable(overrides map[string]string, seed int64, withVXLAN bool) (*msgTable, error) {
 	mem := make(map[string]api.Message)
 	for _, m := range memclnt.AllMessages() {
 		mem[m.GetMessageName()] = m
@@ -138,7 +145,7 @@ func buildMsgTable(overrides map[string]string, seed int64) (*msgTable, error) {
 		seen[m.GetMessageName()] = true
 	}
 	var dynamic []api.Message
-	for _, pkg := range binapiPackages() {
+	for _, pkg := range binapiPackages(withVXLAN) {
 		for _, m := range pkg {
 			if seen[m.GetMessageName()] {
 				continue // the same message in two packages: first one wins

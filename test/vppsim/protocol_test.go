@@ -115,11 +115,11 @@ func TestHandshakeMessageTable(t *testing.T) {
 }
 
 func TestMessageOrderSeed(t *testing.T) {
-	a, err := buildMsgTable(nil, 0)
+	a, err := buildMsgTable(nil, 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := buildMsgTable(nil, 42)
+	b, err := buildMsgTable(nil, 42, true)
 	if err != nil {
 		t.Fatal(err)
 	}

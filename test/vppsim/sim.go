@@ -79,6 +79,9 @@ type Config struct {
 	// (local0 is there at once): a test that must see a client wait for
 	// its interface decides when the wait ends. It overrides InterfaceDelay.
 	InterfacesOnDemand bool
+	// NoVXLAN leaves the vxlan plugin's messages out of the message table, as in VPP's minimal build
+	// (no plugins): a client that checks for them finds them missing.
+	NoVXLAN bool
 }
 
 // Faults are switchable misbehaviours, applied from the next message on.
@@ -130,8 +133,10 @@ type Sim struct {
 	ifaces        []*iface // indexed by sw_if_index
 	ifacePrefixes map[netip.Prefix]struct{}
 	statsIndex    uint32
-	lateIfaces    *time.Timer // creates the interfaces after InterfaceDelay; nil when none is due
-	teib          []teibEntry // TEIB entries, in the order added (tunnel.go)
+	lateIfaces    *time.Timer         // creates the interfaces after InterfaceDelay; nil when none is due
+	teib          []teibEntry         // TEIB entries, in the order added (tunnel.go)
+	neighbors     []neighbor          // IP neighbours added over the API, in the order added (vxlan.go)
+	nexts         map[string][]string // graph nodes' nexts changed by add_node_next (vxlan.go)
 
 	rmu    sync.Mutex // guards the request log below
 	reqs   []Request
@@ -159,7 +164,7 @@ func New(cfg Config) (*Sim, error) {
 	if len(cfg.Version) >= 32 {
 		return nil, fmt.Errorf("version %q: must be shorter than 32 bytes", cfg.Version)
 	}
-	table, err := buildMsgTable(cfg.CRCOverrides, cfg.MessageOrderSeed)
+	table, err := buildMsgTable(cfg.CRCOverrides, cfg.MessageOrderSeed, !cfg.NoVXLAN)
 	if err != nil {
 		return nil, err
 	}
@@ -387,6 +392,7 @@ func (s *Sim) Restart() error {
 	s.stop()
 	s.mu.Lock()
 	s.reset()
+	s.dropVXLAN()
 	s.dropTunnels()
 	s.mu.Unlock()
 	return s.listen(path)
