@@ -160,7 +160,7 @@ func explainCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return err
 	}
 	defer cli.Close()
-	snap, err := listOnce(ctx, &ef, cli)
+	snap, err := listOnce(ctx, &ef, cli, node)
 	if err != nil {
 		return err
 	}
