@@ -2,16 +2,20 @@ package cni_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +30,9 @@ const daemonMemoryLimit = 128 << 20
 // requests of the largest size slowly, do not take the daemon's memory past the DaemonSet's limit,
 // and real ADDs and DELs through the plugin are answered meanwhile within a generous bound. Before
 // the daemon bounded its connections and request bytes, 150 slow large requests alone held more
-// than the limit.
+// than the limit. The attackers run in a process of their own (this test binary again, see
+// runAttacker), as they would on a node: in the test process they would starve the embedded etcd,
+// whose silence the daemon rightly reports as an etcd outage.
 func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 	e := newEnv(t)
 	e.putPool("p", "10.244.0.0/16", 26)
@@ -39,8 +45,80 @@ func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 		t.Fatalf("ADD before the attack: %+v", got)
 	}
 
-	ctx, stop := context.WithTimeout(context.Background(), 60*time.Second)
+	attacker := exec.Command(os.Args[0])
+	attacker.Env = append(os.Environ(), attackSockEnv+"="+sock)
+	var out strings.Builder
+	attacker.Stdout, attacker.Stderr = &out, &out
+	if err := attacker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer attacker.Process.Kill()
+	attackStart := time.Now()
+
+	// Real requests while the attack runs.
+	time.Sleep(time.Second)
+	var took []time.Duration
+	for i := range 10 {
+		cid := "real" + strconv.Itoa(i)
+		for _, verb := range []string{"ADD", "DEL"} {
+			start := time.Now()
+			got := runBinary(t, plugin, cniEnv(verb, cid, "eth0", "/x", ""), conf)
+			d := time.Since(start)
+			took = append(took, d)
+			if got.exit != 0 {
+				t.Errorf("%s %s during the attack: %+v", verb, cid, got)
+			}
+			// Generous: unattacked, a call takes a few ms here.
+			if d > 3*time.Second {
+				t.Errorf("%s %s during the attack took %v", verb, cid, d)
+			}
+		}
+	}
+	// The attack lasts 10 s at least, whatever the real calls took: long enough to fill what the daemon
+	// lets connections buffer, many times over.
+	time.Sleep(time.Until(attackStart.Add(10 * time.Second)))
+	hwm, err := vmHWM(cmd.Process.Pid)
+	attacker.Process.Signal(syscall.SIGTERM)
+	if werr := attacker.Wait(); werr != nil {
+		t.Fatalf("attacker: %v\n%s", werr, out.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n attackCounts
+	if err := json.Unmarshal([]byte(lastLine(out.String())), &n); err != nil {
+		t.Fatalf("attacker's counts: %v\n%s", err, out.String())
+	}
+	slices.Sort(took)
+	t.Logf("attack: %d idle connections, %d slow ones (%d MiB sent); real calls: median %v, max %v; daemon peak RSS %d MiB",
+		n.Idle, n.Slow, n.SlowBytes>>20, took[len(took)/2], took[len(took)-1], hwm>>20)
+	if hwm >= daemonMemoryLimit {
+		t.Errorf("the daemon's peak RSS %d MiB, over the DaemonSet's limit of %d MiB", hwm>>20, daemonMemoryLimit>>20)
+	}
+	if n.Idle < 1500 || n.SlowBytes < 150<<20 {
+		t.Errorf("the attack did not run: %d idle connections, %d MiB sent slowly", n.Idle, n.SlowBytes>>20)
+	}
+	if got := runBinary(t, plugin, cniEnv("ADD", "after", "eth0", "/x", ""), conf); got.exit != 0 {
+		t.Errorf("ADD after the attack: %+v", got)
+	}
+}
+
+// attackSockEnv names the socket the test binary attacks when started as the attacker (runMain).
+const attackSockEnv = "BLOCK_IPAM_TEST_ATTACK_SOCKET"
+
+// attackCounts is what the attacker did, printed as JSON on its last line.
+type attackCounts struct {
+	Idle, Slow, SlowBytes int64
+}
+
+// runAttacker attacks the daemon's socket until SIGTERM (at most 60 s): 1,500 clients that connect and
+// send nothing, connecting again when the daemon closes them, and 150 that send requests of almost
+// MaxFrame bytes, 64 KiB every 10 ms. It prints its counts and returns the exit status.
+func runAttacker(sock string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	var idleConns, slowConns, slowBytes atomic.Int64
 	dial := func() net.Conn {
@@ -54,7 +132,6 @@ func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 		}
 		return nil
 	}
-	// Idle clients: connect, send nothing, connect again when the daemon closes the connection.
 	for range 1500 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -70,7 +147,6 @@ func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 			}
 		})
 	}
-	// Slow clients: a request whose stdin record says almost MaxFrame bytes, 64 KiB every 10 ms.
 	for range 150 {
 		wg.Go(func() {
 			size := shim.MaxFrame - 100
@@ -99,44 +175,16 @@ func TestSocketAttackWithinMemoryLimit(t *testing.T) {
 			}
 		})
 	}
-
-	// Real requests while the attack runs.
-	time.Sleep(time.Second)
-	var took []time.Duration
-	for i := range 10 {
-		cid := "real" + strconv.Itoa(i)
-		for _, verb := range []string{"ADD", "DEL"} {
-			start := time.Now()
-			got := runBinary(t, plugin, cniEnv(verb, cid, "eth0", "/x", ""), conf)
-			d := time.Since(start)
-			took = append(took, d)
-			if got.exit != 0 {
-				t.Errorf("%s %s during the attack: %+v", verb, cid, got)
-			}
-			// Generous: unattacked, a call takes a few ms here.
-			if d > 3*time.Second {
-				t.Errorf("%s %s during the attack took %v", verb, cid, d)
-			}
-		}
-	}
-	hwm, err := vmHWM(cmd.Process.Pid)
-	stop()
 	wg.Wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(took)
-	t.Logf("attack: %d idle connections, %d slow ones (%d MiB sent); real calls: median %v, max %v; daemon peak RSS %d MiB",
-		idleConns.Load(), slowConns.Load(), slowBytes.Load()>>20, took[len(took)/2], took[len(took)-1], hwm>>20)
-	if hwm >= daemonMemoryLimit {
-		t.Errorf("the daemon's peak RSS %d MiB, over the DaemonSet's limit of %d MiB", hwm>>20, daemonMemoryLimit>>20)
-	}
-	if idleConns.Load() < 1500 || slowBytes.Load() < 150<<20 {
-		t.Errorf("the attack did not run: %d idle connections, %d MiB sent slowly", idleConns.Load(), slowBytes.Load()>>20)
-	}
-	if got := runBinary(t, plugin, cniEnv("ADD", "after", "eth0", "/x", ""), conf); got.exit != 0 {
-		t.Errorf("ADD after the attack: %+v", got)
-	}
+	b, _ := json.Marshal(attackCounts{Idle: idleConns.Load(), Slow: slowConns.Load(), SlowBytes: slowBytes.Load()})
+	fmt.Println(string(b))
+	return 0
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndexByte(s, '\n')+1:]
 }
 
 // vmHWM returns a process's peak resident set size.

@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if sock := os.Getenv(attackSockEnv); sock != "" {
+		return runAttacker(sock) // this binary started as TestSocketAttackWithinMemoryLimit's attacker
+	}
 	dir, err := os.MkdirTemp("", "block-ipam-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
