@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
+	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
 	"go.fd.io/govpp/adapter/socketclient"
@@ -13,29 +15,49 @@ import (
 
 // ForwardGoVPPLogs sends what GoVPP logs (through its own global logrus loggers, in core and in the
 // socket adapter) to l, with component=govpp, so that a daemon writes every line in one format: with
-// --log-format json nothing but JSON lines. It sets process-wide state: call it once, from main.
+// --log-format json nothing but JSON lines. GoVPP's loggers are process-wide and read without a lock
+// by its goroutines, so they are set once; a later call (a test running the daemon again in one
+// process) only changes where the entries go.
 func ForwardGoVPPLogs(l *slog.Logger) {
-	lr := newLogrusBridge(l.With("component", "govpp"))
-	core.SetLogger(lr)
-	socketclient.SetLogger(lr)
+	l = l.With("component", "govpp")
+	govppLogs.to.Store(l)
+	govppLogs.once.Do(func() {
+		govppLogs.lr = newLogrusBridge(&govppLogs.to)
+		core.SetLogger(govppLogs.lr)
+		socketclient.SetLogger(govppLogs.lr)
+	})
+	govppLogs.lr.SetLevel(bridgeLevel(l)) // atomic in logrus
 }
 
-// newLogrusBridge returns a logrus logger that writes nothing itself and hands every entry to l. GoVPP
-// logs every message sent and received at debug level, which would slow a resync of 20,000 routes down
-// twentyfold: its debug entries pass only when GoVPP's own switch, DEBUG_GOVPP, is set (and l shows debug).
-func newLogrusBridge(l *slog.Logger) *logrus.Logger {
+// govppLogs is the one bridge GoVPP's loggers are set to.
+var govppLogs struct {
+	once sync.Once
+	lr   *logrus.Logger
+	to   atomic.Pointer[slog.Logger]
+}
+
+// newLogrusBridge returns a logrus logger that writes nothing itself and hands every entry to the
+// logger in to, at the level bridgeLevel gives for it.
+func newLogrusBridge(to *atomic.Pointer[slog.Logger]) *logrus.Logger {
 	lr := logrus.New()
 	lr.SetOutput(io.Discard)
-	lr.SetLevel(logrus.InfoLevel)
-	if os.Getenv(core.DebugEnvVar) != "" && l.Enabled(context.Background(), slog.LevelDebug) {
-		lr.SetLevel(logrus.DebugLevel)
-	}
-	lr.AddHook(slogHook{l})
+	lr.SetLevel(bridgeLevel(to.Load()))
+	lr.AddHook(slogHook{to})
 	return lr
 }
 
+// bridgeLevel is the logrus level entries for l pass at. GoVPP logs every message sent and received at
+// debug level, which would slow a resync of 20,000 routes down twentyfold: its debug entries pass only
+// when GoVPP's own switch, DEBUG_GOVPP, is set (and l shows debug).
+func bridgeLevel(l *slog.Logger) logrus.Level {
+	if os.Getenv(core.DebugEnvVar) != "" && l.Enabled(context.Background(), slog.LevelDebug) {
+		return logrus.DebugLevel
+	}
+	return logrus.InfoLevel
+}
+
 // slogHook forwards logrus entries to slog, mapping the levels and keeping the fields.
-type slogHook struct{ l *slog.Logger }
+type slogHook struct{ to *atomic.Pointer[slog.Logger] }
 
 func (slogHook) Levels() []logrus.Level { return logrus.AllLevels }
 
@@ -53,6 +75,6 @@ func (h slogHook) Fire(e *logrus.Entry) error {
 	for k, v := range e.Data {
 		attrs = append(attrs, slog.Any(k, v))
 	}
-	h.l.LogAttrs(context.Background(), level, e.Message, attrs...)
+	h.to.Load().LogAttrs(context.Background(), level, e.Message, attrs...)
 	return nil
 }
