@@ -370,6 +370,10 @@ func (c *call) retry(ctx context.Context, what string, attempt func(context.Cont
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil && last != nil {
+			// The deadline ended an attempt after races were lost: say so, not only that a write ran out of time.
+			return fmt.Errorf("%s: gave up after %d attempts (%w): %w (last lost: %w)", what, n, ctx.Err(), err, last)
+		}
 		if !errors.Is(err, errConflict) && !errors.Is(err, errUnavailable) {
 			return err
 		}
