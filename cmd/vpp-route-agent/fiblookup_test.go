@@ -41,7 +41,7 @@ func TestFIBLookupLongestPrefixMatch(t *testing.T) {
 		{"10.245.0.1/32", "0.0.0.0/0", drop},
 		{"fd00::1/128", "::/0", drop},
 	} {
-		got, err := fibLookup(ctx, v.Socket(), 10*time.Second, 0, netip.MustParsePrefix(tc.query))
+		got, _, err := fibLookup(ctx, v.Socket(), 10*time.Second, 0, netip.MustParsePrefix(tc.query))
 		if err != nil {
 			t.Errorf("lookup %s: %v", tc.query, err)
 			continue
@@ -50,7 +50,7 @@ func TestFIBLookupLongestPrefixMatch(t *testing.T) {
 			t.Errorf("lookup %s = %s %v, want %s %v", tc.query, got.Prefix, got.Paths, tc.want, tc.paths)
 		}
 	}
-	_, err := fibLookup(ctx, v.Socket(), 10*time.Second, 7, netip.MustParsePrefix("10.244.1.5/32"))
+	_, _, err := fibLookup(ctx, v.Socket(), 10*time.Second, 7, netip.MustParsePrefix("10.244.1.5/32"))
 	if !errors.Is(err, api.NO_SUCH_FIB) {
 		t.Errorf("lookup in a missing table: %v, want NO_SUCH_FIB", err)
 	}
