@@ -98,8 +98,8 @@ type vppInfo struct {
 	Tunnel    *agent.Tunnel `json:"tunnel"`
 	TunnelWhy string        `json:"tunnel_why,omitempty"`
 	Verdict   agent.Verdict `json:"verdict,omitempty"`
-	Detail  string         `json:"detail,omitempty"`
-	Error   string         `json:"error,omitempty"`
+	Detail    string        `json:"detail,omitempty"`
+	Error     string        `json:"error,omitempty"`
 }
 
 type fibLookupJSON struct {
