@@ -330,22 +330,7 @@ func ipipLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptest.V
 	must(calicotest.PutBlock(ctx, cli, calicotest.Block(pfx("10.245.3.0/26"), "node-d", 3)))
 
 	vpp = vpptest.New(t, vpptest.Options{})
-	c, err := vppapi.New(vppapi.Config{Socket: vpp.Socket(), ReplyTimeout: 10 * time.Second, Registerer: prometheus.NewRegistry()})
-	must(err)
-	cctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(cctx) }()
-	defer func() { stop(); <-done }()
-	select {
-	case ev := <-c.Events():
-		if ev.Kind != vppapi.Connected {
-			t.Fatalf("vppapi: %v %v", ev.Kind, ev.Err)
-		}
-	case <-ctx.Done():
-		t.Fatal(ctx.Err())
-	}
-	uplink, err := c.SetupUplink(ctx, vppapi.Uplink{Name: vpp.Uplink(), Addresses: []netip.Prefix{pfx("192.0.2.1/24")}})
-	must(err)
+	c, uplink := vppClient(t, ctx, vpp, pfx("192.0.2.1/24"))
 	tunnel, err = c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr("192.0.2.1"), Dst: addr("198.51.100.2"), Unnumbered: uplink, Tag: agent.TunnelTag})
 	must(err)
 	res := c.Apply(ctx, []vppapi.Route{
@@ -355,6 +340,33 @@ func ipipLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptest.V
 	}, nil)
 	must(res.Err())
 	return srv.Endpoint(), vpp, tunnel
+}
+
+// vppClient connects a vppapi.Client to vpp, as the agent's, until the test ends, and sets up the uplink
+// with address a.
+func vppClient(t *testing.T, ctx context.Context, vpp *vpptest.VPP, a netip.Prefix) (*vppapi.Client, uint32) {
+	t.Helper()
+	c, err := vppapi.New(vppapi.Config{Socket: vpp.Socket(), ReplyTimeout: 10 * time.Second, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(cctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	select {
+	case ev := <-c.Events():
+		if ev.Kind != vppapi.Connected {
+			t.Fatalf("vppapi: %v %v", ev.Kind, ev.Err)
+		}
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	uplink, err := c.SetupUplink(ctx, vppapi.Uplink{Name: vpp.Uplink(), Addresses: []netip.Prefix{a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, uplink
 }
 
 // TestExplainIPIP: explain gives each route's encapsulation and why (the pool's mode, and for
