@@ -292,6 +292,7 @@ func TestExplainVPPUnreachable(t *testing.T) {
 	if err == nil || isUsage(err) || errors.Is(err, errDisagrees) || !strings.Contains(err.Error(), "connect to VPP") {
 		t.Fatalf("explain: %v, want a VPP connection error", err)
 	}
+	t.Log(err)
 	var x explanation
 	if err := json.Unmarshal(out.Bytes(), &x); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
