@@ -19,7 +19,8 @@ import (
 // have is a disagreement with its own reason; what the agent does not program is not judged.
 func TestCheckFIB(t *testing.T) {
 	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
-	block := &DesiredRoute{Prefix: pfx("10.244.1.0/26"), NextHop: addr("192.0.2.2"), Owner: "node-b", Kind: KindBlock, Block: pfx("10.244.1.0/26")}
+	block := &ExplainedRoute{DesiredRoute: DesiredRoute{Prefix: pfx("10.244.1.0/26"), NextHop: addr("192.0.2.2"), Owner: "node-b", Kind: KindBlock,
+		Block: pfx("10.244.1.0/26")}}
 	via := func(p, nh string) vppapi.FIBEntry {
 		return vppapi.FIBEntry{Prefix: pfx(p), Paths: []vppapi.Path{{NextHop: addr(nh), SwIfIndex: 1}}}
 	}
@@ -47,10 +48,107 @@ func TestCheckFIB(t *testing.T) {
 		{"nothing expected", NodeRoutes{Why: "outside every managed IP pool"}, drop, VerdictAgrees, "no agent route expected"},
 		{"outside the pools", NodeRoutes{Why: "outside every managed IP pool"}, via("10.0.0.0/8", "192.0.2.254"), VerdictAgrees, "no agent route expected"},
 	} {
-		v, why := CheckFIB(tc.want, q, tc.got, managed)
+		v, why := CheckFIB(tc.want, q, tc.got, managed, nil)
 		if v != tc.v || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: %s %q, want %s %q", tc.name, v, why, tc.v, tc.why)
 		}
+	}
+}
+
+// TestCheckFIBEncap: an IPIP route agrees when VPP's path goes through the agent's IPIP tunnel to the
+// route's next hop (no next hop on the path), and disagrees, naming why, when it goes flat, through a
+// tunnel to another peer, through another's tunnel, or through a tunnel where a flat route is due; a
+// VXLAN route's path through the agent's VXLAN tunnel may carry the peer as next hop; a route of a pool
+// whose modes are in question agrees either way.
+func TestCheckFIBEncap(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	route := func(e calico.Encap, problem bool) *ExplainedRoute {
+		return &ExplainedRoute{DesiredRoute: DesiredRoute{Prefix: pfx("10.244.1.0/26"), NextHop: addr("198.51.100.2"), Owner: "node-b",
+			Kind: KindBlock, Block: pfx("10.244.1.0/26"), Encap: e, EncapProblem: problem}}
+	}
+	tunnels := Tunnels{}
+	tunnels.AddIPIP([]vppapi.IPIPTunnel{
+		{SwIfIndex: 3, Instance: 0, Src: addr("192.0.2.1"), Dst: addr("198.51.100.2"), Tag: TunnelTag},
+		{SwIfIndex: 4, Instance: 1, Src: addr("192.0.2.1"), Dst: addr("198.51.100.9"), Tag: TunnelTag},
+		{SwIfIndex: 5, Instance: 7, Src: addr("192.0.2.77"), Dst: addr("198.51.100.2")}, // an operator's
+	})
+	tunnels[6] = Tunnel{SwIfIndex: 6, Name: "vxlan_tunnel0", Encap: calico.EncapVXLAN, Peer: addr("198.51.100.2"), Agent: true}
+	through := func(idx uint32, nh string) vppapi.FIBEntry {
+		p := vppapi.Path{SwIfIndex: idx}
+		if nh != "" {
+			p.NextHop = addr(nh)
+		}
+		return vppapi.FIBEntry{Prefix: pfx("10.244.1.0/26"), Paths: []vppapi.Path{p}}
+	}
+	q := pfx("10.244.1.7/32")
+	managed := []netip.Prefix{pfx("10.244.0.0/16")}
+	for _, tc := range []struct {
+		name  string
+		route *ExplainedRoute
+		got   vppapi.FIBEntry
+		v     Verdict
+		why   string
+	}{
+		{"ipip through the agent's tunnel", route(calico.EncapIPIP, false), through(3, ""), VerdictAgrees, "through the agent's tunnel ipip0 (sw_if_index 3, IPIP to 198.51.100.2), as it should"},
+		{"ipip gone flat", route(calico.EncapIPIP, false), through(1, "198.51.100.2"), VerdictDisagrees, "goes flat (via 198.51.100.2 sw_if_index 1) where IPIP through a tunnel to 198.51.100.2 is due"},
+		{"ipip to another peer", route(calico.EncapIPIP, false), through(4, ""), VerdictDisagrees, "goes through tunnel ipip1 (sw_if_index 4, IPIP to 198.51.100.9), not to 198.51.100.2"},
+		{"ipip through another's tunnel", route(calico.EncapIPIP, false), through(5, ""), VerdictDisagrees, "not the agent's"},
+		{"ipip through an unknown interface", route(calico.EncapIPIP, false), through(9, ""), VerdictDisagrees, "foreign entry"},
+		{"flat through a tunnel", route(calico.EncapNone, false), through(3, ""), VerdictDisagrees, "goes through tunnel ipip0 (sw_if_index 3, IPIP to 198.51.100.2) where a flat route via 198.51.100.2 is due"},
+		{"ipip where vxlan is due", route(calico.EncapVXLAN, false), through(3, ""), VerdictDisagrees, "where VXLAN is due"},
+		{"vxlan with the VTEP as next hop", route(calico.EncapVXLAN, false), through(6, "198.51.100.2"), VerdictAgrees, "vxlan_tunnel0"},
+		{"in question, flat", route(calico.EncapIPIP, true), through(1, "198.51.100.2"), VerdictAgrees, "as it should"},
+		{"in question, tunnelled", route(calico.EncapNone, true), through(3, ""), VerdictAgrees, "as it should"},
+		{"ipip missing", route(calico.EncapIPIP, false), vppapi.FIBEntry{Prefix: pfx("0.0.0.0/0"), Paths: []vppapi.Path{{SwIfIndex: ^uint32(0), Type: vppapi.PathDrop}}},
+			VerdictDisagrees, "VPP has no route 10.244.1.0/26 through the agent's tunnel ipip0"},
+	} {
+		v, why := CheckFIB(NodeRoutes{Forwarding: tc.route}, q, tc.got, managed, tunnels)
+		if v != tc.v || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: %s %q, want %s %q", tc.name, v, why, tc.v, tc.why)
+		}
+	}
+	// Without the tunnels (the dump failed), a route through a tunnel cannot be told from a foreign one.
+	if v, _ := CheckFIB(NodeRoutes{Forwarding: route(calico.EncapIPIP, false)}, q, through(3, ""), managed, nil); v != VerdictDisagrees {
+		t.Errorf("without tunnels: %s, want disagrees", v)
+	}
+	// A stale route through the agent's tunnel is the agent's shape.
+	if v, why := CheckFIB(NodeRoutes{Why: "no owning node"}, q, through(3, ""), managed, tunnels); v != VerdictDisagrees || !strings.Contains(why, "should not have") {
+		t.Errorf("stale tunnel route: %s %q", v, why)
+	}
+}
+
+// TestExplainEncapWhy: each route says why it has its encapsulation: the pool's modes, and for
+// CrossSubnet the next hop against the node's subnet (its Calico Node's), or that the subnet is unknown.
+func TestExplainEncapWhy(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	snap := snapOf([]*blockwatch.Block{
+		{CIDR: pfx("10.244.1.0/26"), Owner: calico.Owner{Kind: calico.OwnerHost, Node: "b"}},
+		{CIDR: pfx("10.244.2.0/26"), Owner: calico.Owner{Kind: calico.OwnerHost, Node: "c"}},
+		{CIDR: pfx("10.246.1.0/26"), Owner: calico.Owner{Kind: calico.OwnerHost, Node: "b"}},
+	}, map[string]blockwatch.Peer{"a": {IPv4: addr("192.0.2.1")}, "b": {IPv4: addr("198.51.100.2")}, "c": {IPv4: addr("192.0.2.3")}})
+	snap.Pools = map[string]calico.IPPool{
+		"cross": {Name: "cross", CIDR: pfx("10.244.0.0/16"), BlockSize: 26, IPIPMode: calico.EncapCrossSubnet, VXLANMode: calico.EncapNever},
+		"flat":  {Name: "flat", CIDR: pfx("10.246.0.0/16"), BlockSize: 26, IPIPMode: calico.EncapNever, VXLANMode: calico.EncapNever},
+	}
+	snap.Nodes = map[string]calico.Node{"a": {Name: "a", V4: calico.NodeFamily{Subnet: pfx("192.0.2.0/24")}}}
+	re := ExplainRoutes(snap, pfx("10.0.0.0/8"), Options{NodeName: "a"})
+	want := map[string]string{
+		"10.244.1.0/26": "pool cross has ipipMode CrossSubnet and vxlanMode Never (ipip across subnets) and peer IP 198.51.100.2 is outside the node's subnet 192.0.2.0/24: ipip",
+		"10.244.2.0/26": "pool cross has ipipMode CrossSubnet and vxlanMode Never (ipip across subnets) and peer IP 192.0.2.3 is inside the node's subnet 192.0.2.0/24: no encapsulation",
+		"10.246.1.0/26": "pool flat has ipipMode Never and vxlanMode Never: no encapsulation",
+	}
+	if len(re.This.Routes) != len(want) {
+		t.Fatalf("routes %+v", re.This.Routes)
+	}
+	for _, r := range re.This.Routes {
+		if r.EncapWhy != want[r.Prefix.String()] {
+			t.Errorf("%s: encap %s because %q, want %q", r.Prefix, r.Encap, r.EncapWhy, want[r.Prefix.String()])
+		}
+	}
+	// Node c has no Calico Node: its subnet is unknown, and CrossSubnet encapsulates.
+	re = ExplainRoutes(snap, pfx("10.244.1.0/26"), Options{NodeName: "c"})
+	if f := re.This.Forwarding; f == nil || f.Encap != calico.EncapIPIP || !strings.Contains(f.EncapWhy, "the node's subnet is unknown") {
+		t.Errorf("node c: %+v", re.This.Forwarding)
 	}
 }
 
@@ -114,7 +212,14 @@ func TestExplainRoutesMatchesView(t *testing.T) {
 				v := View(snap, Options{NodeName: n})
 				wantR := slices.DeleteFunc(slices.Clone(v.Desired), func(r DesiredRoute) bool { return !r.Prefix.Overlaps(q) })
 				wantU := slices.DeleteFunc(slices.Clone(v.Unresolved), func(u Unresolved) bool { return !u.Prefix.Overlaps(q) })
-				if !reflect.DeepEqual(g.Routes, append([]DesiredRoute{}, wantR...)) || !reflect.DeepEqual(g.Unresolved, append([]Unresolved{}, wantU...)) {
+				gotR := []DesiredRoute{}
+				for _, r := range g.Routes {
+					gotR = append(gotR, r.DesiredRoute)
+					if r.EncapWhy == "" {
+						t.Fatalf("round %d, node %s: route %s has no encap_why", round, n, r.Prefix)
+					}
+				}
+				if !reflect.DeepEqual(gotR, append([]DesiredRoute{}, wantR...)) || !reflect.DeepEqual(g.Unresolved, append([]Unresolved{}, wantU...)) {
 					t.Fatalf("round %d, node %s, query %s: explain %+v %+v, view %+v %+v", round, n, q, g.Routes, g.Unresolved, wantR, wantU)
 				}
 				if g.Forwarding == nil && !g.Local && g.Why == "" {

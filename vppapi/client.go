@@ -77,7 +77,7 @@ func routeSourceMessages() []api.Message {
 func requestMessageNames() []string {
 	var names []string
 	for _, m := range slices.Concat(usedMessages(), tunnelMessages(), routeSourceMessages(), interfaceEventMessages(),
-		neighborMessages(), vxlanMessages()) {
+		neighborMessages(), vxlanMessages(), lookupMessages()) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -334,7 +334,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 
-	compatErr := checkCompatibility(conn, slices.Concat(usedMessages(), tunnelMessages(), neighborMessages())...)
+	compatErr := checkCompatibility(conn, slices.Concat(usedMessages(), tunnelMessages(), neighborMessages(), lookupMessages())...)
 	sess.version = "unknown"
 	var missing []string
 	var cerr *api.CompatibilityError

@@ -93,9 +93,13 @@ type vppInfo struct {
 	Socket  string         `json:"socket"`
 	TableID uint32         `json:"table_id"`
 	Lookup  *fibLookupJSON `json:"lookup"`
-	Verdict agent.Verdict  `json:"verdict,omitempty"`
-	Detail  string         `json:"detail,omitempty"`
-	Error   string         `json:"error,omitempty"`
+	// Tunnel is, for an encapsulated route of this node, the agent's tunnel to its next hop as VPP has
+	// it; nil with TunnelWhy when VPP has none (or the route is flat: both empty).
+	Tunnel    *agent.Tunnel `json:"tunnel"`
+	TunnelWhy string        `json:"tunnel_why,omitempty"`
+	Verdict   agent.Verdict `json:"verdict,omitempty"`
+	Detail    string        `json:"detail,omitempty"`
+	Error     string        `json:"error,omitempty"`
 }
 
 type fibLookupJSON struct {
@@ -107,6 +111,8 @@ type pathJSON struct {
 	NextHop   *string `json:"next_hop"`
 	SwIfIndex *uint32 `json:"sw_if_index"`
 	Type      string  `json:"type"`
+	// Tunnel is the name of the tunnel interface the path goes through, nil if none.
+	Tunnel *string `json:"tunnel"`
 }
 
 // explainCmd prints, for one address or prefix, what etcd says about it and the routes every node
@@ -179,13 +185,20 @@ func explainCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	var vppErr error
 	if *vppSocket != "" {
 		x.VPP = &vppInfo{Socket: *vppSocket, TableID: *tableID}
-		got, err := fibLookup(ctx, *vppSocket, *vppTimeout, *tableID, q)
+		got, tunnels, err := fibLookup(ctx, *vppSocket, *vppTimeout, *tableID, q)
 		if err != nil {
 			x.VPP.Error = err.Error()
 			vppErr = err
 		} else {
-			x.VPP.Lookup = lookupJSON(got)
-			x.VPP.Verdict, x.VPP.Detail = agent.CheckFIB(x.ThisNode, q, got, agent.ManagedPools(snap, pools))
+			x.VPP.Lookup = lookupJSON(got, tunnels)
+			if f := x.ThisNode.Forwarding; f != nil && f.Encap != calico.EncapNone {
+				if t, ok := tunnels.To(f.Encap, f.NextHop); ok {
+					x.VPP.Tunnel = &t
+				} else {
+					x.VPP.TunnelWhy = fmt.Sprintf("VPP has no %s tunnel of the agent (tag %q) to %s", f.Encap, agent.TunnelTag, f.NextHop)
+				}
+			}
+			x.VPP.Verdict, x.VPP.Detail = agent.CheckFIB(x.ThisNode, q, got, agent.ManagedPools(snap, pools), tunnels)
 		}
 	}
 	if *output == "json" {
@@ -386,7 +399,7 @@ func readAllocation(ctx context.Context, cli *clientv3.Client, ef *etcdFlags, sn
 	return nil
 }
 
-func lookupJSON(e vppapi.FIBEntry) *fibLookupJSON {
+func lookupJSON(e vppapi.FIBEntry, tunnels agent.Tunnels) *fibLookupJSON {
 	out := &fibLookupJSON{Prefix: e.Prefix.String(), Paths: []pathJSON{}}
 	for _, p := range e.Paths {
 		pj := pathJSON{Type: p.Type.String()}
@@ -397,6 +410,9 @@ func lookupJSON(e vppapi.FIBEntry) *fibLookupJSON {
 		if p.SwIfIndex != ^uint32(0) {
 			idx := p.SwIfIndex
 			pj.SwIfIndex = &idx
+		}
+		if t, ok := tunnels[p.SwIfIndex]; ok {
+			pj.Tunnel = &t.Name
 		}
 		out.Paths = append(out.Paths, pj)
 	}
@@ -515,6 +531,7 @@ func writeExplanation(w io.Writer, x explanation) {
 		switch {
 		case g.Forwarding != nil:
 			fmt.Fprintf(w, "    %s\n", routeLine(*g.Forwarding))
+			fmt.Fprintf(w, "      because %s\n", g.Forwarding.EncapWhy)
 		default:
 			fmt.Fprintf(w, "    no route: %s\n", g.Why)
 		}
@@ -541,20 +558,31 @@ func writeExplanation(w io.Writer, x explanation) {
 			if p.NextHop != nil {
 				paths[i] = "via " + *p.NextHop
 			}
-			if p.SwIfIndex != nil {
+			switch {
+			case p.Tunnel != nil && p.NextHop != nil:
+				paths[i] = fmt.Sprintf("through %s (sw_if_index %d) via %s", *p.Tunnel, *p.SwIfIndex, *p.NextHop)
+			case p.Tunnel != nil:
+				paths[i] = fmt.Sprintf("through %s (sw_if_index %d)", *p.Tunnel, *p.SwIfIndex)
+			case p.SwIfIndex != nil:
 				paths[i] += fmt.Sprintf(" sw_if_index %d", *p.SwIfIndex)
 			}
 		}
 		fmt.Fprintf(w, "  table %d, ip_route_lookup %s: %s %s\n", v.TableID, x.Query, v.Lookup.Prefix, strings.Join(paths, ", "))
+		switch t := v.Tunnel; {
+		case t != nil:
+			fmt.Fprintf(w, "  tunnel %s (sw_if_index %d): %s %s -> %s, the agent's\n", t.Name, t.SwIfIndex, t.Encap, t.Source, t.Peer)
+		case v.TunnelWhy != "":
+			fmt.Fprintf(w, "  tunnel: %s\n", v.TunnelWhy)
+		}
 		fmt.Fprintf(w, "  %s: %s\n", strings.ToUpper(string(v.Verdict)), v.Detail)
 	}
 }
 
-func routeLine(r agent.DesiredRoute) string {
+func routeLine(r agent.ExplainedRoute) string {
 	if r.Kind == agent.KindBorrowed {
-		return fmt.Sprintf("%s via %s: address borrowed by %s from block %s", r.Prefix, r.NextHop, r.Owner, r.Block)
+		return fmt.Sprintf("%s via %s: address borrowed by %s from block %s, encap %s", r.Prefix, r.NextHop, r.Owner, r.Block, r.Encap)
 	}
-	return fmt.Sprintf("%s via %s: block of %s", r.Prefix, r.NextHop, r.Owner)
+	return fmt.Sprintf("%s via %s: block of %s, encap %s", r.Prefix, r.NextHop, r.Owner, r.Encap)
 }
 
 func nodeList(nodes []string) string {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -17,6 +18,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
+	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
 // explainLab writes a small cluster into etcd: this node node-a (owner of 10.244.0.0/26), node-b
@@ -290,6 +292,7 @@ func TestExplainVPPUnreachable(t *testing.T) {
 	if err == nil || isUsage(err) || errors.Is(err, errDisagrees) || !strings.Contains(err.Error(), "connect to VPP") {
 		t.Fatalf("explain: %v, want a VPP connection error", err)
 	}
+	t.Log(err)
 	var x explanation
 	if err := json.Unmarshal(out.Bytes(), &x); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
@@ -297,4 +300,141 @@ func TestExplainVPPUnreachable(t *testing.T) {
 	if x.VPP == nil || !strings.Contains(x.VPP.Error, "connect to VPP") || x.VPP.Lookup != nil || x.ThisNode.Why == "" {
 		t.Errorf("vpp %+v this node %+v", x.VPP, x.ThisNode)
 	}
+}
+
+// ipipLab writes a cluster whose pool "tunnelled" (10.245.0.0/16) has ipipMode CrossSubnet: this node
+// node-a (uplink 192.0.2.1/24) reaches node-b (198.51.100.2, another subnet) through an IPIP tunnel and
+// node-c (192.0.2.3, its own subnet) flat. VPP holds what node-a's agent programs: a tagged tunnel to
+// 198.51.100.2 and the route to node-b's block through it (no next hop), node-c's block via 192.0.2.3;
+// node-d's block (198.51.100.4) is routed flat, as an agent that missed the pool's mode would have it.
+func ipipLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptest.VPP, tunnel uint32) {
+	t.Helper()
+	srv, cli := etcdtest.Start(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "tunnelled", CIDR: pfx("10.245.0.0/16"), BlockSize: 26,
+		IPIPMode: calico.EncapCrossSubnet, VXLANMode: calico.EncapNever}))
+	for node, ip := range map[string]string{"node-a": "192.0.2.1", "node-b": "198.51.100.2", "node-c": "192.0.2.3", "node-d": "198.51.100.4"} {
+		must(calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, node, addr(ip)))
+	}
+	_, err := cli.Put(ctx, calico.NodeKey("node-a"),
+		`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-a"},"spec":{"bgp":{"ipv4Address":"192.0.2.1/24"}}}`)
+	must(err)
+	must(calicotest.PutBlock(ctx, cli, calicotest.Block(pfx("10.245.0.0/26"), "node-a", 0)))
+	must(calicotest.PutBlock(ctx, cli, calicotest.Block(pfx("10.245.1.0/26"), "node-b", 1)))
+	must(calicotest.PutBlock(ctx, cli, calicotest.Block(pfx("10.245.2.0/26"), "node-c", 2)))
+	must(calicotest.PutBlock(ctx, cli, calicotest.Block(pfx("10.245.3.0/26"), "node-d", 3)))
+
+	vpp = vpptest.New(t, vpptest.Options{})
+	c, uplink := vppClient(t, ctx, vpp, pfx("192.0.2.1/24"))
+	tunnel, err = c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr("192.0.2.1"), Dst: addr("198.51.100.2"), Unnumbered: uplink, Tag: agent.TunnelTag})
+	must(err)
+	res := c.Apply(ctx, []vppapi.Route{
+		{Prefix: pfx("10.245.1.0/26"), SwIfIndex: tunnel},
+		{Prefix: pfx("10.245.2.0/26"), NextHop: addr("192.0.2.3"), SwIfIndex: uplink},
+		{Prefix: pfx("10.245.3.0/26"), NextHop: addr("198.51.100.4"), SwIfIndex: uplink},
+	}, nil)
+	must(res.Err())
+	return srv.Endpoint(), vpp, tunnel
+}
+
+// vppClient connects a vppapi.Client to vpp, as the agent's, until the test ends, and sets up the uplink
+// with address a.
+func vppClient(t *testing.T, ctx context.Context, vpp *vpptest.VPP, a netip.Prefix) (*vppapi.Client, uint32) {
+	t.Helper()
+	c, err := vppapi.New(vppapi.Config{Socket: vpp.Socket(), ReplyTimeout: 10 * time.Second, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(cctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	select {
+	case ev := <-c.Events():
+		if ev.Kind != vppapi.Connected {
+			t.Fatalf("vppapi: %v %v", ev.Kind, ev.Err)
+		}
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	uplink, err := c.SetupUplink(ctx, vppapi.Uplink{Name: vpp.Uplink(), Addresses: []netip.Prefix{a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, uplink
+}
+
+// TestExplainIPIP: explain gives each route's encapsulation and why (the pool's mode, and for
+// CrossSubnet the peer IP against this node's subnet), names this node's tunnel to the peer from VPP's
+// dump, and judges VPP's answer: a route through the agent's tunnel to the right peer (a path with no
+// next hop) agrees; a flat route where IPIP is due disagrees, saying so.
+func TestExplainIPIP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	endpoint, vpp, tunnel := ipipLab(t, ctx)
+	explainJSON := func(query string) (explanation, error) {
+		t.Helper()
+		var out bytes.Buffer
+		args := []string{"explain", "--etcd-endpoints", endpoint, "--nodename", "node-a", "--vpp-api-socket", vpp.Socket(),
+			"--vpp-reply-timeout", "10s", "--output", "json", query}
+		err := run(ctx, args, &out, &bytes.Buffer{}, env(nil))
+		var x explanation
+		if jerr := json.Unmarshal(out.Bytes(), &x); jerr != nil {
+			t.Fatalf("%v\n%s", jerr, out.String())
+		}
+		t.Logf("%s:\n%s", query, out.String())
+		return x, err
+	}
+
+	x, err := explainJSON("10.245.1.5")
+	if err != nil {
+		t.Fatalf("explain of a route through the agent's tunnel: %v (%+v)", err, x.VPP)
+	}
+	f := x.ThisNode.Forwarding
+	if f == nil || f.Encap != calico.EncapIPIP || !strings.Contains(f.EncapWhy, "ipipMode CrossSubnet") ||
+		!strings.Contains(f.EncapWhy, "198.51.100.2 is outside") || !strings.Contains(f.EncapWhy, "192.0.2.0/24") {
+		t.Errorf("forwarding %+v, want ipip because 198.51.100.2 is outside 192.0.2.0/24", f)
+	}
+	if x.VPP.Verdict != agent.VerdictAgrees || !strings.Contains(x.VPP.Detail, "ipip0") {
+		t.Errorf("vpp %+v, want agrees through ipip0", x.VPP)
+	}
+	if tun := x.VPP.Tunnel; tun == nil || tun.SwIfIndex != tunnel || tun.Name != "ipip0" || tun.Peer != netip.MustParseAddr("198.51.100.2") || !tun.Agent {
+		t.Errorf("vpp tunnel %+v, want the agent's ipip0 (sw_if_index %d) to 198.51.100.2", x.VPP.Tunnel, tunnel)
+	}
+	if p := x.VPP.Lookup.Paths; len(p) != 1 || p[0].Tunnel == nil || *p[0].Tunnel != "ipip0" || p[0].NextHop != nil {
+		t.Errorf("lookup paths %+v, want one through ipip0 with no next hop", p)
+	}
+
+	x, err = explainJSON("10.245.2.5")
+	if err != nil || x.ThisNode.Forwarding == nil || x.ThisNode.Forwarding.Encap != calico.EncapNone ||
+		!strings.Contains(x.ThisNode.Forwarding.EncapWhy, "192.0.2.3 is inside") || x.VPP.Verdict != agent.VerdictAgrees || x.VPP.Tunnel != nil {
+		t.Errorf("same subnet: %v forwarding %+v vpp %+v, want flat, agreeing", err, x.ThisNode.Forwarding, x.VPP)
+	}
+
+	x, err = explainJSON("10.245.3.5")
+	if !errors.Is(err, errDisagrees) || !strings.Contains(x.VPP.Detail, "flat") || !strings.Contains(x.VPP.Detail, "IPIP") {
+		t.Errorf("flat where IPIP is due: %v %+v, want a disagreement saying it goes flat", err, x.VPP)
+	}
+	if x.VPP.Tunnel != nil || !strings.Contains(x.VPP.TunnelWhy, "has no ipip tunnel of the agent") {
+		t.Errorf("vpp %+v, want no tunnel to 198.51.100.4", x.VPP)
+	}
+
+	var out bytes.Buffer
+	args := []string{"explain", "--etcd-endpoints", endpoint, "--nodename", "node-a", "--vpp-api-socket", vpp.Socket(), "10.245.1.5"}
+	if err := run(ctx, args, &out, &bytes.Buffer{}, env(nil)); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, want := range []string{"10.245.1.0/26 via 198.51.100.2: block of node-b, encap ipip", "through ipip0 (sw_if_index",
+		"AGREES: "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Log("\n" + out.String())
 }

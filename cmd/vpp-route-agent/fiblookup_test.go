@@ -3,16 +3,20 @@ package main
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"go.fd.io/govpp/adapter/socketclient"
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/binapi/ip"
+	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/core"
 )
 
@@ -41,7 +45,7 @@ func TestFIBLookupLongestPrefixMatch(t *testing.T) {
 		{"10.245.0.1/32", "0.0.0.0/0", drop},
 		{"fd00::1/128", "::/0", drop},
 	} {
-		got, err := fibLookup(ctx, v.Socket(), 10*time.Second, 0, netip.MustParsePrefix(tc.query))
+		got, _, err := fibLookup(ctx, v.Socket(), 10*time.Second, 0, netip.MustParsePrefix(tc.query))
 		if err != nil {
 			t.Errorf("lookup %s: %v", tc.query, err)
 			continue
@@ -50,7 +54,7 @@ func TestFIBLookupLongestPrefixMatch(t *testing.T) {
 			t.Errorf("lookup %s = %s %v, want %s %v", tc.query, got.Prefix, got.Paths, tc.want, tc.paths)
 		}
 	}
-	_, err := fibLookup(ctx, v.Socket(), 10*time.Second, 7, netip.MustParsePrefix("10.244.1.5/32"))
+	_, _, err := fibLookup(ctx, v.Socket(), 10*time.Second, 7, netip.MustParsePrefix("10.244.1.5/32"))
 	if !errors.Is(err, api.NO_SUCH_FIB) {
 		t.Errorf("lookup in a missing table: %v, want NO_SUCH_FIB", err)
 	}
@@ -79,16 +83,74 @@ func TestFIBLookupExact(t *testing.T) {
 		{"10.244.1.0/25", api.NO_SUCH_ENTRY},
 		{"0.0.0.0/0", nil},
 	} {
+		qp := netip.MustParsePrefix(tc.query)
+		apiQ := ip_types.Prefix{Address: ip_types.Address{Af: ip_types.ADDRESS_IP4, Un: ip_types.AddressUnionIP4(qp.Addr().As4())}, Len: uint8(qp.Bits())}
 		reply := new(ip.IPRouteLookupReply)
-		err := conn.Invoke(ctx, &ip.IPRouteLookup{Exact: 1, Prefix: apiPrefix(netip.MustParsePrefix(tc.query))}, reply)
+		err := conn.Invoke(ctx, &ip.IPRouteLookup{Exact: 1, Prefix: apiQ}, reply)
 		if err == nil {
 			err = api.RetvalToVPPApiError(reply.Retval)
 		}
 		switch {
 		case tc.want != nil && !errors.Is(err, tc.want):
 			t.Errorf("exact lookup %s: %v, want %v", tc.query, err, tc.want)
-		case tc.want == nil && (err != nil || fibEntry(reply.Route).Prefix.String() != tc.query):
+		case tc.want == nil && (err != nil || reply.Route.Prefix != apiQ):
 			t.Errorf("exact lookup %s: %v %+v, want the entry itself", tc.query, err, reply.Route)
 		}
+	}
+}
+
+// TestFIBLookupTunnels: the lookup's tunnels are VPP's IPIP and VXLAN tunnels (the latter when the
+// plugin is loaded) with their names, peers and whether they carry the agent's tag; a route through the
+// agent's VXLAN tunnel with the peer as next hop is judged as agreeing with a VXLAN route. On the
+// simulator and on a real VPP (the lab build has the vxlan plugin; the minimal one does not).
+func TestFIBLookupTunnels(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	v := vpptest.New(t, vpptest.Options{VXLAN: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, uplink := vppClient(t, ctx, v, pfx("192.0.2.1/24"))
+	own, err := c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr("192.0.2.1"), Dst: addr("198.51.100.2"), Unnumbered: uplink, Tag: agent.TunnelTag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr("192.0.2.1"), Dst: addr("198.51.100.3"), Unnumbered: uplink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := agent.Tunnels{
+		own:   {SwIfIndex: own, Name: "ipip0", Encap: calico.EncapIPIP, Source: addr("192.0.2.1"), Peer: addr("198.51.100.2"), Agent: true},
+		other: {SwIfIndex: other, Name: "ipip1", Encap: calico.EncapIPIP, Source: addr("192.0.2.1"), Peer: addr("198.51.100.3")},
+	}
+	q := pfx("10.246.1.5/32")
+	if v.HasVXLAN() {
+		vx, err := c.EnsureVXLANTunnel(ctx, vppapi.VXLANSpec{Src: addr("192.0.2.1"), Dst: addr("198.51.100.4"), VNI: 4096,
+			MAC: vppapi.MAC{0x02, 0, 0, 0, 0, 1}, Unnumbered: uplink, Tag: agent.TunnelTag})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[vx] = agent.Tunnel{SwIfIndex: vx, Name: "vxlan_tunnel0", Encap: calico.EncapVXLAN, Source: addr("192.0.2.1"), Peer: addr("198.51.100.4"), Agent: true}
+		if err := c.EnsureNeighbor(ctx, vx, addr("198.51.100.4"), vppapi.MAC{0x02, 0, 0, 0, 0, 2}); err != nil {
+			t.Fatal(err)
+		}
+		if res := c.Apply(ctx, []vppapi.Route{{Prefix: pfx("10.246.1.0/26"), NextHop: addr("198.51.100.4"), SwIfIndex: vx}}, nil); res.Err() != nil {
+			t.Fatal(res.Err())
+		}
+	} else {
+		t.Log("no vxlan plugin: IPIP tunnels only")
+	}
+	got, tunnels, err := fibLookup(ctx, v.Socket(), 10*time.Second, 0, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(tunnels, want) {
+		t.Errorf("tunnels %v, want %v", tunnels, want)
+	}
+	if !v.HasVXLAN() {
+		return
+	}
+	r := &agent.ExplainedRoute{DesiredRoute: agent.DesiredRoute{Prefix: pfx("10.246.1.0/26"), NextHop: addr("198.51.100.4"), Owner: "node-b",
+		Kind: agent.KindBlock, Block: pfx("10.246.1.0/26"), Encap: calico.EncapVXLAN}}
+	if verdict, why := agent.CheckFIB(agent.NodeRoutes{Forwarding: r}, q, got, nil, tunnels); verdict != agent.VerdictAgrees {
+		t.Errorf("VXLAN route %v: %s %q, want agrees", got, verdict, why)
 	}
 }
