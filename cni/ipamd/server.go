@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -37,6 +38,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
@@ -419,7 +421,7 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 
 // validate checks what only the daemon knows of a request before it is queued: its node. Every CNI
 // rule (command, container ID, interface, network name, cniVersion, each configuration field) was
-// checked where the request entered, once (cni.ServeFrame: skel's checks, then LoadConfig).
+// checked where the request entered, once (cni.Decode).
 func (s *Server) validate(r *cni.Request) *types.Error {
 	if r.Node != "" && r.Node != s.cfg.Node {
 		return configError("nodename", "the network configuration names node %q, but the block-ipam daemon at this socket serves node %q (its --nodename): remove nodename from the configuration or fix one of them",
@@ -487,7 +489,7 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 		// closed with data unread is reset, and the client would get ECONNRESET instead of 11.
 		s.metrics.dropped.WithLabelValues("bytes").Inc()
 		discard(conn, size, len(data))
-		out = cni.ErrorFrame(&types.Error{Code: types.ErrTryAgainLater,
+		out = cni.RenderError(&types.Error{Code: types.ErrTryAgainLater,
 			Msg: fmt.Sprintf("block-ipam daemon: busy: it holds %d bytes of requests being read, its limit; try again later", s.cfg.MaxRequestBytes)})
 	case err != nil:
 		switch {
@@ -506,7 +508,8 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 			return
 		}
 		discard(conn, size, len(data))
-		out = cni.ServeFrame(data, nil)
+		_, err := cni.Decode(data)
+		out = cni.RenderError(err)
 	default:
 		s.limits.doneReading(conn)
 		jctx, cancel := context.WithCancel(ctx)
@@ -524,13 +527,28 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 				cancel()
 			}
 		}()
-		// The plugin's call as the runtime made it: package cni does CNI's part.
-		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
+		out = s.serveCall(jctx, start, data)
 		conn.SetReadDeadline(time.Unix(1, 0))
 		<-read
 	}
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
+}
+
+// serveCall is the daemon's request path: decode the plugin's call (package cni checks every CNI rule
+// there, once), serve its request, render the reply; ctx ends when the plugin hangs up.
+func (s *Server) serveCall(ctx context.Context, start time.Time, frame []byte) (out []byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic serving a call", "panic", r, "stack", string(debug.Stack()))
+			out = cni.RenderError(&types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam daemon: internal error: %v", r)})
+		}
+	}()
+	call, err := cni.Decode(frame)
+	if err != nil {
+		return cni.RenderError(err)
+	}
+	return call.Render(s.serve(ctx, start, call.Request()))
 }
 
 // discard reads the rest of a request the daemon refuses, so that closing does not reset the
@@ -549,7 +567,7 @@ func discard(conn net.Conn, size, have int) {
 func deadline(r *cni.Request, start time.Time) time.Time {
 	timeout := r.Timeout
 	if timeout <= 0 || timeout > MaxTimeout {
-		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
+		timeout = min(MaxTimeout, max(timeout, shim.DefaultTimeout))
 	}
 	return start.Add(timeout * 9 / 10)
 }
