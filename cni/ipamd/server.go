@@ -1,10 +1,11 @@
 // Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
 // unix socket and owns the node's allocation state on one long-lived etcd client.
 //
-// One direction of flow. The socket's handlers queue requests (server.go); one goroutine, the state
-// loop, owns the node state (state.go), which followers (watch.go) keep up to date from etcd watches:
-// the IPAM config, pools, IPReservations, the node's Calico Node resource, its affinities and their
-// blocks. The loop runs the queued requests in batches (batch.go): an ADD with the ADDs queued behind
+// One direction of flow. The socket's handlers decode each call (cni.Decode), queue its request and
+// render the reply (server.go); one goroutine, the state loop, owns the node state (state.go), which
+// followers (watch.go) keep up to date from etcd watches: the IPAM config, pools, IPReservations, the
+// node's Calico Node resource, its affinities and their blocks; lag.go states why deciding on it is
+// safe although it may lag behind etcd. The loop runs the queued requests in batches (batch.go): an ADD with the ADDs queued behind
 // it, a DEL with the DELs, never out of order for one container. Each attempt of a batch takes pure
 // decisions (add.go, del.go, check.go; gc.go and status.go alike) on a copy-on-write view of the
 // state (view.go), reading first only what the view lacks, and sends what they decided as one
@@ -33,10 +34,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/prometheus/client_golang/prometheus"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/connectivity"
 
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
@@ -53,69 +52,6 @@ const (
 	// queueLength bounds the requests waiting for the state loop; more are refused with 11.
 	queueLength = 1024
 )
-
-// Config is what the daemon needs; main builds it from flags.
-type Config struct {
-	// Node is this node's name (calico.CheckNodeName).
-	Node string
-	// Client is the etcd client; the daemon does not close it.
-	Client *clientv3.Client
-	// Endpoints names etcd in messages, credentials redacted.
-	Endpoints string
-	// CallTimeout bounds one etcd round trip.
-	CallTimeout time.Duration
-	Logger      *slog.Logger
-	// Registerer receives the daemon's metrics (nil: none).
-	Registerer prometheus.Registerer
-	// Pause, when set, runs before every write (tests: kill the daemon or change etcd there).
-	Pause func(context.Context)
-	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
-	// operation it runs, before /healthz fails (default 30 s).
-	HealthWindow time.Duration
-	// EtcdHealth, when set, says why etcd cannot serve ("" when it can): then every request is
-	// answered at once with that reason, and STATUS and /readyz say not ready.
-	EtcdHealth EtcdHealth
-	// MaxConnections bounds the socket's connections served at once (default
-	// DefaultMaxConnections); MaxRequestBytes the request bytes they buffer in all (default
-	// DefaultMaxRequestBytes). See connLimits.
-	MaxConnections  int
-	MaxRequestBytes int64
-	// Observe, when set, receives every request with its reply as it is answered (tests and
-	// benchmarks read the daemon's figures of each call here; it must not change them).
-	Observe func(*cni.Request, *cni.Reply)
-}
-
-// EtcdHealth tells whether etcd serves (etcdconfig.Guard): a frozen etcd keeps the client's connection
-// "ready", and one out of space refuses every write, neither of which the connection shows.
-type EtcdHealth interface {
-	Problem() string
-}
-
-// Validate checks the configuration.
-func (c *Config) Validate() error {
-	if err := calico.CheckNodeName(c.Node); err != nil {
-		return fmt.Errorf("--nodename: %w", err)
-	}
-	if c.Client == nil {
-		return errors.New("no etcd client")
-	}
-	if c.CallTimeout <= 0 {
-		c.CallTimeout = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.HealthWindow <= 0 {
-		c.HealthWindow = 30 * time.Second
-	}
-	if c.MaxConnections <= 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
-	if c.MaxRequestBytes <= 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	return nil
-}
 
 // Server is the node daemon.
 type Server struct {
