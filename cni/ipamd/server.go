@@ -37,7 +37,6 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
-	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
 )
@@ -499,13 +498,10 @@ func discard(conn net.Conn, size, have int) {
 }
 
 // deadline is when the daemon gives up on a request: a little before the shim does, so that it
-// gets the reason rather than a deadline.
+// gets the reason rather than a deadline. The request's timeout is the configuration's, read once
+// (shim.CallTimeout, through cni.Decode), at most MaxTimeout.
 func deadline(r *cni.Request, start time.Time) time.Time {
-	timeout := r.Timeout
-	if timeout <= 0 || timeout > MaxTimeout {
-		timeout = min(MaxTimeout, max(timeout, shim.DefaultTimeout))
-	}
-	return start.Add(timeout * 9 / 10)
+	return start.Add(min(r.Timeout, MaxTimeout) * 9 / 10)
 }
 
 // serve answers one decoded request; ctx ends when the plugin hangs up or the daemon stops.
