@@ -214,6 +214,15 @@ func TestErrorCodes(t *testing.T) {
 	// 1: unsupported cniVersion.
 	err, _ = run(add("c1"), conf(nil, map[string]any{"cniVersion": "0.2.0"}))
 	wantCode(t, err, 1, "")
+	// The plugin answers only VERSION: an unknown command, or a cniVersion the verb does not allow, is
+	// the daemon's to refuse (4, 1); with no daemon to ask, 11 like any other call.
+	down := map[string]any{"socket": "/nonexistent/block-ipam.sock"}
+	err, _ = run(cniEnv("FROB", "c1", "eth0", "/x", ""), conf(nil, nil))
+	wantCode(t, err, 4, "FROB")
+	err, _ = run(cniEnv("FROB", "c1", "eth0", "/x", ""), conf(down, nil))
+	wantCode(t, err, 11, "/nonexistent/block-ipam.sock")
+	err, _ = run(cniEnv("CHECK", "c1", "eth0", "/x", ""), conf(down, map[string]any{"cniVersion": "0.3.1"}))
+	wantCode(t, err, 11, "/nonexistent/block-ipam.sock")
 	// 4: missing CNI_CONTAINERID; malformed CNI_ARGS.
 	err, _ = run(cniEnv("ADD", "", "eth0", "/x", ""), conf(nil, nil))
 	wantCode(t, err, 4, "CNI_CONTAINERID")
