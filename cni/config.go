@@ -1,6 +1,6 @@
-// Package cni is block-ipam's CNI side: the network configuration, what the node daemon (package
-// cni/ipamd) does with the plugin's call (ServeFrame: skel's checks, the configuration, the result in
-// the configuration's CNI version) and the request it hands the daemon's state loop. The plugin the
+// Package cni is block-ipam's CNI side: the network configuration, the daemon's front door for the
+// plugin's call (Decode: every CNI rule, checked once; Call.Render: the result in the configuration's
+// CNI version) and the request the daemon (package cni/ipamd) serves. The plugin the
 // runtime executes (package cni/shim) only forwards the call: it links none of this package.
 // It holds no etcd code: the daemon reaches etcd through cni/ipamd.
 package cni
@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -22,14 +21,6 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
-)
-
-// Defaults of the configuration, shared with the plugin (package shim).
-const (
-	// DefaultTimeout bounds one plugin call, the daemon's retries included.
-	DefaultTimeout = shim.DefaultTimeout
-	// StatusTimeout bounds STATUS.
-	StatusTimeout = shim.StatusTimeout
 )
 
 // IPAMConf is the "ipam" section of the network configuration. Field names follow calico-ipam where
@@ -89,7 +80,7 @@ type NetConf struct {
 }
 
 // parseBool accepts Calico's "true"/"false" strings as well as JSON booleans; absent gives def.
-func parseBool(raw json.RawMessage, field string, def bool) (bool, error) {
+func parseBool(raw json.RawMessage, field string, def bool) (bool, *types.Error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return def, nil
 	}
@@ -152,40 +143,53 @@ type Config struct {
 	ResultBlock bool // result_prefix "block"
 	LogFile     string
 	LogLevel    string
-	Timeout     time.Duration
 }
 
 // LoadConfig parses and validates the network configuration and the CNI_ARGS of one call of verb
-// (the Config's Verb). It opens no connection and reads no file but resolvConf, for ADD only: the
-// other verbs do not print DNS, and DEL must release whatever became of the file. Errors are
-// *types.Error with code 7 naming the field (4 for a malformed CNI_ARGS).
+// (the Config's Verb), as Decode does. It opens no connection and reads no file but resolvConf, for
+// ADD only: the other verbs do not print DNS, and DEL must release whatever became of the file.
+// Errors are *types.Error: 6 for JSON that is not JSON, 1 for a cniVersion the verb or block-ipam
+// does not allow, 7 naming the field of an invalid setting, 4 for a malformed CNI_ARGS.
 func LoadConfig(verb string, stdin []byte, cniArgs string) (*Config, error) {
-	return loadConfig(verb, stdin, cniArgs, shim.ReadResolvConf)
+	c, err := loadConfig(verb, stdin, cniArgs, shim.ReadResolvConf)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // loadConfig is LoadConfig with resolvConf read by resolv (the daemon is given the file's content by
-// the plugin, which runs in the runtime's mount namespace).
-func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path string) ([]byte, error)) (*Config, error) {
+// the plugin, which runs in the runtime's mount namespace). The configuration is decoded once: a
+// field of the wrong type is reported after the name and the cniVersion, which decode regardless.
+func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path string) ([]byte, error)) (*Config, *types.Error) {
 	var n NetConf
-	err := json.Unmarshal(stdin, &n)
-	if err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return nil, configError(te.Field, "%v", err)
-		}
-		return nil, &types.Error{Code: types.ErrDecodingFailure, Msg: "decoding network configuration: " + err.Error()}
+	typeErr := json.Unmarshal(stdin, &n)
+	var te *json.UnmarshalTypeError
+	field := ""
+	if errors.As(typeErr, &te) {
+		field = strings.TrimPrefix(te.Field, "PluginConf.") // the embedded struct's keys are top-level keys
+	}
+	if typeErr != nil && (field == "" || field == "name" || field == "cniVersion") {
+		return nil, &types.Error{Code: types.ErrDecodingFailure, Msg: "decoding the network configuration: " + typeErr.Error()}
+	}
+	switch {
+	case n.Name == "":
+		return nil, configError("name", "missing network name")
+	case utils.ValidateNetworkName(n.Name) != nil:
+		return nil, configError("name", "%q: %s", n.Name, utils.ValidateNetworkName(n.Name).Msg)
+	}
+	if err := checkVersion(verb, n.CNIVersion); err != nil {
+		return nil, err
+	}
+	if typeErr != nil {
+		return nil, configError(field, "%v", typeErr)
 	}
 	if n.IPAM == nil {
 		return nil, configError("ipam", "missing: block-ipam reads its settings from the ipam section")
 	}
 	im := n.IPAM
 	c := &Config{Request: Request{Verb: verb, Network: n.Name}, CNIVersion: n.CNIVersion}
-	if c.Network == "" {
-		return nil, configError("name", "missing network name")
-	}
-	if err := utils.ValidateNetworkName(c.Network); err != nil {
-		return nil, configError("name", "%s", err.Msg)
-	}
+	var err *types.Error
 
 	c.Socket = strings.TrimSpace(im.Socket)
 	switch {
@@ -195,7 +199,7 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 		return nil, configError("ipam.socket", "%s", shim.CheckSocketPath(c.Socket))
 	}
 	// A node name in the configuration (calico-ipam's field) must be the daemon's: the daemon checks.
-	field := "ipam.nodename"
+	field = "ipam.nodename"
 	if c.Node = strings.TrimSpace(im.Nodename); c.Node == "" {
 		field, c.Node = "nodename", strings.TrimSpace(n.Nodename)
 	}
@@ -292,15 +296,10 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 	default:
 		return nil, configError("ipam.log_level", "%q is not one of debug, info, warn, error", im.LogLevel)
 	}
-	c.Timeout = DefaultTimeout
-	if im.Timeout != "" {
-		d, err := time.ParseDuration(im.Timeout)
-		if err != nil || d <= 0 {
-			return nil, configError("ipam.timeout", "%q is not a positive duration such as \"30s\"", im.Timeout)
-		}
-		c.Timeout = d
+	var ok bool
+	if c.Timeout, ok = shim.CallTimeout(verb, im.Timeout); !ok {
+		return nil, configError("ipam.timeout", "%q is not a positive duration such as \"30s\"", im.Timeout)
 	}
-	c.Request.Timeout = c.Timeout
 
 	// Specific addresses: capability ips, then args.cni.ips, then CNI_ARGS IP=.
 	var args map[string]string
@@ -400,7 +399,7 @@ func parsePoolRef(s string, f Family) (PoolRef, error) {
 
 // parseCNIArgs parses CNI_ARGS ("K=V;K2=V2"), keeping every key: unlike types.LoadArgs it accepts
 // keys it does not know, as kubelet sends several.
-func parseCNIArgs(s string) (map[string]string, error) {
+func parseCNIArgs(s string) (map[string]string, *types.Error) {
 	out := map[string]string{}
 	for _, pair := range strings.Split(s, ";") {
 		if pair == "" {
@@ -443,4 +442,30 @@ func parseResolvConf(data []byte) types.DNS {
 		}
 	}
 	return dns
+}
+
+// Result builds the CNI result for the allocations: host prefixes (or the block's mask), the family's
+// gateway, the configured routes and DNS.
+func (c *Config) Result(allocs []Allocation) *current.Result {
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: c.Routes, DNS: c.DNS}
+	for _, a := range allocs {
+		bits := a.Addr.BitLen()
+		if c.ResultBlock {
+			bits = a.Block.Bits()
+		}
+		ipc := &current.IPConfig{Address: net.IPNet{IP: net.IP(a.Addr.AsSlice()), Mask: net.CIDRMask(bits, a.Addr.BitLen())}}
+		if gw := c.Gateways[FamilyOf(a.Addr)]; gw.IsValid() {
+			ipc.Gateway = net.IP(gw.AsSlice())
+		}
+		res.IPs = append(res.IPs, ipc)
+	}
+	return res
+}
+
+func resultIPs(r *current.Result) string {
+	var s []string
+	for _, ip := range r.IPs {
+		s = append(s, ip.Address.String())
+	}
+	return strings.Join(s, ",")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
 // confJSON builds a network configuration: the ipam section gets etcd and the node unless the test
@@ -123,7 +124,7 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.Assign[cni.V4] || c.Assign[cni.V6] || c.Timeout != cni.DefaultTimeout || c.Request.Timeout != cni.DefaultTimeout ||
+	if !c.Assign[cni.V4] || c.Assign[cni.V6] || c.Timeout != shim.DefaultTimeout || c.Request.Timeout != shim.DefaultTimeout ||
 		c.ResultBlock || c.MaxBlocks != 0 || c.Socket != cni.DefaultSocket || c.Node != "" || c.LogLevel != "info" ||
 		c.HaveAttachments || c.Pools[0] != nil {
 		t.Errorf("defaults: %+v", c)

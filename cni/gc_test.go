@@ -17,6 +17,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 )
 
 // held returns "handle/ifname" of every allocation, for compact comparisons.
@@ -197,7 +198,7 @@ func TestErrorCodes(t *testing.T) {
 	add := func(cid string) []string { return cniEnv("ADD", cid, "eth0", "/var/run/netns/x", "") }
 
 	// 7 naming the field, from the daemon before any etcd work (the plugin forwards the call;
-	// TestServeFrameChecksFirst); with no daemon to ask, 11: the runtime retries, and gets the 7 once
+	// TestDecodeChecksEachRule); with no daemon to ask, 11: the runtime retries, and gets the 7 once
 	// the daemon is there.
 	err, _ := run(add("c1"), conf(map[string]any{"assign_ipv4": "maybe"}, nil))
 	wantCode(t, err, 7, "assign_ipv4")
@@ -206,13 +207,23 @@ func TestErrorCodes(t *testing.T) {
 	// 7: a nodename that is not the daemon's, naming both.
 	err, _ = run(add("c1"), conf(map[string]any{"nodename": "node9"}, nil))
 	wantCode(t, err, 7, `names node "node9", but the block-ipam daemon at this socket serves node "node1"`)
-	// 6: undecodable configuration (skel).
+	// Undecodable configuration: the plugin finds no socket in it and asks the daemon at the default
+	// socket (none here: 11); a daemon answers 6 (TestDecodeChecksEachRule).
 	err, _ = run(add("c1"), []byte("{not json"))
-	wantCode(t, err, 6, "")
-	// 1: unsupported cniVersion (skel).
+	wantCode(t, err, 11, shim.DefaultSocket)
+	// 1: unsupported cniVersion.
 	err, _ = run(add("c1"), conf(nil, map[string]any{"cniVersion": "0.2.0"}))
 	wantCode(t, err, 1, "")
-	// 4: missing CNI_CONTAINERID (skel); malformed CNI_ARGS (block-ipam).
+	// The plugin answers only VERSION: an unknown command, or a cniVersion the verb does not allow, is
+	// the daemon's to refuse (4, 1); with no daemon to ask, 11 like any other call.
+	down := map[string]any{"socket": "/nonexistent/block-ipam.sock"}
+	err, _ = run(cniEnv("FROB", "c1", "eth0", "/x", ""), conf(nil, nil))
+	wantCode(t, err, 4, "FROB")
+	err, _ = run(cniEnv("FROB", "c1", "eth0", "/x", ""), conf(down, nil))
+	wantCode(t, err, 11, "/nonexistent/block-ipam.sock")
+	err, _ = run(cniEnv("CHECK", "c1", "eth0", "/x", ""), conf(down, map[string]any{"cniVersion": "0.3.1"}))
+	wantCode(t, err, 11, "/nonexistent/block-ipam.sock")
+	// 4: missing CNI_CONTAINERID; malformed CNI_ARGS.
 	err, _ = run(cniEnv("ADD", "", "eth0", "/x", ""), conf(nil, nil))
 	wantCode(t, err, 4, "CNI_CONTAINERID")
 	err, _ = run(cniEnv("ADD", "c1", "eth0", "/x", "K8S_POD_NAME"), conf(nil, nil))
@@ -261,7 +272,7 @@ func TestErrorCodes(t *testing.T) {
 	wantCode(t, err, cni.ErrDatastore, "invariant")
 	e.put(blockKey, []byte(val))
 
-	// CHECK needs cniVersion >= 0.4.0 (skel: 1); VERSION answers without stdin.
+	// CHECK needs cniVersion >= 0.4.0 (1).
 	err, _ = run(cniEnv("CHECK", "c0", "eth0", "/x", ""), conf(nil, map[string]any{"cniVersion": "0.3.1"}))
 	wantCode(t, err, 1, "")
 	e.mustDel(e.list(netOpts{ipam: e.ipam("node1", nil)}), rt("c0", "eth0"))

@@ -14,9 +14,9 @@ import (
 // writes its reply and closes (the plugin's hang-up ends the daemon's read of it: shim.Magic). No HTTP: net/http
 // alone adds 0.4 ms to every start of the plugin, which the runtime pays on every ADD and DEL; both
 // sides bound what they read by MaxMessage and by a deadline. The plugin (package shim) sends the CNI
-// call as the runtime made it, in a frame, and ServeFrame answers it. Plugin and daemon come from one
-// release: a frame that does not begin with shim.Magic is refused, either way. Request and Reply
-// below are in-process types: what ServeFrame hands the daemon's state loop and what it gets back.
+// call as the runtime made it, in a frame; the daemon decodes it (Decode), serves its Request and
+// renders the Reply (Call.Render). Plugin and daemon come from one release: a frame that does not
+// begin with shim.Magic is refused, either way. Request and Reply below are in-process types.
 const (
 	// DefaultSocket is where the daemon listens and the shim connects unless ipam.socket says otherwise.
 	DefaultSocket = shim.DefaultSocket
@@ -24,9 +24,8 @@ const (
 	MaxMessage = shim.MaxFrame
 )
 
-// Request is one CNI operation the shim hands the daemon: the per-network allocation settings of the
-// configuration and the per-call environment, already parsed and validated by LoadConfig. The daemon
-// validates what it relies on again (the socket is the trust boundary, not the shim).
+// Request is one CNI operation the daemon serves: the per-network allocation settings of the
+// configuration and the per-call environment, parsed and validated where the call entered (Decode).
 type Request struct {
 	Verb        string // ADD, DEL, CHECK, GC or STATUS
 	ContainerID string

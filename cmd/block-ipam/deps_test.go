@@ -9,8 +9,8 @@ import (
 // TestShimDependencies keeps what makes a Go binary slow to start out of the plugin the runtime
 // executes for every pod: the etcd client and gRPC (5.4 ms to start instead of 1.8 ms), net/http
 // (0.4 ms), TLS and Prometheus belong to the daemon, block-ipamd. The shim itself (cni/shim), what
-// runs on every call, links no CNI library (skel's and types' decodes, regexp at init), no net (its
-// poller starts threads and an epoll instance), no slog and no package cni.
+// runs on every call, links no CNI library (its decodes, regexp at init: the daemon checks the call
+// with it), no net (its poller starts threads and an epoll instance), no slog and no package cni.
 func TestShimDependencies(t *testing.T) {
 	for _, c := range []struct {
 		pkg       string

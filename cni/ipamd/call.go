@@ -94,24 +94,6 @@ func (c *call) decide(ctx context.Context, handleID string, f func(*view) error)
 	return nil, withCode(ErrDatastore, "the datastore kept changing under %d reads", maxNeeds)
 }
 
-// sync reads what the state has not received from its followers yet: every source (with the handle,
-// in the same round trip), then the blocks of new affinities. None in steady state.
-func (c *call) sync(ctx context.Context, handleID string) error {
-	if !c.state.allListed() {
-		n := &needs{sources: true, blocks: slices.Collect(maps.Keys(c.state.blocks))}
-		if handleID != "" {
-			n.keys = []string{calico.HandleKey(handleID)}
-		}
-		if err := c.fetch(ctx, n); err != nil {
-			return err
-		}
-	}
-	if m := c.state.missingBlocks(); len(m) > 0 {
-		return c.fetch(ctx, &needs{blocks: m})
-	}
-	return nil
-}
-
 // fetch reads what n names, in one round trip (one more per maxTxnOps blocks).
 func (c *call) fetch(ctx context.Context, n *needs) error {
 	for {

@@ -1,10 +1,11 @@
 // Package ipamd is block-ipam's node daemon: it serves the CNI shim's requests (package cni) over a
 // unix socket and owns the node's allocation state on one long-lived etcd client.
 //
-// One direction of flow. The socket's handlers queue requests (server.go); one goroutine, the state
-// loop, owns the node state (state.go), which followers (watch.go) keep up to date from etcd watches:
-// the IPAM config, pools, IPReservations, the node's Calico Node resource, its affinities and their
-// blocks. The loop runs the queued requests in batches (batch.go): an ADD with the ADDs queued behind
+// One direction of flow. The socket's handlers decode each call (cni.Decode), queue its request and
+// render the reply (server.go); one goroutine, the state loop, owns the node state (state.go), which
+// followers (watch.go) keep up to date from etcd watches: the IPAM config, pools, IPReservations, the
+// node's Calico Node resource, its affinities and their blocks; lag.go states why deciding on it is
+// safe although it may lag behind etcd. The loop runs the queued requests in batches (batch.go): an ADD with the ADDs queued behind
 // it, a DEL with the DELs, never out of order for one container. Each attempt of a batch takes pure
 // decisions (add.go, del.go, check.go; gc.go and status.go alike) on a copy-on-write view of the
 // state (view.go), reading first only what the view lacks, and sends what they decided as one
@@ -24,6 +25,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -32,10 +34,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/prometheus/client_golang/prometheus"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/connectivity"
 
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
@@ -51,69 +51,6 @@ const (
 	// queueLength bounds the requests waiting for the state loop; more are refused with 11.
 	queueLength = 1024
 )
-
-// Config is what the daemon needs; main builds it from flags.
-type Config struct {
-	// Node is this node's name (calico.CheckNodeName).
-	Node string
-	// Client is the etcd client; the daemon does not close it.
-	Client *clientv3.Client
-	// Endpoints names etcd in messages, credentials redacted.
-	Endpoints string
-	// CallTimeout bounds one etcd round trip.
-	CallTimeout time.Duration
-	Logger      *slog.Logger
-	// Registerer receives the daemon's metrics (nil: none).
-	Registerer prometheus.Registerer
-	// Pause, when set, runs before every write (tests: kill the daemon or change etcd there).
-	Pause func(context.Context)
-	// HealthWindow is how long the state loop may go without turning, beyond the deadline of the
-	// operation it runs, before /healthz fails (default 30 s).
-	HealthWindow time.Duration
-	// EtcdHealth, when set, says why etcd cannot serve ("" when it can): then every request is
-	// answered at once with that reason, and STATUS and /readyz say not ready.
-	EtcdHealth EtcdHealth
-	// MaxConnections bounds the socket's connections served at once (default
-	// DefaultMaxConnections); MaxRequestBytes the request bytes they buffer in all (default
-	// DefaultMaxRequestBytes). See connLimits.
-	MaxConnections  int
-	MaxRequestBytes int64
-	// Observe, when set, receives every request with its reply as it is answered (tests and
-	// benchmarks read the daemon's figures of each call here; it must not change them).
-	Observe func(*cni.Request, *cni.Reply)
-}
-
-// EtcdHealth tells whether etcd serves (etcdconfig.Guard): a frozen etcd keeps the client's connection
-// "ready", and one out of space refuses every write, neither of which the connection shows.
-type EtcdHealth interface {
-	Problem() string
-}
-
-// Validate checks the configuration.
-func (c *Config) Validate() error {
-	if err := calico.CheckNodeName(c.Node); err != nil {
-		return fmt.Errorf("--nodename: %w", err)
-	}
-	if c.Client == nil {
-		return errors.New("no etcd client")
-	}
-	if c.CallTimeout <= 0 {
-		c.CallTimeout = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.HealthWindow <= 0 {
-		c.HealthWindow = 30 * time.Second
-	}
-	if c.MaxConnections <= 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
-	if c.MaxRequestBytes <= 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	return nil
-}
 
 // Server is the node daemon.
 type Server struct {
@@ -419,7 +356,7 @@ func (s *Server) finish(j *job, r *cni.Reply) {
 
 // validate checks what only the daemon knows of a request before it is queued: its node. Every CNI
 // rule (command, container ID, interface, network name, cniVersion, each configuration field) was
-// checked where the request entered, once (cni.ServeFrame: skel's checks, then LoadConfig).
+// checked where the request entered, once (cni.Decode).
 func (s *Server) validate(r *cni.Request) *types.Error {
 	if r.Node != "" && r.Node != s.cfg.Node {
 		return configError("nodename", "the network configuration names node %q, but the block-ipam daemon at this socket serves node %q (its --nodename): remove nodename from the configuration or fix one of them",
@@ -487,7 +424,7 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 		// closed with data unread is reset, and the client would get ECONNRESET instead of 11.
 		s.metrics.dropped.WithLabelValues("bytes").Inc()
 		discard(conn, size, len(data))
-		out = cni.ErrorFrame(&types.Error{Code: types.ErrTryAgainLater,
+		out = cni.RenderError(&types.Error{Code: types.ErrTryAgainLater,
 			Msg: fmt.Sprintf("block-ipam daemon: busy: it holds %d bytes of requests being read, its limit; try again later", s.cfg.MaxRequestBytes)})
 	case err != nil:
 		switch {
@@ -506,7 +443,8 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 			return
 		}
 		discard(conn, size, len(data))
-		out = cni.ServeFrame(data, nil)
+		_, err := cni.Decode(data)
+		out = cni.RenderError(err)
 	default:
 		s.limits.doneReading(conn)
 		jctx, cancel := context.WithCancel(ctx)
@@ -524,13 +462,28 @@ func (s *Server) serveConn(ctx context.Context, conn *limitedConn) {
 				cancel()
 			}
 		}()
-		// The plugin's call as the runtime made it: package cni does CNI's part.
-		out = cni.ServeFrame(data, func(req *cni.Request) *cni.Reply { return s.serve(jctx, start, req) })
+		out = s.serveCall(jctx, start, data)
 		conn.SetReadDeadline(time.Unix(1, 0))
 		<-read
 	}
 	conn.SetWriteDeadline(time.Now().Add(connTimeout))
 	conn.Write(out)
+}
+
+// serveCall is the daemon's request path: decode the plugin's call (package cni checks every CNI rule
+// there, once), serve its request, render the reply; ctx ends when the plugin hangs up.
+func (s *Server) serveCall(ctx context.Context, start time.Time, frame []byte) (out []byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic serving a call", "panic", r, "stack", string(debug.Stack()))
+			out = cni.RenderError(&types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("block-ipam daemon: internal error: %v", r)})
+		}
+	}()
+	call, err := cni.Decode(frame)
+	if err != nil {
+		return cni.RenderError(err)
+	}
+	return call.Render(s.serve(ctx, start, call.Request()))
 }
 
 // discard reads the rest of a request the daemon refuses, so that closing does not reset the
@@ -545,13 +498,10 @@ func discard(conn net.Conn, size, have int) {
 }
 
 // deadline is when the daemon gives up on a request: a little before the shim does, so that it
-// gets the reason rather than a deadline.
+// gets the reason rather than a deadline. The request's timeout is the configuration's, read once
+// (shim.CallTimeout, through cni.Decode), at most MaxTimeout.
 func deadline(r *cni.Request, start time.Time) time.Time {
-	timeout := r.Timeout
-	if timeout <= 0 || timeout > MaxTimeout {
-		timeout = min(MaxTimeout, max(timeout, cni.DefaultTimeout))
-	}
-	return start.Add(timeout * 9 / 10)
+	return start.Add(min(r.Timeout, MaxTimeout) * 9 / 10)
 }
 
 // serve answers one decoded request; ctx ends when the plugin hangs up or the daemon stops.

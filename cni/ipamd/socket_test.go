@@ -58,7 +58,7 @@ func TestListen(t *testing.T) {
 }
 
 // TestRequestChecks: the daemon refuses, before queueing, a node name other than its own (naming
-// both). The CNI rules are checked where the request enters (cni.ServeFrame; TestServeFrameChecksFirst).
+// both). The CNI rules are checked where the request enters (cni.Decode; TestDecodeChecksEachRule).
 func TestRequestChecks(t *testing.T) {
 	s := &Server{cfg: Config{Node: "node1"}}
 	ok := cni.Request{Verb: "ADD", ContainerID: "c1", IfName: "eth0", Network: "net1", Assign: [2]bool{true, false}}

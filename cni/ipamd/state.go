@@ -134,47 +134,6 @@ func (s *nodeState) missingBlocks() []netip.Prefix {
 	return out
 }
 
-// replace sets a source to what a read of all of it at revision rev found, except the keys known at
-// a later revision.
-func (s *nodeState) replace(src source, kvs []kv, rev int64) {
-	if rev <= s.listed[src] {
-		return
-	}
-	raw, revs := s.raw[src], s.revs[src]
-	found := make(map[string]bool, len(kvs))
-	for _, kv := range kvs {
-		found[kv.Key] = true
-		if rev >= revs[kv.Key] {
-			raw[kv.Key], revs[kv.Key] = kv, rev
-		}
-	}
-	for k, r := range revs {
-		if !found[k] && r <= rev {
-			// Absent at rev, and nothing newer is known: the read covers it.
-			delete(raw, k)
-			delete(revs, k)
-		}
-	}
-	s.listed[src] = rev
-	s.decode(src)
-}
-
-// set records one key of a source at revision rev (v nil: deleted), unless the state knows the key
-// at a later revision; it reports whether it did. A change at the same revision is applied again
-// (one transaction writes several keys at one revision; applying a key twice changes nothing).
-func (s *nodeState) set(src source, key string, v *kv, rev int64) bool {
-	if rev <= s.listed[src] || rev < s.revs[src][key] {
-		return false
-	}
-	s.revs[src][key] = rev
-	if v == nil {
-		delete(s.raw[src], key)
-	} else {
-		s.raw[src][key] = *v
-	}
-	return true
-}
-
 // event applies changes of a source (a deletion when Deleted).
 func (s *nodeState) event(src source, events []kvEvent) {
 	changed := false
@@ -203,18 +162,6 @@ func (s *nodeState) setBlock(cidr netip.Prefix, kv *kv, rev int64) {
 		return
 	}
 	s.blocks[cidr] = e
-}
-
-// newer reports whether rev is newer than what is known of the block cidr, one of the node's
-// affinities; if so, the block is now known at rev, as absent until the caller says more.
-func (s *nodeState) newer(cidr netip.Prefix, rev int64) bool {
-	if _, ok := s.affinity[cidr]; !ok || rev <= s.blockKnown[cidr] {
-		return false
-	}
-	s.blockKnown[cidr] = rev
-	delete(s.bad, cidr)
-	s.blocks[cidr] = nil
-	return true
 }
 
 // decode rebuilds the decoded form of a source from its keys.
@@ -309,17 +256,6 @@ func (s *nodeState) decodeSource(src source) {
 			}
 		}
 	}
-}
-
-// knownAt returns the revision up to which the state holds every change of a source: its newest
-// read, or the newest change applied since (a follower's watch delivers a prefix's changes in
-// order, and a read of the whole source makes up for any it missed).
-func (s *nodeState) knownAt(src source) int64 {
-	rev := s.listed[src]
-	for _, r := range s.revs[src] {
-		rev = max(rev, r)
-	}
-	return rev
 }
 
 func comparePrefix(a, b netip.Prefix) int {

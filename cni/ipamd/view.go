@@ -1,7 +1,6 @@
 package ipamd
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -175,43 +174,6 @@ func newView(s *nodeState, conf *cni.Request, read *opRead) *view {
 	}
 	maps.Copy(v.bad, read.bad)
 	return v
-}
-
-// recheck returns err, a decision's failure, once it was taken on what the operation read at a
-// current revision: else the need for it. The node state follows etcd through watches that may lag
-// (the IPAM config, pools, reservations, Node and affinities, the node's blocks), so a refusal taken
-// on it, which no write's conditions check, is taken again on a fresh read of what it depended on,
-// in one round trip: the handle, every source of the state, the node's blocks, the other blocks,
-// listings and families the operation read. Once per operation (opRead.fresh): the success path
-// never gets here, and an operation that lost a race decides on its failure branch's read already.
-func (v *view) recheck(err error) error {
-	var n *needs
-	if errors.As(err, &n) {
-		return err
-	}
-	n = &needs{}
-	if v.handleID != "" && (!v.handleRead || !v.read.fresh) {
-		n.keys = []string{calico.HandleKey(v.handleID)}
-	}
-	if !v.read.fresh {
-		n.sources = true
-		for cidr := range v.affinity {
-			n.blocks = append(n.blocks, cidr)
-		}
-		for cidr := range v.read.blocks {
-			if _, ok := v.affinity[cidr]; !ok && !v.read.family[familyOf(cidr.Addr())] {
-				n.blocks = append(n.blocks, cidr)
-			}
-		}
-		slices.SortFunc(n.blocks, comparePrefix)
-		for f := range n.listing {
-			n.listing[f], n.family[f] = v.read.listings[f] != nil, v.read.family[f]
-		}
-	}
-	if len(n.keys) == 0 && !n.sources {
-		return err
-	}
-	return n
 }
 
 // action is one thing a decision did, as its log line.

@@ -1,18 +1,16 @@
-// Package shim is block-ipam's CNI plugin, the program the runtime executes for every call. It is as
-// thin as the protocol allows: it checks the CNI environment, reads the network configuration only to
-// find the daemon's socket, and hands the whole call (the environment and stdin as the runtime gave
-// them) to the node daemon, which does every other part of CNI's semantics (package cni: skel's
-// checks, the configuration, the result in the configuration's CNI version) and returns the bytes to
-// print, the exit code and the log line. VERSION, the environment checks and the command's and
-// cniVersion's (CheckVersion) are answered here, so that they work without the daemon; ADD and DEL
-// fail with 11 (try again later) and STATUS with 50 when the daemon cannot be asked or its answer is
-// cut short.
+// Package shim is block-ipam's CNI plugin, the program the runtime executes for every call. It
+// answers VERSION itself and forwards every other call (the environment and stdin as the runtime
+// gave them) to the node daemon, which does every part of CNI's semantics (package cni: the
+// environment, the configuration, the result in the configuration's CNI version) and returns the
+// bytes to print, the exit code and the log line. The plugin reads the configuration only for what
+// it needs to make the call: the daemon's socket (an ipam.socket it cannot dial is 7, before
+// dialing), its timeout, the resolvConf file and the log file. A call the daemon cannot be asked,
+// or whose answer is cut short, fails with 11 (try again later), 50 for STATUS.
 //
 // Why so little: a Go program's start is most of what an exec'd plugin costs, and the runtime pays
 // it on every ADD and DEL. This package links no CNI library, no net package (its poller starts
 // threads and an epoll instance), no slog and no time zone; the socket is blocking, with the
-// kernel's send and receive timeouts as the deadline. One decode of two small structs finds the
-// socket.
+// kernel's send and receive timeouts as the deadline.
 package shim
 
 import (
@@ -40,6 +38,25 @@ const (
 	MaxSocketPath = 107
 )
 
+// CallTimeout is how long one call of verb waits for the daemon, the daemon's retries included:
+// StatusTimeout for STATUS, else the configuration's ipam.timeout (value, "" for none) or
+// DefaultTimeout. ok is false when value is not a positive duration: the daemon refuses it (7); the
+// plugin waits DefaultTimeout for that answer. Plugin and daemon read the timeout here, once.
+func CallTimeout(verb, value string) (d time.Duration, ok bool) {
+	d = DefaultTimeout
+	if value != "" {
+		v, err := time.ParseDuration(value)
+		if err != nil || v <= 0 {
+			return DefaultTimeout, false
+		}
+		d = v
+	}
+	if verb == "STATUS" {
+		return StatusTimeout, true
+	}
+	return d, true
+}
+
 // CheckSocketPath returns why path cannot be the daemon's socket, or "": an absolute path without
 // NUL, of at most MaxSocketPath bytes. Plugin, configuration and daemon check it the same way
 // before any connection: a path connect(2) refuses would fail every call with 11, "try again".
@@ -64,15 +81,13 @@ func VersionJSON() string {
 // Main runs the plugin and returns its exit code. about is printed on stderr when CNI_COMMAND is
 // unset, as skel does.
 func Main(about string) int {
-	cmd, err := CheckEnv(getenv)
-	if err != nil {
-		if err.Code == ErrInvalidEnvironment && getenv("CNI_COMMAND") == "" {
-			writeAll(2, []byte(about+"\nCNI protocol versions supported: "+strings.Join(Versions, ", ")+"\n"))
-			return 0
-		}
-		return fail(err)
-	}
-	if cmd == "VERSION" {
+	cmd := getenv("CNI_COMMAND")
+	switch cmd {
+	case "":
+		// Not a CNI call: someone ran the plugin by hand.
+		writeAll(2, []byte(about+"\nCNI protocol versions supported: "+strings.Join(Versions, ", ")+"\n"))
+		return 0
+	case "VERSION":
 		writeAll(1, []byte(VersionJSON()))
 		return 0
 	}
@@ -172,57 +187,23 @@ type conf struct {
 }
 
 // parseConf finds the daemon's socket and what the plugin must read or wait for on the daemon's
-// behalf. It decodes raw values only: what it does not need, and what is wrong in what it does not
-// need, is the daemon's to report, with the same messages as when it is given the whole call. What
-// fails here, in skel's order and with skel's and LoadConfig's messages: JSON that is not JSON, a
-// missing or malformed name, an unknown command, a cniVersion the verb or the plugin does not
-// allow, a missing ipam section, a socket that cannot be one.
+// behalf. It decodes raw values only, and checks only what it cannot forward: a socket that cannot
+// be one (7). Whatever else is wrong, JSON that is not JSON included, is the daemon's to report:
+// without an ipam.socket the plugin asks the daemon at DefaultSocket.
 func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 	var top struct {
 		Name json.RawMessage `json:"name"`
-		IPAM json.RawMessage `json:"ipam"`
+		IPAM struct {
+			Socket     json.RawMessage `json:"socket"`
+			ResolvConf json.RawMessage `json:"resolvConf"`
+			DNS        json.RawMessage `json:"dns"`
+			Timeout    json.RawMessage `json:"timeout"`
+			LogFile    json.RawMessage `json:"log_file"`
+		} `json:"ipam"`
 	}
-	if err := json.Unmarshal(stdin, &top); err != nil {
-		// Not JSON, or not an object: skel's words, which name its own target.
-		var skel struct {
-			Name string `json:"name"`
-		}
-		if serr := json.Unmarshal(stdin, &skel); serr != nil {
-			err = serr
-		}
-		return nil, &Error{Code: ErrDecodingFailure, Msg: "error unmarshall network config: " + err.Error()}
-	}
-	// skel's checks of the name, and block-ipam's of its section, which need no daemon.
-	name, ok := unquote(top.Name)
-	if !ok && len(top.Name) > 0 && string(top.Name) != "null" {
-		var skel struct {
-			Name string `json:"name"`
-		}
-		return nil, &Error{Code: ErrDecodingFailure, Msg: "error unmarshall network config: " + json.Unmarshal(stdin, &skel).Error()}
-	}
-	switch {
-	case name == "":
-		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "missing network name"}
-	case !ValidName(name):
-		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "invalid characters found in network name", Details: name}
-	}
-	if err := CheckVersion(cmd, stdin); err != nil {
-		return nil, err
-	}
-	switch {
-	case len(top.IPAM) == 0 || string(top.IPAM) == "null":
-		return nil, &Error{Code: ErrInvalidNetworkConfig, Msg: "ipam: missing: block-ipam reads its settings from the ipam section"}
-	}
-	var im struct {
-		Socket     json.RawMessage `json:"socket"`
-		ResolvConf json.RawMessage `json:"resolvConf"`
-		DNS        json.RawMessage `json:"dns"`
-		Timeout    json.RawMessage `json:"timeout"`
-		LogFile    json.RawMessage `json:"log_file"`
-	}
-	// An ipam that is no object is the daemon's to refuse.
-	_ = json.Unmarshal(top.IPAM, &im)
-	c := &conf{network: name, socket: DefaultSocket, timeout: DefaultTimeout, logFile: str(im.LogFile)}
+	_ = json.Unmarshal(stdin, &top)
+	im := top.IPAM
+	c := &conf{network: str(top.Name), socket: DefaultSocket, logFile: str(im.LogFile)}
 	if len(im.Socket) > 0 && string(im.Socket) != "null" {
 		s, ok := unquote(im.Socket)
 		s = strings.TrimSpace(s)
@@ -236,12 +217,7 @@ func parseConf(stdin []byte, cmd string) (*conf, *Error) {
 			c.socket = s
 		}
 	}
-	if d, err := time.ParseDuration(str(im.Timeout)); err == nil && d > 0 {
-		c.timeout = d
-	}
-	if cmd == "STATUS" {
-		c.timeout = StatusTimeout
-	}
+	c.timeout, _ = CallTimeout(cmd, str(im.Timeout))
 	if cmd == "ADD" && (len(im.DNS) == 0 || string(im.DNS) == "null") {
 		// Only ADD prints DNS; DEL must release whatever became of the file.
 		c.resolvConf = str(im.ResolvConf)

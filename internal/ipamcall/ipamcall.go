@@ -1,6 +1,6 @@
 // Package ipamcall calls block-ipam's node daemon over its socket the way the plugin (package
-// cni/shim) does, with one frame, and reads the reply frame back into a cni.Reply: tests, benchmarks
-// and the skel-based reference plugin use it as their client. The figures the daemon reports per call
+// cni/shim) does, with one frame, and reads the reply frame back into a cni.Reply: tests and
+// benchmarks use it as their client. The figures the daemon reports per call
 // (its node, attempts, batched requests, etcd round trips, GC's releases) come from records of the
 // reply frame; the allocations from the result it rendered.
 package ipamcall
