@@ -52,11 +52,13 @@ type NodeCapacity struct {
 
 // CapacityReport is the capacity of every pool and of every node in every pool it holds blocks of,
 // both sorted (pools in input order, nodes by node then pool). BlockLimit is the most blocks a node
-// claims (the IPAM config's cap); BlocksOutside counts blocks in no pool (not counted anywhere else).
+// claims (the IPAM config's cap) and AutoAllocate whether nodes may claim at all; BlocksOutside
+// counts blocks in no pool (not counted anywhere else).
 type CapacityReport struct {
 	Pools         []PoolCapacity
 	Nodes         []NodeCapacity
 	BlockLimit    int
+	AutoAllocate  bool
 	BlocksOutside int
 }
 
@@ -65,7 +67,7 @@ type CapacityReport struct {
 func Capacity(in CapacityInput) CapacityReport {
 	reserved := append(slices.Clone(in.Reservations), in.Exclude...)
 	skip := reserved.Contains
-	rep := CapacityReport{BlockLimit: in.Config.BlockCap()}
+	rep := CapacityReport{BlockLimit: in.Config.BlockCap(), AutoAllocate: in.Config.AutoAllocateBlocks}
 	type nodeKey struct{ node, pool string }
 	nodes := map[nodeKey]*NodeCapacity{}
 	perPool := make([][]netip.Prefix, len(in.Pools))

@@ -74,7 +74,7 @@ func TestCapacity(t *testing.T) {
 				{Pool: "p4", Family: "ipv4", Addresses: 256, Reserved: 64, BlocksClaimable: 3},
 				{Pool: "small", Family: "ipv4", Addresses: 64, Reserved: 64, BlocksClaimable: 0},
 			},
-			BlockLimit: 20,
+			BlockLimit: 20, AutoAllocate: true,
 		},
 	}, {
 		name: "IPv6 pool larger than 2^64 blocks' worth, a block without affinity",
@@ -88,7 +88,7 @@ func TestCapacity(t *testing.T) {
 		want: CapacityReport{
 			Pools: []PoolCapacity{{Pool: "p6", Family: "ipv6", Addresses: math.Ldexp(1, 64), BlockAddresses: 64,
 				Allocated: 1, FreeInBlocks: 63, BlocksClaimed: 1, BlocksClaimable: math.Ldexp(1, 58) - 1, Borrowed: 1}},
-			BlockLimit: 20,
+			BlockLimit: 20, AutoAllocate: true,
 		},
 	}}
 	for _, c := range cases {
