@@ -54,7 +54,7 @@ func TestRules(t *testing.T) {
 // recorder is a Registerer that keeps the collectors registered with it.
 type recorder struct{ cs []prometheus.Collector }
 
-func (r *recorder) Register(c prometheus.Collector) error { r.cs = append(r.cs, c); return nil }
+func (r *recorder) Register(c prometheus.Collector) error   { r.cs = append(r.cs, c); return nil }
 func (r *recorder) MustRegister(cs ...prometheus.Collector) { r.cs = append(r.cs, cs...) }
 func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
 
@@ -158,7 +158,7 @@ func metricNames(expr string) []string {
 func TestMetricNames(t *testing.T) {
 	for expr, want := range map[string][]string{
 		`sum by (pool, family) (a_b{x="y,z}"}) / on (node) group_left () rate(c[5m]) > 0.8`: {"a_b", "c"},
-		`up{job="block-ipamd"} == 0 or absent(d)`:                                          {"up", "d"},
+		`up{job="block-ipamd"} == 0 or absent(d)`:                                           {"up", "d"},
 		`label_values(block_ipam_pool_addresses, pool)`:                                     {"block_ipam_pool_addresses"},
 		`histogram_quantile(0.99, sum by (le) (rate(h_bucket[$__rate_interval])))`:          {"h_bucket"},
 		`time() - max by (instance) (x) > 270 unless on (instance) y == 1`:                  {"x", "y"},
