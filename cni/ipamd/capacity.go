@@ -122,13 +122,13 @@ func (c *Capacity) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var last time.Time
+	// tried: the leadership of the last read, which a change of leadership makes stale at once (a
+	// read that failed is retried at the next interval, not every second while etcd is down).
+	tried := false
 	for {
-		c.mu.Lock()
-		full := c.snap.full
-		c.mu.Unlock()
 		leader := c.cfg.Leader()
-		if time.Since(last) >= c.cfg.Interval || leader != full {
-			last = time.Now()
+		if last.IsZero() || time.Since(last) >= c.cfg.Interval || leader != tried {
+			last, tried = time.Now(), leader
 			if err := c.Refresh(ctx, leader); err != nil && ctx.Err() == nil {
 				c.readErrors.Inc()
 				c.cfg.Logger.Warn("read IPAM capacity", "err", err)
