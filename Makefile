@@ -60,6 +60,12 @@ SCALE_WATCHERS ?= 1,10,100,500
 bench-scale: etcd-server
 	SCALE_WATCHERS=$(SCALE_WATCHERS) $(GO) test -run '^$$' -bench Fanout -benchtime 1x -count 1 -timeout 40m ./test/scale/
 
+# Debian's prometheus package: promtool for the alert rules' unit tests (deploy/monitoring; skipped
+# without it), installed without starting its service.
+.PHONY: promtool
+promtool:
+	@deploy/monitoring/install-prometheus.sh
+
 # Debian's etcd-server package (etcd and its gRPC proxy), installed without starting its service.
 etcd-server:
 	@test/scale/install-etcd-server.sh

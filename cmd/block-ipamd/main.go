@@ -77,6 +77,10 @@ type config struct {
 	metricsAddress string
 	log            *slog.Logger
 	pause          time.Duration
+	// livenessTTL and capacityInterval: the liveness lease and the capacity gauges' reads.
+	livenessTTL      time.Duration
+	capacityInterval time.Duration
+	hostsPrefix      string
 }
 
 // envName returns the environment variable a flag falls back to: Calico's name where Calico has one
@@ -105,6 +109,9 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	fs.MarkHidden("socket-group")
 	fs.IntVar(&cfg.maxConns, "max-connections", ipamd.DefaultMaxConnections, "plugin connections served at once; at the limit a new one displaces the oldest still waiting for its request")
 	fs.StringVar(&cfg.metricsAddress, "metrics-address", defaultMetricsAddress, "listen address of /metrics, /healthz, /readyz; empty disables")
+	fs.DurationVar(&cfg.livenessTTL, "liveness-ttl", ipamd.DefaultLivenessTTL, "TTL of the lease holding this daemon's liveness key "+ipamd.AlivePrefix+"<node> (whole seconds); the daemons elect the exporter of the cluster's capacity gauges on it")
+	fs.DurationVar(&cfg.capacityInterval, "capacity-interval", ipamd.DefaultCapacityInterval, "how often the capacity gauges are read from etcd")
+	fs.StringVar(&cfg.hostsPrefix, "hosts-prefix", ipamd.DefaultHostsPrefix, "the route agents' registration prefix: a node registered there counts as alive in block_ipam_dead_nodes")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -165,6 +172,12 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 		if err := checkListen(cfg.metricsAddress); err != nil {
 			return bad(fmt.Errorf("--metrics-address: %w", err))
 		}
+	}
+	if cfg.livenessTTL < ipamd.MinLivenessTTL || cfg.livenessTTL%time.Second != 0 {
+		return bad(fmt.Errorf("--liveness-ttl %s: a whole number of seconds, at least %s", cfg.livenessTTL, ipamd.MinLivenessTTL))
+	}
+	if cfg.capacityInterval < time.Second {
+		return bad(fmt.Errorf("--capacity-interval %s: at least 1s", cfg.capacityInterval))
 	}
 	if cfg.log, err = logging.New(*level, *format, stderr); err != nil {
 		return bad(err)
@@ -297,6 +310,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 	// open), as the agent does; with any number, notice an etcd that cannot serve.
 	g.Go(func() error { return guard.Run(gctx) })
 	g.Go(func() error { return srv.Serve(gctx, sock) })
+	live, err := ipamd.NewLiveness(ipamd.LivenessConfig{Client: cli, Node: cfg.node, TTL: cfg.livenessTTL,
+		CallTimeout: cfg.etcd.RequestTimeout, Logger: log})
+	if err != nil {
+		return err
+	}
+	capacity := ipamd.NewCapacity(ipamd.CapacityConfig{Client: cli, Node: cfg.node, Leader: live.Leader,
+		Interval: cfg.capacityInterval, CallTimeout: cfg.etcd.RequestTimeout, HostsPrefix: cfg.hostsPrefix, Logger: log}, reg)
+	g.Go(func() error { return live.Run(gctx) })
+	g.Go(func() error { return capacity.Run(gctx) })
 	if metricsLn != nil {
 		log.Info("serving metrics and health", "address", metricsLn.Addr().String())
 		hs := &http.Server{Handler: srv.HealthHandler(reg), ReadHeaderTimeout: 5 * time.Second}

@@ -57,6 +57,10 @@ func TestBadSettingsRefused(t *testing.T) {
 		{[]string{"--max-connections", "0"}, nil, "--max-connections"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
+		{[]string{"--liveness-ttl", "1s"}, nil, "--liveness-ttl 1s: a whole number of seconds, at least 2s"},
+		{[]string{"--liveness-ttl", "2500ms"}, nil, "--liveness-ttl"},
+		{nil, map[string]string{"BLOCK_IPAM_LIVENESS_TTL": "0s"}, "--liveness-ttl"},
+		{[]string{"--capacity-interval", "10ms"}, nil, "--capacity-interval"},
 	} {
 		args := append(append([]string{}, base...), tc.args...)
 		var stderr bytes.Buffer

@@ -330,10 +330,10 @@ func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.Allocatio
 	limit := v.cfg.BlockLimit(v.conf.MaxBlocks)
 	switch {
 	case len(affine) >= limit:
-		return allocation{}, withCode(ErrPoolExhausted, "node %s holds %d %s blocks, the maximum per host, and they are full: at that limit Calico neither claims nor borrows",
+		return allocation{}, refuseClaim(refusedBlockLimit, "node %s holds %d %s blocks, the maximum per host, and they are full: at that limit Calico neither claims nor borrows",
 			v.conf.Node, len(affine), f)
 	case !v.cfg.AutoAllocateBlocks:
-		return allocation{}, withCode(ErrPoolExhausted, "%s: the node's blocks are full and auto_allocate_blocks is off in the Calico IPAM config", f)
+		return allocation{}, refuseClaim(refusedAutoAllocateOff, "%s: the node's blocks are full and auto_allocate_blocks is off in the Calico IPAM config", f)
 	}
 	a, ok, err := v.claim(f, pools, attr)
 	if err != nil || ok {
@@ -343,7 +343,7 @@ func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.Allocatio
 
 	// Borrow.
 	if v.cfg.StrictAffinity {
-		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted for node %s: its blocks are full, %s, and strict affinity forbids borrowing from other nodes' blocks",
+		return allocation{}, refuseClaim(refusedStrictAffinity, "%s pool exhausted for node %s: its blocks are full, %s, and strict affinity forbids borrowing from other nodes' blocks",
 			f, v.conf.Node, why)
 	}
 	if err := v.requireFamily(f); err != nil {
@@ -369,7 +369,7 @@ func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.Allocatio
 		}
 	}
 	if e == nil {
-		return allocation{}, withCode(ErrPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
+		return allocation{}, refuseClaim(refusedPoolExhausted, "%s pool exhausted: no free address in any block of %s (%s)", f, poolNames(pools), why)
 	}
 	a, _ = v.assignFrom(e, attr)
 	v.did("borrowing an address from another node's block", "block", e.b.CIDR, "addr", a.Addr, "why", why)

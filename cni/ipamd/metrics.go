@@ -17,6 +17,7 @@ type metrics struct {
 	outside    prometheus.Counter
 	batched    *prometheus.CounterVec
 	dropped    *prometheus.CounterVec
+	refused    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,12 +51,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "block_ipam_connections_dropped_total",
 			Help: "Connections on the socket closed without serving a request, by reason: displaced (still sending its request when a new connection came at the connection limit), bytes (refused with 11: the request buffers were full), deadline (no whole request within the read deadline).",
 		}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "block_ipam_claims_refused_total",
+			Help: "ADD operations answered 100 (pool exhausted) because the node could get no block, by reason: block_limit (maxBlocksPerHost reached, all full), auto_allocate_off, strict_affinity (no block to claim, borrowing forbidden), pool_exhausted (no block to claim, nothing to borrow).",
+		}, []string{"reason"}),
+	}
+	for _, reason := range refusalReasons {
+		m.refused.WithLabelValues(reason)
 	}
 	for _, reason := range []string{"displaced", "bytes", "deadline"} {
 		m.dropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.outside, m.batched, m.dropped)
+		reg.MustRegister(m.requests, m.latency, m.roundTrips, m.claims, m.outside, m.batched, m.dropped, m.refused)
 	}
 	return m
 }

@@ -293,6 +293,9 @@ func (s *Server) operate(ctx context.Context, reqs []*request) *cni.Reply {
 	s.metrics.outside.Add(float64(c.outside))
 	s.metrics.batched.WithLabelValues(req.Verb).Add(float64(batched))
 	if err != nil {
+		if reason := refusalReason(err); reason != "" {
+			s.metrics.refused.WithLabelValues(reason).Inc()
+		}
 		te := toCNIError(err)
 		reply.Code, reply.Msg = te.Code, te.Msg
 		c.log.Warn(req.Verb+" failed", "err", te.Msg, "code", te.Code, "attempts", c.attempts, "etcd_round_trips", c.roundTrips)
