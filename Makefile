@@ -21,26 +21,27 @@ test: lint
 
 # The same tests against real VPP processes, one per node, instead of the simulator (the helpers in
 # internal/vpptest read VPP_TEST_BACKEND): the vppapi tests, the process-level e2e and the lab scenario.
-# Tests that need the simulator's faults are skipped. VPP comes from VPP_PKG (an unpacked package
-# directory such as ../shared/vpp's) or a vpp on PATH. The data-plane tests (test/dataplane: pod-to-pod
-# pings between VPPs wired with memif) need the lab build, with the memif and ping plugins, from
-# VPP_LAB_PKG; without it they are skipped.
+# Tests that need the simulator's faults are skipped. VPP is installed the way users install it: fd.io's
+# packages (vpp and vppctl on PATH), or an unpacked VPP package directory in VPP_PKG (bin/vpp, bin/vppctl).
+# The data-plane tests (test/dataplane: pod-to-pod pings between VPPs wired with memif) need a VPP with the
+# memif and ping plugins (fd.io's vpp-plugin-core has both) installed under VPP_LAB_PKG (/usr for fd.io's
+# packages); without it they are skipped.
 .PHONY: test-vpp
 test-vpp:
 	@if [ -z "$$VPP_PKG" ] && ! command -v vpp >/dev/null 2>&1; then \
-		echo "make test-vpp: no VPP. Unpack one and point VPP_PKG at it:" >&2; \
-		echo "  zstd -dc ../shared/vpp/vpp-v26.06-minimal.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=/opt/vpp-v26.06-minimal" >&2; \
-		echo "or put fd.io's vpp and vppctl on PATH." >&2; exit 2; \
+		echo "make test-vpp: no VPP. Install fd.io's packages (https://fd.io/docs/vpp/master/gettingstarted/installing/:" >&2; \
+		echo "  vpp, vpp-plugin-core; vpp and vppctl on PATH), or point VPP_PKG at an unpacked VPP package directory" >&2; \
+		echo "  (bin/vpp, bin/vppctl; e.g. a build of VPP 26.06 unpacked into /opt: make test-vpp VPP_PKG=/opt/vpp-v26.06-minimal)." >&2; exit 2; \
 	fi
 	@if [ -z "$$VPP_LAB_PKG" ]; then \
-		echo "make test-vpp: no VPP_LAB_PKG, the data-plane tests are skipped; for them:" >&2; \
-		echo "  zstd -dc ../shared/vpp/vpp-v26.06-lab.tar.zst | tar -x -C /opt && make test-vpp VPP_PKG=... VPP_LAB_PKG=/opt/vpp-v26.06-lab" >&2; \
+		echo "make test-vpp: no VPP_LAB_PKG, the data-plane tests are skipped; for them point VPP_LAB_PKG at a VPP" >&2; \
+		echo "  with the memif and ping plugins: VPP_LAB_PKG=/usr with fd.io's vpp-plugin-core installed, or an unpacked build (/opt/vpp-v26.06-lab)." >&2; \
 	fi
 	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) VPP_LAB_PKG=$(VPP_LAB_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab ./test/dataplane
 
 # Interoperability with Project Calico's own calico-ipam and calicoctl v3.31.0 on one etcd (needs root:
 # calico-ipam runs in a private mount namespace). Calico is built once into CALICO_DIR (2-6 min cold).
-CALICO_SRC ?= ../shared/calico
+CALICO_SRC ?= test/calicointerop/build-calico
 CALICO_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/vpp-route-agent/calico-v3.31.0
 .PHONY: test-calico
 test-calico:

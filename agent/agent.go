@@ -892,7 +892,7 @@ func (a *Agent) leftBehind(r vppapi.Route) bool {
 }
 
 // parked reports whether route prefix p lies outside the managed pools but inside a disabled pool: a
-// route the agent programmed there stays as it is (a migration: see the README's limits) until the
+// route the agent programmed there stays as it is (a migration: see docs/limitations.md) until the
 // pool is enabled again or deleted.
 func (a *Agent) parked(p netip.Prefix) bool {
 	if a.snap == nil || a.cfg.Pools != nil || inPools(a.pools, p) {

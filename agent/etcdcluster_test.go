@@ -47,7 +47,7 @@ func (c *cluster) putBlockRetry(cidr, owner string) {
 // TestNameConflictChangesNoRoute: a second agent started with node b's name (a copied configuration)
 // and its own peer IP. On node a no route changes while both run: the second agent registers nothing
 // and says why. When b stops for good (its lease expires) the second agent takes over and a's route
-// changes exactly once. VPP_ROUTE_AGENT_CONFLICT_SECONDS lengthens the conflict (the README's figure
+// changes exactly once. VPP_ROUTE_AGENT_CONFLICT_SECONDS lengthens the conflict (docs/performance.md's figure
 // uses 20).
 func TestNameConflictChangesNoRoute(t *testing.T) {
 	window := 2 * time.Second

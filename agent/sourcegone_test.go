@@ -69,7 +69,7 @@ func TestDefaultRouteNeverFromABlock(t *testing.T) {
 
 // TestRoutesOfADeletedPoolAreWithdrawn: the routes the agent programmed in a pool are withdrawn when the
 // pool is deleted, before or after its blocks; a pool that is only disabled keeps its routes as they
-// are (the README's migration limit).
+// are (the migration limit in docs/limitations.md).
 func TestRoutesOfADeletedPoolAreWithdrawn(t *testing.T) {
 	extra := netip.MustParsePrefix("10.96.0.0/16")
 	c := newCluster(t, clusterOpts{}, "a", "b")

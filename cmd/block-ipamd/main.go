@@ -1,6 +1,6 @@
 // Command block-ipamd is block-ipam's node daemon (package cni/ipamd): it owns the node's IPAM state
 // on one etcd client and answers the block-ipam CNI plugin over a unix socket. `block-ipam daemon`
-// runs it too. See README.md for the flags, metrics and operations.
+// runs it too. See docs/block-ipam.md for the flags, metrics and operations.
 package main
 
 import (

@@ -26,7 +26,7 @@ import (
 // agent should have programmed it.
 var errDisagrees = errors.New("this node's VPP disagrees with the routes computed from etcd")
 
-// explanation is the explain subcommand's answer; its JSON form is the documented schema (README,
+// explanation is the explain subcommand's answer; its JSON form is the documented schema (docs/agent.md,
 // "Why this address?").
 type explanation struct {
 	Query    string     `json:"query"`

@@ -1,5 +1,5 @@
 // Command vpp-route-agent keeps the VPP FIB of this node equal to the routes to the Calico IPAM blocks
-// of the other nodes. See README.md for the flags, metrics and operations.
+// of the other nodes. See docs/agent.md for the flags, metrics and operations.
 package main
 
 import (

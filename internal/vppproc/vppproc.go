@@ -2,8 +2,8 @@
 // hugepages, no root, every socket and log in one short run directory, an uplink created by
 // startup-config (so that it appears 2 s after VPP starts, as on a real node).
 //
-// The VPP comes from VPP_PKG, an unpacked package directory with bin/vpp and bin/vppctl (like
-// ../shared/vpp's vpp-v26.06-minimal), or else from a vpp and vppctl on PATH.
+// The VPP comes from VPP_PKG, a package directory with bin/vpp and bin/vppctl (an unpacked build such as
+// a minimal VPP 26.06 in /opt/vpp-v26.06-minimal), or else from a vpp and vppctl on PATH (fd.io's packages).
 package vppproc
 
 import (
@@ -36,9 +36,8 @@ const EnvPackage = "VPP_PKG"
 const Uplink = "loop0"
 
 // HowToGet tells a user without a VPP how to get one.
-const HowToGet = "no VPP found: set VPP_PKG to an unpacked VPP package directory (bin/vpp, bin/vppctl), e.g.\n" +
-	"  mkdir -p /opt && zstd -dc ../shared/vpp/vpp-v26.06-minimal.tar.zst | tar -x -C /opt && export VPP_PKG=/opt/vpp-v26.06-minimal\n" +
-	"or put fd.io's vpp and vppctl on PATH"
+const HowToGet = "no VPP found: install fd.io's vpp package (vpp and vppctl on PATH; https://fd.io/docs/vpp/master/gettingstarted/installing/),\n" +
+	"or set VPP_PKG to a VPP package directory (bin/vpp, bin/vppctl), e.g. a build unpacked into /opt: VPP_PKG=/opt/vpp-v26.06-minimal"
 
 // ErrNoVPP is returned by Find when there is no VPP to run.
 var ErrNoVPP = errors.New(HowToGet)

@@ -5,8 +5,8 @@
 // leave it. Pings between pods (VPP's ping, sourced from the pod's interface) then show whether the routes
 // a route agent programmed carry packets.
 //
-// It needs a VPP with the memif and ping plugins: the lab build (../shared/vpp/vpp-v26.06-lab.tar.zst),
-// unpacked and named by VPP_LAB_PKG. Memif needs no root and no hugepages, and every interface is in
+// It needs a VPP with the memif and ping plugins (fd.io's vpp-plugin-core package has both), its
+// installation directory named by VPP_LAB_PKG: /usr for fd.io's packages, or an unpacked package. Memif needs no root and no hugepages, and every interface is in
 // interrupt mode, so idle VPPs use no CPU.
 package vpptopo
 
@@ -35,8 +35,9 @@ import (
 const EnvLabPackage = "VPP_LAB_PKG"
 
 // HowToGet tells a user without a lab build how to get one.
-const HowToGet = "no VPP lab build: set " + EnvLabPackage + " to the unpacked lab package (memif and ping plugins), e.g.\n" +
-	"  zstd -dc ../shared/vpp/vpp-v26.06-lab.tar.zst | tar -x -C /opt && export " + EnvLabPackage + "=/opt/vpp-v26.06-lab"
+const HowToGet = "no VPP lab build: set " + EnvLabPackage + " to a VPP installation with the memif and ping plugins\n" +
+	"  (bin/vpp, lib/*/vpp_plugins): " + EnvLabPackage + "=/usr with fd.io's vpp and vpp-plugin-core packages installed,\n" +
+	"  or an unpacked package directory such as /opt/vpp-v26.06-lab"
 
 // ErrNoLab is returned by FindLab when VPP_LAB_PKG is not set.
 var ErrNoLab = errors.New(HowToGet)

@@ -2,6 +2,6 @@
 // etcd: both plugins on other nodes and on the same node at once, DELs and releases across the two,
 // node deletion, IP reservations, borrowing both ways, IPv6, and `calicoctl ipam check` clean after
 // every scenario. It needs Calico's binaries: `make test-calico` builds them with
-// ../shared/calico/build-calico.sh and runs the tests with CALICO_BIN_DIR pointing at them; without
+// build-calico/build-calico.sh (in this directory) and runs the tests with CALICO_BIN_DIR pointing at them; without
 // that variable every test skips.
 package calicointerop

@@ -51,7 +51,7 @@ func runMain(m *testing.M) int {
 	}
 	for _, b := range []string{"calico-ipam", "calicoctl"} {
 		if _, err := os.Stat(filepath.Join(calicoDir, b)); err != nil {
-			fmt.Fprintf(os.Stderr, "%s=%s: %v (build them with ../shared/calico/build-calico.sh)\n", EnvCalicoDir, calicoDir, err)
+			fmt.Fprintf(os.Stderr, "%s=%s: %v (build them with test/calicointerop/build-calico/build-calico.sh, or make test-calico)\n", EnvCalicoDir, calicoDir, err)
 			return 1
 		}
 	}
