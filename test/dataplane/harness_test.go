@@ -100,6 +100,13 @@ func requireLab(t *testing.T) {
 // test.
 func startTopology(t *testing.T, kind vpptopo.Kind, n int) *vpptopo.Topology {
 	t.Helper()
+	return startTopologyWith(t, vpptopo.Config{Kind: kind, Nodes: n})
+}
+
+// startTopologyWith is startTopology with more of vpptopo.Config (Dir is set here).
+func startTopologyWith(t *testing.T, cfg vpptopo.Config) *vpptopo.Topology {
+	kind, n := cfg.Kind, cfg.Nodes
+	t.Helper()
 	dir, err := os.MkdirTemp("", "dp")
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +115,8 @@ func startTopology(t *testing.T, kind vpptopo.Kind, n int) *vpptopo.Topology {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	topo, err := vpptopo.Start(ctx, labBin, vpptopo.Config{Kind: kind, Nodes: n, Dir: dir})
+	cfg.Dir = dir
+	topo, err := vpptopo.Start(ctx, labBin, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
