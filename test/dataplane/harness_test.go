@@ -173,6 +173,16 @@ func (c *cluster) deleteBlocks(n *vpptopo.Node) {
 // end does.
 func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 	t.Helper()
+	return startAgentOn(t, etcd, n.Name, n.VPP, vpptopo.UplinkInterface, n.Addr4, n.Addr6)
+}
+
+// startAgentOn is startAgent for node name on VPP vpp, its uplink interface uplink with addresses addrs.
+func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink string, addrs ...netip.Prefix) (stop func()) {
+	t.Helper()
+	n := struct {
+		Name string
+		VPP  *vppproc.VPP
+	}{name, vpp}
 	logPath := filepath.Join(n.VPP.Dir(), "agent.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -183,13 +193,14 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 		"--etcd-endpoints", etcd,
 		"--etcd-dial-timeout", "2s",
 		"--vpp-api-socket", n.VPP.Socket(),
-		"--uplink-interface", vpptopo.UplinkInterface,
-		"--uplink-address", n.Addr4.String(),
-		"--uplink-address", n.Addr6.String(),
+		"--uplink-interface", uplink,
 		"--metrics-address", "",
 		"--log-format", "json",
 		"--log-level", "debug", // the tests wait for "full resync done"
 		"--registration-ttl", "10s")
+	for _, a := range addrs {
+		cmd.Args = append(cmd.Args, "--uplink-address", a.String())
+	}
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()} // no ETCD_ENDPOINTS, NODENAME leak in
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
