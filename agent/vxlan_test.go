@@ -222,18 +222,23 @@ func TestVXLANModeEdit(t *testing.T) {
 	}
 }
 
-// TestVXLANNoPlugin: a VPP without the vxlan plugin (the minimal build): the VXLAN pool's routes are not
-// programmed, /readyz names the plugin, the gauge counts them and the log says it once; every other
-// route (the IPv6 pool's, flat) is programmed.
+// TestVXLANNoPlugin: a VPP without the vxlan plugin (the minimal build), a pool switched to VXLAN: the
+// routes VPP has are kept (never withdrawn for it), a new block's route is not programmed, /readyz
+// names the plugin, the gauge counts the routes and the log says it once; every other route (the IPv6
+// pool's, flat) is programmed.
 func TestVXLANNoPlugin(t *testing.T) {
 	c := newCluster(t, clusterOpts{sim: func(cfg *vppsim.Config) { cfg.NoVXLAN = true }}, "a", "b")
 	c.putNodes()
-	c.putPoolModes(calico.EncapNever, calico.EncapAlways)
 	c.putBlock("10.244.2.0/26", "b", nil)
+	b := c.nodes["b"]
+	kept := "10.244.2.0/26 via " + b.peerV4.String() + "@1"
+	c.eventuallyEncap("a", []string{kept})
+	c.putPoolModes(calico.EncapNever, calico.EncapAlways)
+	c.waitFor("the gauge at 1", settle, func() bool { return c.metric("a", "vpp_route_agent_routes_without_vxlan_plugin") == 1 })
 	c.putBlock("10.244.3.0/26", "b", nil)
 	c.putBlock("fd00:10:244::80/122", "b", nil)
-	c.eventuallyEncap("a", []string{"fd00:10:244::80/122 via " + c.nodes["b"].peerV6.String() + "@1"})
-	c.waitFor("the gauge", settle, func() bool { return c.metric("a", "vpp_route_agent_routes_without_vxlan_plugin") == 2 })
+	c.eventuallyEncap("a", []string{kept, "fd00:10:244::80/122 via " + b.peerV6.String() + "@1"})
+	c.waitFor("the gauge at 2", settle, func() bool { return c.metric("a", "vpp_route_agent_routes_without_vxlan_plugin") == 2 })
 	var missing []string
 	c.waitFor("/readyz naming the plugin", settle, func() bool {
 		_, missing = c.nodes["a"].agent.Ready()
@@ -242,7 +247,10 @@ func TestVXLANNoPlugin(t *testing.T) {
 	if n := c.nodes["a"].logs.count("VPP has no vxlan plugin"); n != 1 {
 		t.Errorf("%d log lines about the plugin, want 1", n)
 	}
-	c.eventuallyEncap("a", []string{"fd00:10:244::80/122 via " + c.nodes["b"].peerV6.String() + "@1"})
+	if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete"); n != 0 {
+		t.Errorf("%v route deletes, want none", n)
+	}
+	c.eventuallyEncap("a", []string{kept, "fd00:10:244::80/122 via " + b.peerV6.String() + "@1"})
 }
 
 // TestVXLANBadNode: a Calico Node whose VTEP MAC does not parse, then one whose address does not: the
