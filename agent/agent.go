@@ -72,6 +72,12 @@ type Dataplane interface {
 	IPIPTunnelAt(ctx context.Context, swIfIndex uint32) (vppapi.IPIPTunnel, bool, error)
 	SetTunnelMTU(ctx context.Context, swIfIndex, mtu uint32) error
 	DeleteIPIPTunnel(ctx context.Context, swIfIndex uint32) error
+	EnsureVXLANTunnel(ctx context.Context, spec vppapi.VXLANSpec) (uint32, error)
+	DumpVXLANTunnels(ctx context.Context) ([]vppapi.VXLANTunnel, error)
+	DeleteVXLANTunnel(ctx context.Context, spec vppapi.VXLANSpec) error
+	EnsureNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr, mac vppapi.MAC) error
+	DeleteNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr) error
+	DumpNeighbors(ctx context.Context, swIfIndex uint32) ([]vppapi.Neighbor, error)
 }
 
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
@@ -231,6 +237,10 @@ type Agent struct {
 	encapLogged map[string]string
 	// mtuWarned is the last MTU warning logged ("" none).
 	mtuWarned string
+	// ownNode is this node's Calico Node resource (its VTEP MAC), from the latest snapshot.
+	ownNode calico.Node
+	// vxlanMissingLogged says that the missing vxlan plugin was logged since VPP (re)connected.
+	vxlanMissingLogged bool
 	// encapCountAt is when the routes-by-encapsulation gauge was last computed.
 	encapCountAt  time.Time
 	waitingUplink bool
@@ -265,6 +275,8 @@ type readiness struct {
 	waitingUplink   bool
 	resynced        bool
 	etcdSynced      bool
+	// noVXLAN counts the routes that need VXLAN while VPP has no vxlan plugin.
+	noVXLAN int
 }
 
 // New returns an agent; reg may be nil when nothing is registered (dry runs, tests).
@@ -345,6 +357,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	prev := a.snap
 	a.snap = snap
 	a.tunnelCfg = snap.Tunnel
+	a.ownNode = snap.Nodes[a.cfg.NodeName]
 	pools := ManagedPools(snap, a.cfg.Pools)
 	// A pool disabled or deleted that was disabled changes which routes are parked (see parked).
 	parkedChanged := prev != nil && a.cfg.Pools == nil && !slices.Equal(disabledPools(prev), disabledPools(snap))
@@ -376,8 +389,12 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	dirty := a.desired.update(snap)
 	a.trackPeers()
 	a.releaseHeld(prev, snap, dirty)
-	if snap.TunnelChanged && a.tunnelMTU() != 0 {
-		a.needFull = "tunnel-config" // the tunnels' MTU (the resync reads and sets it)
+	if snap.TunnelChanged && (a.tunnelMTU() != 0 || a.desired.enc.hasVXLAN()) {
+		// The tunnels' MTU (the resync reads and sets it), the VXLAN VNI and port (new tunnels).
+		a.needFull = "tunnel-config"
+	}
+	if slices.Contains(snap.ChangedNodes, a.cfg.NodeName) && a.desired.enc.hasVXLAN() {
+		a.needFull = "vtep-mac" // this node's VTEP MAC, the MAC of its VXLAN tunnels (the resync sets it)
 	}
 	if !a.vppUp || !a.uplinkReady || a.rebind {
 		return // the full resync after (re)connect picks it up
@@ -411,7 +428,8 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 		a.pools = managedPools(part.Pools, a.cfg.Pools)
 		a.desired.enc = newEncapView(a.desired.check, part.Pools, part.Nodes)
 		a.tunnelCfg = part.Tunnel
-		a.desired.begin(part.Peers, a.pools, part.Total)
+		a.ownNode = part.Nodes[a.cfg.NodeName]
+		a.desired.begin(part.Peers, part.Nodes, a.pools, part.Total)
 		a.trackPeers()
 		a.listedRev, a.listedTotal = part.Revision, part.Total
 	}
@@ -470,6 +488,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	case vppapi.Connected:
 		a.vppUp = true
 		a.tunnelsRead = false
+		a.vxlanMissingLogged = false // this VPP may have the plugin, or lack it
 		a.uplinkReady = false
 		a.programmedValid = false
 		clear(a.deleted)
@@ -915,7 +934,8 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	}
 	for _, p := range e.Paths {
 		viaUplink := p.SwIfIndex == a.uplink && p.NextHop.IsValid()
-		viaTunnel := a.isTunnel(p.SwIfIndex) && !p.NextHop.IsValid()
+		// An IPIP tunnel is point-to-point (no next hop); a route through a VXLAN one names the VTEP.
+		viaTunnel := a.isTunnel(p.SwIfIndex) && p.NextHop.IsValid() == a.isVXLAN(p.SwIfIndex)
 		if p.Type != vppapi.PathNormal || !viaUplink && !viaTunnel {
 			return vppapi.Route{}, false
 		}
@@ -1005,7 +1025,8 @@ func (a *Agent) apply(ctx context.Context, adds, dels []vppapi.Route) int {
 		failed[f.Route.Prefix] = f
 	}
 	for _, r := range adds {
-		if old, ok := a.programmed[r.Prefix]; ok && old.SwIfIndex != r.SwIfIndex && a.isTunnel(old.SwIfIndex) {
+		if old, ok := a.programmed[r.Prefix]; ok && old != r && a.isTunnel(old.SwIfIndex) {
+			// Another tunnel, or another next hop on a VXLAN one (whose neighbour may be unused now).
 			a.tun.unusedMaybe[old.SwIfIndex] = struct{}{}
 		}
 		if _, bad := failed[r.Prefix]; bad {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -29,11 +30,21 @@ type DesiredRoute struct {
 	Kind    RouteKind    `json:"kind"`
 	// Block is the block the route comes from (equal to Prefix for KindBlock).
 	Block netip.Prefix `json:"block"`
-	// Encap is how the route carries packets (see encapView.of): none (via NextHop on the uplink) or
-	// ipip (through a tunnel to NextHop).
+	// Encap is how the route carries packets (see encapView.of): none (via NextHop on the uplink), ipip
+	// (through a tunnel to NextHop) or vxlan (via NextHop, the owner's VTEP address, through a VXLAN
+	// tunnel to Underlay).
 	Encap calico.Encap `json:"encap"`
-	// EncapNote says why Encap departs from the pool's mode (a VXLAN pool: flat for now).
+	// Underlay and VTEPMAC are set for a VXLAN route: the owner's node IP from its Calico Node resource
+	// (the tunnel's outer destination, felix's ParentDeviceIp) and its VTEP MAC (the static neighbour
+	// of NextHop on the tunnel).
+	Underlay netip.Addr `json:"underlay,omitempty"`
+	VTEPMAC  calico.MAC `json:"-"`
+	// EncapNote says why the route is not what the pool's mode asks for (a VXLAN route whose VTEP is
+	// unknown: Hold).
 	EncapNote string `json:"encap_note,omitempty"`
+	// Hold says that the route cannot be built now (its owner's VTEP is unknown or malformed): the
+	// agent keeps the route VPP has for the prefix, whatever it is, and adds none.
+	Hold bool `json:"hold,omitempty"`
 	// EncapProblem says that the block's pool has modes Calico's validator would refuse
 	// (calico.IPPool.EncapProblems): the agent keeps the encapsulation the route has in VPP, and uses
 	// Encap only for a route it has not programmed yet.
@@ -69,10 +80,6 @@ type Options struct {
 func (o Options) peerCheck() peerCheck {
 	return peerCheck{node: o.NodeName, own: o.PeerIPs, subnets: o.UplinkPrefixes}
 }
-
-// vxlanPending is the EncapNote of a route in a VXLAN pool: VXLAN is not implemented yet, and such a
-// pool's blocks keep flat routes (as before pools' modes were read) rather than being withdrawn.
-const vxlanPending = "vxlan not implemented yet: flat route"
 
 // encapView is what the encapsulation of a route depends on besides its block and next hop: the pools'
 // modes and this node's subnets, against which CrossSubnet tests the next hop.
@@ -125,23 +132,35 @@ func newEncapView(check peerCheck, pools map[string]calico.IPPool, nodes map[str
 	return e
 }
 
-// of returns the encapsulation of a route in block towards next hop nh: the pool's (calico.PoolEncap,
-// CrossSubnet against this node's subnet), with a VXLAN pool's routes left flat for now.
-func (e encapView) of(block netip.Prefix, nh netip.Addr) (enc calico.Encap, note string, problem bool) {
+// poolOf returns the pool block lies in.
+func (e encapView) poolOf(block netip.Prefix) (encapPool, bool) {
 	i := slices.IndexFunc(e.pools, func(p encapPool) bool { return calico.Within(block, p.cidr) })
 	if i < 0 {
-		return calico.EncapNone, "", false
+		return encapPool{}, false
 	}
-	p := e.pools[i]
-	subnet := e.subnet4
-	if nh.Is6() {
-		subnet = e.subnet6
+	return e.pools[i], true
+}
+
+// hasVXLAN reports whether a pool uses VXLAN: only then do the Node resources of other nodes matter.
+func (e encapView) hasVXLAN() bool {
+	return slices.ContainsFunc(e.pools, func(p encapPool) bool { return p.encap.Type == calico.EncapVXLAN })
+}
+
+func (e encapView) subnet(v6 bool) netip.Prefix {
+	if v6 {
+		return e.subnet6
 	}
-	enc = p.encap.Toward(subnet, nh)
-	if enc == calico.EncapVXLAN {
-		return calico.EncapNone, vxlanPending, p.problem
+	return e.subnet4
+}
+
+// of returns the encapsulation of a route in block towards next hop nh: the pool's (calico.PoolEncap,
+// CrossSubnet against this node's subnet).
+func (e encapView) of(block netip.Prefix, nh netip.Addr) (enc calico.Encap, problem bool) {
+	p, ok := e.poolOf(block)
+	if !ok {
+		return calico.EncapNone, false
 	}
-	return enc, "", p.problem
+	return p.encap.Toward(e.subnet(nh.Is6()), nh), p.problem
 }
 
 // Desired computes, from a snapshot, the routes this node must have and the ones it cannot resolve, both
@@ -164,6 +183,7 @@ type RoutesView struct {
 func View(snap *blockwatch.Snapshot, opts Options) RoutesView {
 	d := newDesiredSet(opts.peerCheck())
 	d.enc = newEncapView(d.check, snap.Pools, snap.Nodes)
+	d.nodes = snap.Nodes
 	d.reset(snap, ManagedPools(snap, opts.Pools))
 	return RoutesView{Desired: d.routes(), Unresolved: d.unresolvedList(), InvalidPeers: sortedInvalid(d.invalid),
 		Held: heldBlocks(snap)}
@@ -254,6 +274,8 @@ type desiredSet struct {
 	// enc decides each route's encapsulation; the owner sets it before a reset or begin, and resets
 	// when it changes.
 	enc encapView
+	// nodes are the Calico Node resources (the VTEPs of VXLAN routes); the owner sets them with enc.
+	nodes map[string]calico.Node
 	// peers are the registered peers usable as next hops; invalid the refused addresses.
 	peers   map[string]blockwatch.Peer
 	invalid map[peerFamily]InvalidPeer
@@ -339,7 +361,7 @@ func (d *desiredSet) setPeers(raw map[string]blockwatch.Peer) map[string]struct{
 
 // reset rebuilds everything from a snapshot.
 func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
-	d.begin(snap.Peers, pools, snap.Blocks.Len())
+	d.begin(snap.Peers, snap.Nodes, pools, snap.Blocks.Len())
 	dirty := make(map[netip.Prefix]struct{}, snap.Blocks.Len())
 	for cidr, b := range snap.Blocks.All() {
 		d.setBlock(cidr, b, dirty)
@@ -350,8 +372,9 @@ func (d *desiredSet) reset(snap *blockwatch.Snapshot, pools []netip.Prefix) {
 }
 
 // begin empties the set for the given peers and pools, with room for n blocks.
-func (d *desiredSet) begin(peers map[string]blockwatch.Peer, pools []netip.Prefix, n int) {
+func (d *desiredSet) begin(peers map[string]blockwatch.Peer, nodes map[string]calico.Node, pools []netip.Prefix, n int) {
 	d.pools = pools
+	d.nodes = nodes
 	d.setPeers(peers)
 	d.perBlock = make(map[netip.Prefix]blockResult, n)
 	d.sources = make(map[netip.Prefix][]netip.Prefix)
@@ -379,8 +402,8 @@ func (d *desiredSet) addBlocks(blocks []*blockwatch.Block) map[netip.Prefix]stru
 // differs from the one it holds (or that it lacks, or that snap lacks) and those of the nodes whose
 // peers changed, and reports true; or, when the pools differ, reports false and changes nothing.
 func (d *desiredSet) catchUp(snap *blockwatch.Snapshot, pools []netip.Prefix) bool {
-	if !slices.Equal(d.pools, pools) {
-		return false
+	if !slices.Equal(d.pools, pools) || d.enc.hasVXLAN() {
+		return false // with VXLAN, the Nodes read while listing may have changed since
 	}
 	redo := make(map[netip.Prefix]struct{})
 	for node := range d.setPeers(snap.Peers) {
@@ -416,6 +439,16 @@ func (d *desiredSet) update(snap *blockwatch.Snapshot) map[netip.Prefix]struct{}
 	redo := make(map[netip.Prefix]struct{}, len(snap.ChangedBlocks))
 	for _, cidr := range snap.ChangedBlocks {
 		redo[cidr] = struct{}{}
+	}
+	if len(snap.ChangedNodes) > 0 {
+		d.nodes = snap.Nodes
+		if d.enc.hasVXLAN() {
+			for _, node := range snap.ChangedNodes {
+				for _, cidr := range d.byNode[node] {
+					redo[cidr] = struct{}{}
+				}
+			}
+		}
 	}
 	if len(snap.ChangedPeers) > 0 {
 		// One node's registration can change whether another's is valid (a shared address).
@@ -619,6 +652,9 @@ func (d *desiredSet) compute(b *blockwatch.Block) blockResult {
 }
 
 func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind RouteKind, block netip.Prefix) {
+	if pool, ok := d.enc.poolOf(block); ok && pool.encap.Type == calico.EncapVXLAN && d.resolveVXLAN(r, p, node, kind, block, pool) {
+		return
+	}
 	peer, ok := d.peers[node]
 	nh := peer.IPv4
 	fam := "IPv4"
@@ -634,9 +670,57 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 			Reason: reason, MissingPeer: true})
 		return
 	}
-	enc, note, problem := d.enc.of(block, nh)
+	enc, problem := d.enc.of(block, nh)
 	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block,
-		Encap: enc, EncapNote: note, EncapProblem: problem})
+		Encap: enc, EncapProblem: problem})
+}
+
+// resolveVXLAN routes prefix p of a VXLAN pool by felix's rule (vxlan_resolver.go): via the owner's
+// VTEP address, through a VXLAN tunnel to its node IP, both from its Calico Node resource; the owner
+// needs no registered peer IP (a Linux node that felix runs registers none). It reports false when the
+// pool is CrossSubnet and the owner's node IP is in this node's subnet: the route is flat, via the
+// registered peer IP, as in any pool. A VTEP that is absent or malformed holds the route: VPP's route
+// stays as it is (never withdrawn for it), and none is added.
+func (d *desiredSet) resolveVXLAN(r *blockResult, p netip.Prefix, node string, kind RouteKind, block netip.Prefix, pool encapPool) bool {
+	v6 := p.Addr().Is6()
+	n, known := d.nodes[node]
+	var vtep calico.VTEP
+	err := fmt.Errorf("node %q has no Calico Node resource: %w", node, calico.ErrNoVTEP)
+	if known {
+		vtep, err = n.VTEP(v6)
+	}
+	if err != nil {
+		if pool.encap.CrossSubnet && d.sameSubnet(node, n, v6) {
+			return false
+		}
+		if peer, registered := d.peers[node]; errors.Is(err, calico.ErrNoVTEP) && (!registered || !peer.IPv4.IsValid() && !peer.IPv6.IsValid()) {
+			return false // a node known nowhere: unresolved, as any node without a registration
+		}
+		r.routes = append(r.routes, DesiredRoute{Prefix: p, Owner: node, Kind: kind, Block: block, Encap: calico.EncapVXLAN,
+			EncapNote: "VTEP unknown, route kept as it is: " + err.Error(), Hold: true, EncapProblem: pool.problem})
+		return true
+	}
+	if pool.encap.Toward(d.enc.subnet(v6), vtep.NodeIP) != calico.EncapVXLAN {
+		return false
+	}
+	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: vtep.Addr, Owner: node, Kind: kind, Block: block,
+		Encap: calico.EncapVXLAN, Underlay: vtep.NodeIP, VTEPMAC: vtep.MAC, EncapProblem: pool.problem})
+	return true
+}
+
+// sameSubnet reports whether node n's address of a family (its Node resource's, else the registered
+// peer IP) is in this node's subnet: a CrossSubnet VXLAN pool routes it flat, VTEP or not.
+func (d *desiredSet) sameSubnet(node string, n calico.Node, v6 bool) bool {
+	addr := n.Family(v6).Addr
+	if !addr.IsValid() {
+		peer := d.peers[node]
+		addr = peer.IPv4
+		if v6 {
+			addr = peer.IPv6
+		}
+	}
+	subnet := d.enc.subnet(v6)
+	return addr.IsValid() && subnet.IsValid() && subnet.Contains(addr)
 }
 
 // prefixesOf returns the route prefixes that depend on node's peer IPs.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
@@ -187,7 +188,7 @@ func TestDesiredIncrementalMatchesRebuild(t *testing.T) {
 		if len(past) > 0 {
 			old := past[rng.IntN(len(past))]
 			listed := newDesiredSet(peerCheck{node: "a"})
-			listed.begin(old.Peers, ManagedPools(old, nil), 0)
+			listed.begin(old.Peers, old.Nodes, ManagedPools(old, nil), 0)
 			var part []*blockwatch.Block
 			for _, b := range old.Blocks.All() {
 				if part = append(part, b); rng.IntN(8) == 0 {
@@ -217,7 +218,8 @@ func has(m map[netip.Prefix]struct{}, p netip.Prefix) bool { _, ok := m[p]; retu
 // IPv4 route; CrossSubnet tunnels only towards next hops outside this node's subnet, which is the
 // uplink's prefix when given, else the prefix of this node's address in its Calico Node resource (and
 // with neither every next hop counts as another subnet); ipipMode on an IPv6 pool is ignored; a VXLAN
-// pool stays flat for now, with a note; a pool with modes Calico would refuse is marked.
+// pool's routes to nodes without a VTEP (no Calico Node here) are held; a pool with modes Calico would
+// refuse is marked.
 func TestDesiredEncap(t *testing.T) {
 	peers := map[string]blockwatch.Peer{
 		"a":    {IPv4: addr("192.0.2.1"), IPv6: addr("2001:db8::1")},
@@ -230,7 +232,7 @@ func TestDesiredEncap(t *testing.T) {
 	}, peers)
 	type row struct {
 		near, far, far6 calico.Encap
-		note            string
+		hold            bool
 		problem         bool
 	}
 	for _, tc := range []struct {
@@ -241,18 +243,18 @@ func TestDesiredEncap(t *testing.T) {
 		nodeSubnet  netip.Prefix
 		want        row
 	}{
-		{name: "never", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", false}},
-		{name: "always", ipip: calico.EncapAlways, want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, "", false}},
+		{name: "never", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, false, false}},
+		{name: "always", ipip: calico.EncapAlways, want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, false, false}},
 		{name: "cross-subnet, uplink prefix", ipip: calico.EncapCrossSubnet, uplink: []netip.Prefix{pfx("192.0.2.1/24")},
 			nodeSubnet: pfx("198.51.100.0/24"), // the uplink's prefix wins over the Node resource
-			want:       row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, "", false}},
+			want:       row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, false, false}},
 		{name: "cross-subnet, Node resource", ipip: calico.EncapCrossSubnet, nodeSubnet: pfx("192.0.2.0/24"),
-			want: row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, "", false}},
+			want: row{calico.EncapNone, calico.EncapIPIP, calico.EncapNone, false, false}},
 		{name: "cross-subnet, no subnet known", ipip: calico.EncapCrossSubnet,
-			want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, "", false}},
-		{name: "ipip on the IPv6 pool", ipip6: calico.EncapAlways, want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", false}},
-		{name: "vxlan", vxlan: calico.EncapAlways, want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, vxlanPending, false}},
-		{name: "unknown mode", ipip: "Sometimes", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, "", true}},
+			want: row{calico.EncapIPIP, calico.EncapIPIP, calico.EncapNone, false, false}},
+		{name: "ipip on the IPv6 pool", ipip6: calico.EncapAlways, want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, false, false}},
+		{name: "vxlan", vxlan: calico.EncapAlways, want: row{calico.EncapVXLAN, calico.EncapVXLAN, calico.EncapNone, true, false}},
+		{name: "unknown mode", ipip: "Sometimes", want: row{calico.EncapNone, calico.EncapNone, calico.EncapNone, false, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := *snap
@@ -269,8 +271,104 @@ func TestDesiredEncap(t *testing.T) {
 				got[r.Prefix] = r
 			}
 			near, far, far6 := got[pfx("10.244.1.0/26")], got[pfx("10.244.2.0/26")], got[pfx("fd00:10:244::40/122")]
-			if g := (row{near.Encap, far.Encap, far6.Encap, far.EncapNote, far.EncapProblem}); g != tc.want {
+			if g := (row{near.Encap, far.Encap, far6.Encap, far.Hold, far.EncapProblem}); g != tc.want {
 				t.Errorf("near, far, far IPv6, note, problem = %+v, want %+v", g, tc.want)
+			}
+		})
+	}
+}
+
+// nodeOf decodes a Calico Node resource with the given spec JSON, as blockwatch does.
+func nodeOf(t *testing.T, name, spec string) calico.Node {
+	t.Helper()
+	n, err := calico.DecodeNode([]byte(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"` + name + `"},"spec":` + spec + `}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestDesiredVXLAN: a VXLAN pool's route goes via the owner's VTEP address through a tunnel to the
+// node IP of its Calico Node (felix's rule), with its MAC, recorded or generated; a node with no
+// registered peer IP (a Linux node felix runs) is routed too; CrossSubnet towards a node in this
+// node's subnet is flat via the peer IP; a VTEP whose MAC does not parse, or a registered node's absent
+// VTEP, holds the route (kept as VPP has it); IPv6 uses the IPv6 VTEP.
+func TestDesiredVXLAN(t *testing.T) {
+	peers := map[string]blockwatch.Peer{
+		"a":    {IPv4: addr("192.0.2.1"), IPv6: addr("2001:db8::1")},
+		"near": {IPv4: addr("192.0.2.2")},
+		"far":  {IPv4: addr("198.51.100.2"), IPv6: addr("2001:db8:1::2")},
+		// Registered, no VTEP yet (calico-node has not written it): held. A node with neither would be
+		// unresolved, as any node without a registration.
+		"novtep": {IPv4: addr("198.51.100.5")},
+	}
+	snap := snapOf([]*blockwatch.Block{
+		hostBlock("10.244.1.0/26", "near"), hostBlock("10.244.2.0/26", "far"), hostBlock("10.244.3.0/26", "linux"),
+		hostBlock("10.244.4.0/26", "nomac"), hostBlock("10.244.5.0/26", "novtep"), hostBlock("fd00:10:244::40/122", "far"),
+	}, peers)
+	snap.Nodes = map[string]calico.Node{
+		"a":    nodeOf(t, "a", `{"bgp":{"ipv4Address":"192.0.2.1/24"}}`),
+		"near": nodeOf(t, "near", `{"bgp":{"ipv4Address":"192.0.2.2/24"},"ipv4VXLANTunnelAddr":"10.244.1.0"}`),
+		"far": nodeOf(t, "far", `{"bgp":{"ipv4Address":"198.51.100.2/24","ipv6Address":"2001:db8:1::2/64"},"ipv4VXLANTunnelAddr":"10.244.2.0",`+
+			`"vxlanTunnelMACAddr":"66:aa:aa:aa:aa:02","ipv6VXLANTunnelAddr":"fd00:10:244::40"}`),
+		"linux":  nodeOf(t, "linux", `{"bgp":{"ipv4Address":"198.51.100.3/24"},"ipv4VXLANTunnelAddr":"10.244.3.0"}`),
+		"nomac":  nodeOf(t, "nomac", `{"bgp":{"ipv4Address":"198.51.100.4/24"},"ipv4VXLANTunnelAddr":"10.244.4.0","vxlanTunnelMACAddr":"not-a-mac"}`),
+		"novtep": nodeOf(t, "novtep", `{"bgp":{"ipv4Address":"198.51.100.5/24"}}`),
+	}
+	type route struct {
+		encap         calico.Encap
+		nh, underlay  string
+		mac           string
+		hold, problem bool
+	}
+	flat := func(nh string) route {
+		return route{encap: calico.EncapNone, nh: nh, underlay: "invalid IP", mac: "00:00:00:00:00:00"}
+	}
+	vx := func(nh, underlay, mac string) route {
+		return route{encap: calico.EncapVXLAN, nh: nh, underlay: underlay, mac: mac}
+	}
+	held := route{encap: calico.EncapVXLAN, nh: "invalid IP", underlay: "invalid IP", mac: "00:00:00:00:00:00", hold: true}
+	gen := func(node string, v6 bool) string { return calico.GeneratedVTEPMAC(node, v6).String() }
+	for _, tc := range []struct {
+		mode calico.EncapMode
+		want map[string]route
+	}{
+		{calico.EncapAlways, map[string]route{
+			"10.244.1.0/26":       vx("10.244.1.0", "192.0.2.2", gen("near", false)),
+			"10.244.2.0/26":       vx("10.244.2.0", "198.51.100.2", "66:aa:aa:aa:aa:02"),
+			"10.244.3.0/26":       vx("10.244.3.0", "198.51.100.3", gen("linux", false)),
+			"10.244.4.0/26":       held,
+			"10.244.5.0/26":       held,
+			"fd00:10:244::40/122": vx("fd00:10:244::40", "2001:db8:1::2", gen("far", true)),
+		}},
+		{calico.EncapCrossSubnet, map[string]route{
+			"10.244.1.0/26":       flat("192.0.2.2"),
+			"10.244.2.0/26":       vx("10.244.2.0", "198.51.100.2", "66:aa:aa:aa:aa:02"),
+			"10.244.3.0/26":       vx("10.244.3.0", "198.51.100.3", gen("linux", false)),
+			"10.244.4.0/26":       held,
+			"10.244.5.0/26":       held,
+			"fd00:10:244::40/122": vx("fd00:10:244::40", "2001:db8:1::2", gen("far", true)),
+		}},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			s := *snap
+			s.Pools = map[string]calico.IPPool{
+				"v4": {Name: "v4", CIDR: pfx("10.244.0.0/16"), BlockSize: 26, VXLANMode: tc.mode},
+				"v6": {Name: "v6", CIDR: pfx("fd00:10:244::/48"), BlockSize: 122, VXLANMode: tc.mode},
+			}
+			routes, unresolved := Desired(&s, Options{NodeName: "a", UplinkPrefixes: []netip.Prefix{pfx("192.0.2.1/24"), pfx("2001:db8::1/64")}})
+			got := map[string]route{}
+			for _, r := range routes {
+				got[r.Prefix.String()] = route{r.Encap, r.NextHop.String(), r.Underlay.String(), r.VTEPMAC.String(), r.Hold, r.EncapProblem}
+				if r.Hold && !strings.Contains(r.EncapNote, "VTEP unknown") {
+					t.Errorf("%s: held without the note: %q", r.Prefix, r.EncapNote)
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("routes\n got %+v\nwant %+v", got, tc.want)
+			}
+			if len(unresolved) != 0 {
+				t.Errorf("unresolved %+v, want none (the Linux node needs no registration)", unresolved)
 			}
 		})
 	}

@@ -39,6 +39,10 @@ func (c *cluster) encapFIB(name string) []string {
 	for _, t := range sim.Tunnels() {
 		dst[t.SwIfIndex] = t.Dst
 	}
+	vxDst := map[uint32]netip.Addr{}
+	for _, t := range sim.VXLANTunnels() {
+		vxDst[t.SwIfIndex] = t.Dst
+	}
 	var out []string
 	for _, r := range sim.APIRoutes(0) {
 		if !poolV4.Contains(r.Prefix.Addr()) && !poolV6.Contains(r.Prefix.Addr()) {
@@ -48,6 +52,8 @@ func (c *cluster) encapFIB(name string) []string {
 		for _, p := range r.Paths {
 			if d, ok := dst[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
 				paths = append(paths, "tunnel "+d.String())
+			} else if d, ok := vxDst[p.SwIfIndex]; ok {
+				paths = append(paths, "vxlan "+d.String()+" via "+p.NextHop.String())
 			} else {
 				paths = append(paths, fmt.Sprintf("via %s@%d", p.NextHop, p.SwIfIndex))
 			}
@@ -63,10 +69,13 @@ func (c *cluster) eventuallyEncap(name string, want []string) {
 	c.t.Helper()
 	want = slices.Sorted(slices.Values(want))
 	var got []string
-	c.waitFor(fmt.Sprintf("node %s's FIB %q", name, want), settle, func() bool {
-		got = c.encapFIB(name)
-		return slices.Equal(got, want)
-	})
+	deadline := time.Now().Add(settle)
+	for got = c.encapFIB(name); !slices.Equal(got, want); got = c.encapFIB(name) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %s's FIB\n got %q\nwant %q: not within %s", name, got, want, settle)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // tunnelsOf returns node name's IPIP tunnels by destination.
@@ -292,9 +301,10 @@ func TestIPIPVPPRestart(t *testing.T) {
 // TestIPIPProblemPool: a pool whose modes Calico's validator would refuse keeps the encapsulation its
 // routes have: an unknown ipipMode (Calico reads it as Never) leaves the tunnel routes as they are, and
 // both modes set (VXLAN wins in Calico's reading) too; a block new to such a pool follows Calico's
-// reading (flat). A valid mode again decides as usual.
+// reading (flat, then VXLAN). A valid mode again decides as usual.
 func TestIPIPProblemPool(t *testing.T) {
 	c := newCluster(t, clusterOpts{}, "a", "b", "c")
+	c.putNodes()
 	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
 	c.putBlock("10.244.2.0/26", "b", nil)
 	b, cc := c.nodes["b"], c.nodes["c"]
@@ -306,7 +316,11 @@ func TestIPIPProblemPool(t *testing.T) {
 			return c.nodes["a"].logs.count("encapsulation modes are in question") > i
 		})
 		c.putBlock("10.244.3.0/26", "c", nil) // after the pool edit: the agent has the edit when it sees it
-		c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String(), "10.244.3.0/26 via " + cc.peerV4.String() + "@1"})
+		newRoute := "10.244.3.0/26 via " + cc.peerV4.String() + "@1"
+		if modes[1] == calico.EncapAlways {
+			newRoute = vxRoute("10.244.3.0/26", cc.peerV4, vtepOf(cc.index))
+		}
+		c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String(), newRoute})
 		if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete"); n != deletes {
 			t.Fatalf("modes %v: %v route deletes, want none", modes, n-deletes)
 		}
@@ -316,23 +330,6 @@ func TestIPIPProblemPool(t *testing.T) {
 	}
 	c.putPoolModes(calico.EncapNever, calico.EncapNever)
 	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1"})
-}
-
-// TestVXLANPoolStaysFlat: VXLAN is not implemented yet: a VXLAN pool's blocks keep flat routes (never
-// withdrawn), the agent says so once, and /debug/routes notes it.
-func TestVXLANPoolStaysFlat(t *testing.T) {
-	c := newCluster(t, clusterOpts{}, "a", "b")
-	c.putPoolModes(calico.EncapNever, calico.EncapAlways)
-	c.putBlock("10.244.2.0/26", "b", nil)
-	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + c.nodes["b"].peerV4.String() + "@1"})
-	c.waitFor("the vxlan log", settle, func() bool { return c.nodes["a"].logs.count("vxlan not implemented yet") == 1 })
-	d := c.debug("a")
-	if len(d.Desired) != 1 || d.Desired[0].Encap != calico.EncapNone || !strings.Contains(d.Desired[0].EncapNote, "vxlan not implemented") {
-		t.Errorf("desired %+v: want encap none with the vxlan note", d.Desired)
-	}
-	if len(c.tunnelsOf("a")) != 0 {
-		t.Errorf("tunnels %v, want none", c.tunnelsOf("a"))
-	}
 }
 
 // TestIPIPUplinkRebind: the uplink deleted and made again (another interface took its index): the

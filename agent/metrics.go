@@ -32,6 +32,7 @@ type Metrics struct {
 	tunnelOps                              *prometheus.CounterVec
 	routesByEncap                          *prometheus.GaugeVec
 	podMTU                                 prometheus.Gauge
+	noVXLAN                                prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: unregistered, for tests).
@@ -85,9 +86,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tunnelOps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_tunnel_operations_total",
 			Help: "Tunnel creations and deletions by op (create, delete) and result (ok, error)."}, []string{"op", "result"}),
 		routesByEncap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed_by_encap",
-			Help: "Routes owned by the agent in the FIB by encapsulation: none (via the next hop on the uplink) or ipip (through a tunnel)."}, []string{"encap"}),
+			Help: "Routes owned by the agent in the FIB by encapsulation: none (via the next hop on the uplink), ipip or vxlan (through a tunnel)."}, []string{"encap"}),
+		noVXLAN: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_without_vxlan_plugin",
+			Help: "Routes of VXLAN pools the agent cannot program because VPP has no vxlan plugin (also in /readyz); 0 when it has."}),
 		podMTU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_pod_mtu_bytes",
-			Help: "The largest pod MTU the routes this node programs carry: the uplink's MTU, less 20 while a managed IPv4 pool uses IPIP (or FelixConfiguration ipipMTU); 0 until the uplink's MTU is read."}),
+			Help: "The largest pod MTU the routes this node programs carry: the uplink's MTU, less 20 while a managed IPv4 pool uses IPIP, 50 (IPv4) or 70 (IPv6) while one uses VXLAN (or FelixConfiguration ipipMTU, vxlanMTU, vxlanMTUV6); 0 until the uplink's MTU is read."}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_build_info",
 		Help:        "Build information; always 1.",
@@ -96,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
 			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots,
-			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, build)
+			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, m.noVXLAN, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

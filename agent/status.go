@@ -182,14 +182,27 @@ func (a *Agent) publish() {
 	if time.Since(a.encapCountAt) >= time.Second {
 		// A pass over every route: at most once a second.
 		a.encapCountAt = time.Now()
-		tunneled := 0
+		n := map[calico.Encap]int{}
 		for _, r := range a.programmed {
-			if a.isTunnel(r.SwIfIndex) {
-				tunneled++
+			if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
+				n[t.key.encap]++
+			} else {
+				n[calico.EncapNone]++
 			}
 		}
-		a.m.routesByEncap.WithLabelValues("none").Set(float64(len(a.programmed) - tunneled))
-		a.m.routesByEncap.WithLabelValues("ipip").Set(float64(tunneled))
+		for _, e := range []calico.Encap{calico.EncapNone, calico.EncapIPIP, calico.EncapVXLAN} {
+			a.m.routesByEncap.WithLabelValues(e.String()).Set(float64(n[e]))
+		}
+		noVXLAN := 0
+		if st := a.dp.Status(); st.Connected && !st.VXLAN && a.desired.enc.hasVXLAN() {
+			for _, t := range a.desired.targets {
+				if t.resolved && t.route.Encap == calico.EncapVXLAN && !t.route.Hold {
+					noVXLAN++
+				}
+			}
+		}
+		a.m.noVXLAN.Set(float64(noVXLAN))
+		a.setView(func(v *readiness) { v.noVXLAN = noVXLAN })
 	}
 	a.m.desired.Set(float64(a.desired.resolvedCount()))
 	a.m.programmed.Set(float64(len(a.programmed)))
@@ -207,6 +220,9 @@ func (a *Agent) programmedRoute(r vppapi.Route) ProgrammedRoute {
 	out := ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop}
 	if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
 		out.Encap, out.NextHop, out.Tunnel, out.TunnelIndex = t.key.encap, t.key.peer, t.name(), r.SwIfIndex
+		if t.key.encap == calico.EncapVXLAN {
+			out.NextHop = r.NextHop // the remote VTEP; the tunnel leads to its node IP
+		}
 	}
 	return out
 }
@@ -261,6 +277,9 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 	}
 	if !v.resynced {
 		missing = append(missing, "first full resync not done")
+	}
+	if v.noVXLAN > 0 {
+		missing = append(missing, fmt.Sprintf("VPP has no vxlan plugin (vxlan_plugin.so), which %d routes of VXLAN pools need", v.noVXLAN))
 	}
 	if a.reg != nil && !a.reg.Up() {
 		if p := a.reg.Problem(); p != "" {

@@ -36,7 +36,13 @@ func explainLab(t *testing.T, ctx context.Context) (endpoint string, vpp *vpptes
 		}
 	}
 	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "default", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26,
-		VXLANMode: calico.EncapAlways, IPIPMode: calico.EncapNever}))
+		VXLANMode: calico.EncapCrossSubnet, IPIPMode: calico.EncapNever}))
+	// The Calico Nodes put the nodes in one subnet: the VXLAN CrossSubnet pool's routes are flat.
+	for node, ip := range map[string]string{"node-a": "192.0.2.1", "node-b": "192.0.2.2", "node-c": "192.0.2.3"} {
+		_, err := cli.Put(ctx, calico.NodeKey(node),
+			`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"`+node+`"},"spec":{"bgp":{"ipv4Address":"`+ip+`/24"}}}`)
+		must(err)
+	}
 	must(calicotest.PutPool(ctx, cli, calico.IPPool{Name: "v6", CIDR: netip.MustParsePrefix("fd00:10:244::/48"), BlockSize: 122}))
 	must(calicotest.PutPeer(ctx, cli, blockwatch.DefaultHostsPrefix, "node-b", netip.MustParseAddr("fd00:100::2")))
 	must(calicotest.PutBlock(ctx, cli, calicotest.Block(netip.MustParsePrefix("fd00:10:244::/122"), "node-b", 6)))
@@ -229,7 +235,7 @@ func TestExplainText(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Address 10.244.1.3\n", "\nPool\n  default 10.244.0.0/16: block size /26, enabled, managed by the agents\n",
-		"ipipMode Never, vxlanMode Always: encapsulation vxlan", "\nBlock\n  10.244.1.0/26: owner node node-b (affinity \"host:node-b\")",
+		"ipipMode Never, vxlanMode CrossSubnet: encapsulation vxlan, cross-subnet only", "\nBlock\n  10.244.1.0/26: owner node node-b (affinity \"host:node-b\")",
 		"\nAllocation\n  ordinal 3: allocated, handle h-borrowed (its record holds 1 address(es) in this block)",
 		"BORROWED by node node-c from the block of node-b", "\nRoutes (every node: what it should have and why)\n",
 		"10.244.1.3/32 via 192.0.2.3: address borrowed by node-c from block 10.244.1.0/26",

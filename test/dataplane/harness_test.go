@@ -100,6 +100,13 @@ func requireLab(t *testing.T) {
 // test.
 func startTopology(t *testing.T, kind vpptopo.Kind, n int) *vpptopo.Topology {
 	t.Helper()
+	return startTopologyWith(t, vpptopo.Config{Kind: kind, Nodes: n})
+}
+
+// startTopologyWith is startTopology with more of vpptopo.Config (Dir is set here).
+func startTopologyWith(t *testing.T, cfg vpptopo.Config) *vpptopo.Topology {
+	kind, n := cfg.Kind, cfg.Nodes
+	t.Helper()
 	dir, err := os.MkdirTemp("", "dp")
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +115,8 @@ func startTopology(t *testing.T, kind vpptopo.Kind, n int) *vpptopo.Topology {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	topo, err := vpptopo.Start(ctx, labBin, vpptopo.Config{Kind: kind, Nodes: n, Dir: dir})
+	cfg.Dir = dir
+	topo, err := vpptopo.Start(ctx, labBin, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +173,16 @@ func (c *cluster) deleteBlocks(n *vpptopo.Node) {
 // end does.
 func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 	t.Helper()
+	return startAgentOn(t, etcd, n.Name, n.VPP, vpptopo.UplinkInterface, n.Addr4, n.Addr6)
+}
+
+// startAgentOn is startAgent for node name on VPP vpp, its uplink interface uplink with addresses addrs.
+func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink string, addrs ...netip.Prefix) (stop func()) {
+	t.Helper()
+	n := struct {
+		Name string
+		VPP  *vppproc.VPP
+	}{name, vpp}
 	logPath := filepath.Join(n.VPP.Dir(), "agent.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -175,13 +193,14 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 		"--etcd-endpoints", etcd,
 		"--etcd-dial-timeout", "2s",
 		"--vpp-api-socket", n.VPP.Socket(),
-		"--uplink-interface", vpptopo.UplinkInterface,
-		"--uplink-address", n.Addr4.String(),
-		"--uplink-address", n.Addr6.String(),
+		"--uplink-interface", uplink,
 		"--metrics-address", "",
 		"--log-format", "json",
 		"--log-level", "debug", // the tests wait for "full resync done"
 		"--registration-ttl", "10s")
+	for _, a := range addrs {
+		cmd.Args = append(cmd.Args, "--uplink-address", a.String())
+	}
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()} // no ETCD_ENDPOINTS, NODENAME leak in
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
