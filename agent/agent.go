@@ -229,6 +229,10 @@ type Agent struct {
 	// tunnelsRead says they were read since VPP (re)connected.
 	tun         tunnelState
 	tunnelsRead bool
+	// tunPending are the tunnels this process asked VPP for whose set-up did not finish (the reply or a
+	// later step lost with the connection): VPP may have made one, untagged. Such a tunnel is the
+	// agent's, not another's, and the next creation finishes it (VPP answers with the existing index).
+	tunPending map[tunnelKey]struct{}
 	// tunnelCfg is this node's FelixConfiguration tunnel settings, from the latest snapshot or, while the
 	// first list goes on, its parts (tunnels made then get their MTU from it too).
 	tunnelCfg calico.TunnelConfig

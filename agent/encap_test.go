@@ -521,3 +521,29 @@ func TestIPIPMultipathLeftover(t *testing.T) {
 	}
 	c.eventuallyEncap("a", want)
 }
+
+// TestIPIPHalfMadeTunnelFinished: VPP makes the tunnel but its reply is lost (the connection fails
+// before the agent tags it), so VPP holds an untagged tunnel the agent asked for. It is not taken for
+// another's: once VPP answers again the agent finishes it (tag, unnumbered, MTU, up) and routes through
+// it. Before, it was a foreign tunnel for good and the route stayed flat.
+func TestIPIPHalfMadeTunnelFinished(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	b := c.nodes["b"]
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 via " + b.peerV4.String() + "@1"})
+	sim := c.nodes["a"].sim
+	sim.SetFaults(vppsim.Faults{HangUpOn: "ipip_add_tunnel"})
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.waitFor("the tunnel's request lost with the connection", settle, func() bool {
+		_, ok := c.tunnelsOf("a")[b.peerV4]
+		return ok
+	})
+	c.eventuallyEncap("a", []string{"10.244.2.0/26 tunnel " + b.peerV4.String()})
+	c.waitFor("the tunnel finished", settle, func() bool {
+		tun := c.tunnelsOf("a")[b.peerV4]
+		return tun.Tag == agent.TunnelTag && tun.AdminUp && tun.Unnumbered == 1
+	})
+	if n := len(c.tunnelsOf("a")); n != 1 {
+		t.Errorf("%d tunnels, want 1", n)
+	}
+}

@@ -166,11 +166,27 @@ func (a *Agent) refreshVXLAN(ctx context.Context) error {
 					}
 				}
 			}
+		case usable && a.halfMade(key):
+			a.adoptHalfMade(key, t.SwIfIndex, t.Src)
 		case usable:
 			a.tun.foreign[key] = t.SwIfIndex
 		}
 	}
 	return nil
+}
+
+// halfMade reports whether this process asked VPP for the tunnel of key without finishing its set-up.
+func (a *Agent) halfMade(key tunnelKey) bool {
+	_, ok := a.tunPending[key]
+	return ok
+}
+
+// adoptHalfMade takes the untagged tunnel idx of key, which this process asked VPP for, as the agent's:
+// not usable until the next creation finishes it (tag, unnumbered, MTU, up), deleted if no route wants it.
+func (a *Agent) adoptHalfMade(key tunnelKey, idx uint32, src netip.Addr) {
+	a.tun.byIndex[idx] = &ownTunnel{key: key, swIfIndex: idx, src: src, neighbors: map[netip.Addr]vppapi.MAC{}}
+	a.tun.unusedMaybe[idx] = struct{}{}
+	a.log.Info("found a tunnel whose set-up was cut short; finishing it", "encap", key.encap.String(), "dst", key.peer, "sw_if_index", idx)
 }
 
 // countTunnels sets the tunnels gauge of each encapsulation.
@@ -208,6 +224,8 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 				a.tun.byKey[key] = own
 				a.fixTunnelMTU(ctx, own, t.MTU)
 			}
+		case usable && a.halfMade(key):
+			a.adoptHalfMade(key, t.SwIfIndex, t.Src)
 		case usable:
 			a.tun.foreign[key] = t.SwIfIndex
 		}
@@ -272,6 +290,10 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 		return nil, false
 	}
 	t := &ownTunnel{key: key, src: src}
+	if a.tunPending == nil {
+		a.tunPending = map[tunnelKey]struct{}{}
+	}
+	a.tunPending[key] = struct{}{}
 	var idx uint32
 	var err error
 	var mtu uint32
@@ -297,6 +319,7 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 		return nil, false
 	}
 	a.m.tunnelOps.WithLabelValues("create", "ok").Inc()
+	delete(a.tunPending, key)
 	t.instance = a.instanceOf(ctx, e, idx)
 	a.tun.byKey[key], a.tun.byIndex[idx] = t, t
 	delete(a.tun.refused, key)
@@ -432,6 +455,7 @@ func (a *Agent) gcTunnels(ctx context.Context) {
 		a.log.Info("deleted a tunnel no route uses", "encap", t.key.encap.String(), "tunnel", t.name(), "sw_if_index", idx, "dst", t.key.peer)
 		delete(a.tun.unusedMaybe, idx)
 		delete(a.tun.byIndex, idx)
+		delete(a.tunPending, t.key)
 		if a.tun.byKey[t.key] == t {
 			delete(a.tun.byKey, t.key)
 		}

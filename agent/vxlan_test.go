@@ -273,6 +273,11 @@ func TestVXLANBadNode(t *testing.T) {
 		`{"bgp":{"ipv4Address":"192.168.100.300/24"},"ipv4VXLANTunnelAddr":"10.244.2.1"}`,
 	} {
 		bad(spec)
+		// Each bad value is counted once seen; the route was held already in case 1, so wait for the
+		// count before looking at the route.
+		c.waitFor(fmt.Sprintf("case %d: the field problem counted", i), settle, func() bool {
+			return c.metric("a", "vpp_route_agent_field_problems_total") >= before+float64(i+1)
+		})
 		c.waitFor(fmt.Sprintf("case %d: the held route in /debug/routes", i), settle, func() bool {
 			d := c.debug("a")
 			return len(d.Desired) == 1 && d.Desired[0].Hold

@@ -34,6 +34,7 @@ type conn struct {
 	hangUpAfter int
 	received    int
 	closing     bool // sockclnt_delete: close once the reply is out
+	replyLost   bool // Faults.HangUpOn fired: no reply goes out, the connection is closing
 
 	done     chan struct{} // closed by kill
 	killOnce sync.Once
@@ -218,12 +219,22 @@ func (c *conn) handle(p []byte) {
 			return
 		}
 	}
+	if f := c.s.faults.Load(); f.HangUpOn != "" && f.HangUpOn == mi.name {
+		cleared := *f
+		cleared.HangUpOn = ""
+		if c.s.faults.CompareAndSwap(f, &cleared) {
+			c.replyLost = true
+			mi.handler(c.s, c, ctx, msg)
+			_ = c.nc.Close()
+			return
+		}
+	}
 	mi.handler(c.s, c, ctx, msg)
 }
 
 // reply sends a reply to the request with context ctx, unless NoReply.
 func (c *conn) reply(ctx uint32, msg api.Message) {
-	if c.s.faults.Load().NoReply {
+	if c.s.faults.Load().NoReply || c.replyLost {
 		return
 	}
 	c.send(msg, ctx)

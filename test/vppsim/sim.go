@@ -104,6 +104,9 @@ type Faults struct {
 	// handshake too), with the sockets open: a SIGSTOPped VPP. What was sent
 	// meanwhile is processed once it is off.
 	Frozen bool
+	// HangUpOn names a request (e.g. "ipip_add_tunnel"): the next one received is applied, not answered,
+	// and its connection closed, as when VPP's reply is lost with the connection; then the fault clears.
+	HangUpOn string
 }
 
 // Sim is one simulated VPP. Its methods are safe for concurrent use.
