@@ -149,27 +149,12 @@ func explainCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if *vppTimeout <= 0 {
 		return usageError{fmt.Errorf("--vpp-reply-timeout: %s is not positive", *vppTimeout)}
 	}
-	if err := ef.validate(getenv); err != nil {
-		return usageError{err}
-	}
-	node, err := resolveNodeName(ef.nodename, nodenameFile)
-	if err != nil {
-		return usageError{err}
-	}
-	pools, _ := ef.pools()
-
-	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) || etcdconfig.NoneReachable(err, len(ef.Endpoints)) {
-		return err
-	}
-	cli, err := ef.Client()
+	e, err := readEtcd(ctx, &ef, getenv)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	snap, err := listOnce(ctx, &ef, cli, node)
-	if err != nil {
-		return err
-	}
+	defer e.cli.Close()
+	node, pools, cli, snap := e.node, e.pools, e.cli, e.snap
 	if !knownNode(snap, node) {
 		return usageError{fmt.Errorf("node %q is not known in etcd: not registered under %s, no Calico Node, owns no block (check --nodename)",
 			node, ef.hostsPrefix)}

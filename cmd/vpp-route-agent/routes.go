@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -37,28 +38,12 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if *output != "table" && *output != "json" {
 		return usageError{fmt.Errorf("--output: %q is not table or json", *output)}
 	}
-	if err := ef.validate(getenv); err != nil {
-		return usageError{err}
-	}
-	node, err := resolveNodeName(ef.nodename, nodenameFile)
-	if err != nil {
-		return usageError{err}
-	}
-	pools, _ := ef.pools()
-
-	// Fail at once, with the reason, when no endpoint takes a connection or a certificate is wrong.
-	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) || etcdconfig.NoneReachable(err, len(ef.Endpoints)) {
-		return err
-	}
-	cli, err := ef.Client()
+	e, err := readEtcd(ctx, &ef, getenv)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	snap, err := listOnce(ctx, &ef, cli, node)
-	if err != nil {
-		return err
-	}
+	defer e.cli.Close()
+	node, pools, snap := e.node, e.pools, e.snap
 	if snap.Problem != "" {
 		fmt.Fprintf(stderr, "warning: %s\n", snap.Problem)
 	}
@@ -83,6 +68,42 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		fmt.Fprintf(stdout, "invalid peer IP %s of node %s: %s\n", p.Addr, p.Node, p.Reason)
 	}
 	return nil
+}
+
+// etcdView is what the routes and explain commands read before they answer: this node's name, the
+// managed pools (--pool-cidr; nil: the enabled IP pools), a client (closed by the caller) and one
+// complete snapshot.
+type etcdView struct {
+	node  string
+	pools []netip.Prefix
+	cli   *clientv3.Client
+	snap  *blockwatch.Snapshot
+}
+
+// readEtcd checks the etcd flags, resolves this node's name, fails at once, with the reason, when no
+// endpoint takes a connection or a certificate is wrong, and lists one complete snapshot.
+func readEtcd(ctx context.Context, ef *etcdFlags, getenv func(string) (string, bool)) (*etcdView, error) {
+	if err := ef.validate(getenv); err != nil {
+		return nil, usageError{err}
+	}
+	node, err := resolveNodeName(ef.nodename, nodenameFile)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	pools, _ := ef.pools()
+	if err := ef.Probe(ctx); errors.Is(err, etcdconfig.ErrCertificate) || etcdconfig.NoneReachable(err, len(ef.Endpoints)) {
+		return nil, err
+	}
+	cli, err := ef.Client()
+	if err != nil {
+		return nil, err
+	}
+	snap, err := listOnce(ctx, ef, cli, node)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return &etcdView{node: node, pools: pools, cli: cli, snap: snap}, nil
 }
 
 // listOnce takes one complete snapshot, failing within the dial timeout when etcd is unreachable.
