@@ -8,12 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
@@ -154,7 +151,7 @@ func TestVXLANLinuxInterop(t *testing.T) {
 	// Linux -> VPP: an ICMP echo from the namespace (no ping binary needed).
 	var replies int
 	for range 5 {
-		if replies, err = pingFromNetns(ns, addr(lnxPod), addr(vppPod), 3); err != nil {
+		if replies, err = vpptopo.PingFromNetns(ns, addr(lnxPod), addr(vppPod), 3); err != nil {
 			t.Fatal(err)
 		}
 		if replies >= 2 {
@@ -173,88 +170,4 @@ func TestVXLANLinuxInterop(t *testing.T) {
 			t.Logf("VPP %s: %s", cmd, out)
 		}
 	}
-}
-
-// pingFromNetns sends count ICMP echoes from src to dst inside network namespace ns (a raw socket on a
-// thread of its own that enters ns and then ends with its goroutine) and returns how many were answered
-// within a second each.
-func pingFromNetns(ns string, src, dst netip.Addr, count int) (int, error) {
-	type result struct {
-		n   int
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread, in ns, ends with the goroutine
-		n, err := func() (int, error) {
-			f, err := os.Open(filepath.Join("/var/run/netns", ns))
-			if err != nil {
-				return 0, err
-			}
-			defer f.Close()
-			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-				return 0, fmt.Errorf("setns %s: %w", ns, err)
-			}
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
-			if err != nil {
-				return 0, err
-			}
-			defer unix.Close(fd)
-			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
-				return 0, fmt.Errorf("bind %v: %w", src, err)
-			}
-			tv := unix.NsecToTimeval(time.Second.Nanoseconds())
-			if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-				return 0, err
-			}
-			id := uint16(os.Getpid())
-			answered := 0
-			for seq := range count {
-				// 56 bytes of data, as ping(8) sends: with an odd length the replies VPP sent through
-				// af_packet never reached vxlan.calico (not investigated).
-				echo := append([]byte{8, 0, 0, 0, byte(id >> 8), byte(id), 0, byte(seq)}, make([]byte, 56)...)
-				sum := icmpChecksum(echo)
-				echo[2], echo[3] = byte(sum>>8), byte(sum)
-				if err := unix.Sendto(fd, echo, 0, &unix.SockaddrInet4{Addr: dst.As4()}); err != nil {
-					return answered, fmt.Errorf("send echo: %w", err)
-				}
-				buf := make([]byte, 1500)
-				for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-					n, _, err := unix.Recvfrom(fd, buf, 0)
-					if err != nil {
-						break // timed out
-					}
-					if n < 20 {
-						continue
-					}
-					hl := int(buf[0]&0x0f) * 4
-					icmp := buf[hl:n]
-					if len(icmp) >= 8 && icmp[0] == 0 && icmp[4] == byte(id>>8) && icmp[5] == byte(id) && icmp[7] == byte(seq) &&
-						netip.AddrFrom4([4]byte(buf[12:16])) == dst {
-						answered++
-						break
-					}
-				}
-			}
-			return answered, nil
-		}()
-		done <- result{n, err}
-	}()
-	r := <-done
-	return r.n, r.err
-}
-
-// icmpChecksum is the Internet checksum of b.
-func icmpChecksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
 }
