@@ -61,6 +61,9 @@ type ReaperConfig struct {
 type Reaper struct {
 	cfg      ReaperConfig
 	releases *prometheus.CounterVec
+	// beforeCommit runs between a release's plan and its commit (tests: the race with a node
+	// coming back).
+	beforeCommit func(node string)
 }
 
 // NewReaper checks cfg and registers block_ipam_node_releases_total with reg (nil: not registered).
@@ -223,6 +226,9 @@ func (r *Reaper) release(ctx context.Context, node string, since time.Time, trac
 	}
 	res := &Result{}
 	if !p.Empty() {
+		if r.beforeCommit != nil {
+			r.beforeCommit(node)
+		}
 		res, err = Commit(ctx, o, p)
 		result := ResultReleased
 		switch {
