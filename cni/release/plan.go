@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -370,23 +371,39 @@ func NewPlan(ctx context.Context, o Options) (*Plan, error) {
 			}
 		}
 	})
-	for _, id := range ids {
-		resp, err := get(calico.HandleKey(id))
-		if err != nil {
-			return nil, err
+	// Read in transactions of maxTxnOps gets at the plan's revision: one round trip per 100 handles.
+	values := map[string]*mvccpb.KeyValue{}
+	for start := 0; start < len(ids); start += maxTxnOps {
+		var ops []clientv3.Op
+		for _, id := range ids[start:min(start+maxTxnOps, len(ids))] {
+			ops = append(ops, clientv3.OpGet(calico.HandleKey(id), clientv3.WithRev(p.Revision)))
 		}
+		cctx, cancel := context.WithTimeout(ctx, o.CallTimeout)
+		resp, err := o.KV.Txn(cctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("read the handles: %w", err)
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().Kvs {
+				values[string(kv.Key)] = kv
+			}
+		}
+	}
+	for _, id := range ids {
+		kv := values[calico.HandleKey(id)]
 		st := &handleState{}
 		hc := HandleChange{ID: id, Released: count[id]}
-		if len(resp.Kvs) == 0 {
+		if kv == nil {
 			hc.Missing = true
-		} else if h, err := calico.DecodeHandle(resp.Kvs[0].Value); err != nil {
+		} else if h, err := calico.DecodeHandle(kv.Value); err != nil {
 			// Left as it is (the allocations are released all the same): what it holds elsewhere
 			// cannot be known.
 			p.skip(o, calico.HandleKey(id), fmt.Sprintf("handle value does not decode (%v): left as it is", err))
-			st.modRev, st.malformed = resp.Kvs[0].ModRevision, true
+			st.modRev, st.malformed = kv.ModRevision, true
 			hc.Malformed = true
 		} else {
-			st.h, st.modRev = h, resp.Kvs[0].ModRevision
+			st.h, st.modRev = h, kv.ModRevision
 			rest := h.Count() - count[id]
 			hc.Delete = rest <= 0
 		}
@@ -439,6 +456,15 @@ func ownerText(value []byte) string {
 // planBlock decides one block: nil when the release does not concern it, else its plan; why is set
 // when the block cannot be read or is not well formed (its plan is then nil).
 func planBlock(node, key string, value []byte, modRev int64) (bp *BlockPlan, why string) {
+	// Most blocks are other nodes' and hold none of this node's addresses: the routing decoder tells
+	// so at a fraction of a full decode's cost.
+	r, err := calico.DecodeRouting(value)
+	if err != nil {
+		return nil, err.Error()
+	}
+	if o := r.Owner(false); !(o.Kind == calico.OwnerHost && o.Node == node) && !slices.ContainsFunc(r.Borrowed(calico.Owner{}), func(b calico.Borrowed) bool { return b.Node == node }) {
+		return nil, ""
+	}
 	b, err := calico.DecodeBlock(value)
 	if err != nil {
 		return nil, err.Error()

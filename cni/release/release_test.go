@@ -434,12 +434,11 @@ func TestEtcdLostHalfway(t *testing.T) {
 	seedCluster(t, cli)
 	o := opts(cli, "n1")
 	o.CallTimeout = time.Second
-	fk := &failingKV{KV: cli.KV, srv: srv, after: 2}
-	o.KV = fk
 	p, err := NewPlan(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.KV = &failingKV{KV: cli.KV, srv: srv, after: 2}
 	res, err := Commit(t.Context(), o, p)
 	if err == nil || res.Complete() || res.Transactions != 2 {
 		t.Fatalf("commit with etcd lost: %+v %v", res, err)
