@@ -25,6 +25,7 @@ func BenchmarkReleaseNode10Blocks(b *testing.B) {
 		putBlock(b, cli, blockCIDR(i), fmt.Sprintf("host:other%d", i/10), alloc{0, fmt.Sprintf("o.%d", i), fmt.Sprintf("other%d", i/10)})
 	}
 	var plan, commit, raw time.Duration
+	b.ResetTimer()
 	for it := range b.N {
 		b.StopTimer()
 		for i := range 10 {
