@@ -46,13 +46,13 @@ func runDaemon(args []string) {
 	if !filepath.IsAbs(path) {
 		p, err := exec.LookPath(path)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "block-ipam daemon: %s is neither beside this binary nor on PATH: %v\n", daemonBinary, err)
+			fmt.Fprintf(os.Stderr, "block-ipam %s: %s is neither beside this binary nor on PATH: %v\n", os.Args[1], daemonBinary, err)
 			os.Exit(1)
 		}
 		path = p
 	}
 	err := syscall.Exec(path, append([]string{path}, args...), os.Environ())
-	fmt.Fprintf(os.Stderr, "block-ipam daemon: exec %s: %v\n", path, err)
+	fmt.Fprintf(os.Stderr, "block-ipam %s: exec %s: %v\n", os.Args[1], path, err)
 	os.Exit(1)
 }
 

@@ -100,7 +100,9 @@ type Sign struct {
 	// Lease is the key's lease (0: none: the key stays until deleted).
 	Lease int64 `json:"lease,omitempty"`
 	// TTLLeft is the lease's remaining time as etcd reported it (-1: unknown or no lease).
-	TTLLeft time.Duration `json:"ttl_left"`
+	TTLLeft time.Duration `json:"-"`
+	// TTLSeconds is TTLLeft in whole seconds (-1: unknown or no lease), for JSON.
+	TTLSeconds int64 `json:"ttl_left_seconds"`
 }
 
 func (s Sign) String() string {
@@ -278,6 +280,10 @@ func NewPlan(ctx context.Context, o Options) (*Plan, error) {
 				s.TTLLeft = time.Duration(ttl.TTL) * time.Second
 			}
 			cancel()
+		}
+		s.TTLSeconds = -1
+		if s.TTLLeft >= 0 {
+			s.TTLSeconds = int64(s.TTLLeft / time.Second)
 		}
 		p.Alive = append(p.Alive, s)
 	}
