@@ -155,3 +155,33 @@ func TestReaperRaceNodeComesBack(t *testing.T) {
 		t.Fatalf("n1 back, tracked %+v", tr)
 	}
 }
+
+// TestReaperNewLeaderKeepsClock: the daemon elected after another keeps the first time the node was
+// seen dead (from etcd): it releases the node once that time is older than After, not After after
+// its own election.
+func TestReaperNewLeaderKeepsClock(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	seedCluster(t, cli)
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	old, _ := newReaper(t, cli, clock)
+	mustPut(t, cli, ipamd.AliveKey("n1"), "x")
+	if err := old.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cli.Delete(t.Context(), ipamd.AliveKey("n1"))
+	if err := old.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// The old leader is gone; the new one first passes 61 s after the node was seen dead.
+	clock.add(61 * time.Second)
+	next, reg := newReaper(t, cli, clock)
+	if err := next.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if exists(t, cli, calico.BlockKey(netip.MustParsePrefix("10.0.0.0/26"))) {
+		t.Fatal("the new leader restarted the clock")
+	}
+	if v := metricstest.Value(t, reg, "block_ipam_node_releases_total", "result", ResultReleased); v != 1 {
+		t.Fatalf("releases counted: %v", v)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,8 +18,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamdtest"
 )
 
 type alloc struct {
@@ -519,5 +524,44 @@ func TestLargeBlockChunked(t *testing.T) {
 	}
 	if exists(t, cli, calico.BlockKey(netip.MustParsePrefix("10.1.0.0/20"))) || countPrefix(t, cli, calico.HandlePrefix) != 0 {
 		t.Fatal("block or handles left")
+	}
+}
+
+// TestReleasedBlockClaimedAgain: a pool of one block, held by a dead node, strict affinity on (no
+// borrowing): block-ipam's daemon on another node cannot place a pod; after the release it claims
+// the block and places it there.
+func TestReleasedBlockClaimedAgain(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	if err := calicotest.PutPool(t.Context(), cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/26"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	conf, _ := calico.EncodeIPAMConfig(calico.IPAMConfig{StrictAffinity: true, AutoAllocateBlocks: true})
+	mustPut(t, cli, calico.IPAMConfigKey, string(conf))
+	putBlock(t, cli, "10.0.0.0/26", "host:n1", alloc{0, "net.a", "n1"})
+	d := ipamdtest.Start(t, ipamdtest.Options{Node: "n3", Endpoints: []string{srv.Endpoint()}, Socket: filepath.Join(ipamdtest.SocketDir(t), "n3.sock")})
+	add := func(cid string) *cni.Reply {
+		r, err := ipamcall.Call(t.Context(), d.Socket, &cni.Request{Verb: "ADD", ContainerID: cid, IfName: "eth0", Network: "net", Assign: [2]bool{true, false}, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := add("before"); r.Err() == nil {
+		t.Fatalf("ADD with the only block held by the dead node: %+v", r)
+	}
+	o := opts(cli, "n1")
+	p, err := NewPlan(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Commit(t.Context(), o, p); err != nil {
+		t.Fatal(err)
+	}
+	r := add("after")
+	if r.Err() != nil || len(r.Allocations) != 1 {
+		t.Fatalf("ADD after the release: %+v %v", r, r.Err())
+	}
+	if b := readBlock(t, cli, "10.0.0.0/26"); *b.Affinity != "host:n3" {
+		t.Fatalf("block after the claim: affinity %s", *b.Affinity)
 	}
 }
