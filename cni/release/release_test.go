@@ -210,6 +210,7 @@ func mapsEqual[K, V comparable](a, b map[K]V) bool {
 func TestReleaseFreesBlocks(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	seedCluster(t, cli)
+	putBlock(t, cli, "10.0.5.0/26", "host:n1") // empty: deleted too
 	o := opts(cli, "n1")
 	o.By = "test"
 	p, err := NewPlan(t.Context(), o)
@@ -220,10 +221,10 @@ func TestReleaseFreesBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Complete() || len(res.Released) != 6 || len(res.AffinitiesDeleted) != 4 {
+	if !res.Complete() || len(res.Released) != 6 || len(res.AffinitiesDeleted) != 5 || len(res.BlocksDeleted) != 3 {
 		t.Fatalf("result %+v", res)
 	}
-	for _, k := range []string{"10.0.0.0/26", "fd00::/122"} {
+	for _, k := range []string{"10.0.0.0/26", "fd00::/122", "10.0.5.0/26"} {
 		if exists(t, cli, calico.BlockKey(netip.MustParsePrefix(k))) {
 			t.Errorf("block %s still there", k)
 		}
