@@ -98,3 +98,35 @@ func TestReleaseNode(t *testing.T) {
 		t.Fatalf("rerun:\n%s", out)
 	}
 }
+
+// TestReleaseNodeKeepsBorrowed: another node borrowed an address in the dead node's block; the
+// release frees the dead node's pods and leaves that block without owner (affinity null, as
+// Calico's ReleaseHostAffinities) holding the borrowed address: calicoctl ipam check finds no
+// problem; when calico-ipam then releases the borrowed address, it deletes the emptied block.
+func TestReleaseNodeKeepsBorrowed(t *testing.T) {
+	w := newWorld(t)
+	w.apply(poolRes("pool", "10.105.0.0/27", 28, ""), nodeRes("dead", nil), nodeRes("stays", nil))
+	w.run([]op{{p: calicoIPAM, node: "dead", cid: "d1", f: v4only}, {p: blockIPAM, node: "dead", cid: "d2", f: v4only}})
+	w.run(batch(false, blockIPAM, "stays", "s", 16, v4only))
+	borrowed := w.mustAdd(blockIPAM, "stays", "sb", v4only)
+	deadBlock, b := w.blockOf(borrowed.addrs[0])
+	if calico.OwnerOf(b, false).Node != "dead" {
+		t.Fatalf("sb's %s is in %s, not in the dead node's block", borrowed.addrs[0], deadBlock)
+	}
+	w.check()
+	out, err := exec.Command(filepath.Join(pluginDir, "block-ipam"), "release-node", "--etcd-endpoints", w.ep, "--yes", "dead").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "blocks left without owner (1): "+deadBlock.String()) {
+		t.Fatalf("release-node: %v\n%s", err, out)
+	}
+	delete(w.pods, "d1")
+	delete(w.pods, "d2")
+	w.check()
+	if _, b := w.blockOf(borrowed.addrs[0]); b == nil || b.Affinity != nil || b.Allocated() != 1 {
+		t.Fatalf("the dead node's block after the release: %+v", b)
+	}
+	w.mustDel(calicoIPAM, "stays", "sb", v4only)
+	if b := w.snapshot().Blocks[deadBlock]; b != nil {
+		t.Fatalf("block %s, empty and without owner, kept by calico-ipam", deadBlock)
+	}
+	w.check()
+}
