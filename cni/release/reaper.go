@@ -89,13 +89,7 @@ func NewReaper(cfg ReaperConfig, reg prometheus.Registerer) (*Reaper, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Reaper{cfg: cfg, releases: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "block_ipam_node_releases_total",
-		Help: "Automatic releases of dead nodes' addresses (--release-dead-nodes-after), by result: released, partial (values that cannot be read left, named in the record), aborted (the node came back or something changed: not released), failed (etcd error, retried).",
-	}, []string{"result"})}
-	for _, res := range []string{ResultReleased, ResultPartial, ResultAborted, ResultFailed} {
-		r.releases.WithLabelValues(res)
-	}
+	r := &Reaper{cfg: cfg, releases: newReleasesCounter()}
 	if reg != nil {
 		if err := reg.Register(r.releases); err != nil {
 			return nil, err
