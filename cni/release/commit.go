@@ -331,8 +331,13 @@ func writeRecord(ctx context.Context, o *Options, r *Result) error {
 		}
 		opts = append(opts, clientv3.WithLease(lease.ID))
 	}
-	if _, err := o.KV.Put(cctx, key, string(v), opts...); err != nil {
+	// Created only if absent, like every other write: a record is never overwritten.
+	resp, err := o.KV.Txn(cctx).If(clientv3.Compare(clientv3.Version(key), "=", 0)).Then(clientv3.OpPut(key, string(v), opts...)).Commit()
+	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("put %s: a record with this key exists", key)
 	}
 	r.Record = key
 	return nil
