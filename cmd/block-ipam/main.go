@@ -1,6 +1,7 @@
 // Command block-ipam is the CNI IPAM plugin that allocates pod addresses from Calico IPAM blocks in
 // etcd, through the node's block-ipam daemon; see package cni. `block-ipam daemon` runs the daemon
-// (block-ipamd, installed beside this binary), `block-ipam install` installs the plugin.
+// (block-ipamd, installed beside this binary), `block-ipam install` installs the plugin, and
+// `block-ipam release-node NODE` gives a dead node's addresses back (run by block-ipamd).
 package main
 
 import (
@@ -24,15 +25,18 @@ func main() {
 		case "install":
 			runInstall()
 		case "daemon":
-			runDaemon()
+			runDaemon(os.Args[2:])
+		case "release-node":
+			// An operator command on etcd: the daemon's binary, which links the etcd client, runs it.
+			runDaemon(os.Args[1:])
 		}
 	}
 	os.Exit(shim.Main("CNI block-ipam " + buildinfo.Version))
 }
 
-// runDaemon replaces this process with block-ipamd (same PID, so systemd's notify socket and the
-// container runtime see the daemon itself), found beside this binary or on PATH.
-func runDaemon() {
+// runDaemon replaces this process with block-ipamd run with args (same PID, so systemd's notify
+// socket and the container runtime see the daemon itself), found beside this binary or on PATH.
+func runDaemon(args []string) {
 	path := daemonBinary
 	if self, err := os.Executable(); err == nil {
 		if p := filepath.Join(filepath.Dir(self), daemonBinary); fileExists(p) {
@@ -42,13 +46,13 @@ func runDaemon() {
 	if !filepath.IsAbs(path) {
 		p, err := exec.LookPath(path)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "block-ipam daemon: %s is neither beside this binary nor on PATH: %v\n", daemonBinary, err)
+			fmt.Fprintf(os.Stderr, "block-ipam %s: %s is neither beside this binary nor on PATH: %v\n", os.Args[1], daemonBinary, err)
 			os.Exit(1)
 		}
 		path = p
 	}
-	err := syscall.Exec(path, append([]string{path}, os.Args[2:]...), os.Environ())
-	fmt.Fprintf(os.Stderr, "block-ipam daemon: exec %s: %v\n", path, err)
+	err := syscall.Exec(path, append([]string{path}, args...), os.Environ())
+	fmt.Fprintf(os.Stderr, "block-ipam %s: exec %s: %v\n", os.Args[1], path, err)
 	os.Exit(1)
 }
 

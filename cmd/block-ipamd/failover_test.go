@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/release"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 )
@@ -115,4 +116,78 @@ func TestKilledExporterReplaced(t *testing.T) {
 	}
 	took := waitUntil("the second daemon takes over", ttl+5*time.Second, second.exporting)
 	t.Logf("the second daemon exported the cluster's gauges %s after kill -9 of the first (--liveness-ttl %s)", took.Round(10*time.Millisecond), ttl)
+}
+
+// TestReleaseDeadNodeProcess: two block-ipamd processes with --release-dead-nodes-after; the second
+// node holds blocks and is killed (-9): once its liveness lease has expired and it has been dead
+// longer than the setting, the elected first daemon releases its blocks, counts the release and
+// records it in etcd.
+func TestReleaseDeadNodeProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs block-ipamd")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "block-ipamd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	srv, cli := etcdtest.Start(t)
+	if err := calicotest.PutPool(t.Context(), cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.0.0.0/16"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	putNodeBlocks(t, cli, "victim", 0, 3)
+	start := func(node string) *daemonProc {
+		port, err := etcdtest.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &daemonProc{node: node, metrics: fmt.Sprintf("127.0.0.1:%d", port)}
+		if d.log, err = os.Create(filepath.Join(dir, node+".log")); err != nil {
+			t.Fatal(err)
+		}
+		d.cmd = exec.Command(bin, "--nodename", node, "--socket", filepath.Join(dir, node+".sock"), "--metrics-address", d.metrics,
+			"--etcd-endpoints", srv.Endpoint(), "--liveness-ttl", "2s", "--release-dead-nodes-after", "4s", "--capacity-interval", "1s")
+		d.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		d.cmd.Stderr = d.log
+		if err := d.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			d.cmd.Process.Kill()
+			d.cmd.Wait()
+			d.log.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(d.log.Name())
+				t.Logf("%s's log:\n%s", node, b)
+			}
+		})
+		return d
+	}
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(60 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within 60s", what)
+			}
+		}
+	}
+	leader := start("leader")
+	waitUntil("the first daemon is elected", leader.exporting)
+	victim := start("victim")
+	waitUntil("the elected daemon tracks the second", func() bool { return count(t, cli, release.TrackPrefix+"victim") == 1 })
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil("the dead node's blocks released", func() bool { return count(t, cli, calico.BlockPrefix) == 0 })
+	waitUntil("the release counted", func() bool {
+		return strings.Contains(leader.scrape(), `block_ipam_node_releases_total{result="released"} 1`)
+	})
+	if count(t, cli, release.RecordPrefix+"victim/") != 1 || count(t, cli, calico.HostAffinityNodePrefix("victim")) != 0 ||
+		count(t, cli, calico.HandlePrefix) != 0 {
+		t.Fatal("no record, or affinities or handles left")
+	}
+	b, _ := os.ReadFile(leader.log.Name())
+	if !strings.Contains(string(b), "released dead node's addresses") {
+		t.Fatalf("release not logged:\n%s", b)
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/release"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
@@ -50,7 +51,12 @@ const (
 func main() {
 	singleThreaded()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, os.Args[1:], os.Stderr, os.LookupEnv)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "release-node" {
+		err = releaseNodeCmd(ctx, os.Args[2:], os.Stdout, os.Stderr, os.LookupEnv)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stderr, os.LookupEnv)
+	}
 	stop()
 	switch {
 	case err == nil, errors.Is(err, pflag.ErrHelp):
@@ -81,6 +87,8 @@ type config struct {
 	livenessTTL      time.Duration
 	capacityInterval time.Duration
 	hostsPrefix      string
+	// releaseAfter: release nodes dead for longer (0: never).
+	releaseAfter time.Duration
 }
 
 // envName returns the environment variable a flag falls back to: Calico's name where Calico has one
@@ -112,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	fs.DurationVar(&cfg.livenessTTL, "liveness-ttl", ipamd.DefaultLivenessTTL, "TTL of the lease holding this daemon's liveness key "+ipamd.AlivePrefix+"<node> (whole seconds); the daemons elect the exporter of the cluster's capacity gauges on it")
 	fs.DurationVar(&cfg.capacityInterval, "capacity-interval", ipamd.DefaultCapacityInterval, "how often the capacity gauges are read from etcd")
 	fs.StringVar(&cfg.hostsPrefix, "hosts-prefix", ipamd.DefaultHostsPrefix, "the route agents' registration prefix: a node registered there counts as alive in block_ipam_dead_nodes")
+	fs.DurationVar(&cfg.releaseAfter, "release-dead-nodes-after", 0, "on the elected daemon, release the addresses of nodes that have had neither liveness key nor registration for longer than this (as block-ipam release-node --yes); 0 never")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -130,17 +139,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
 	}
-	var errs []error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if e := envName(f.Name); f.Name != "version" && f.Deprecated == "" && !f.Changed {
-			if v, ok := lookup(e); ok && v != "" {
-				if err := fs.Set(f.Name, v); err != nil {
-					errs = append(errs, fmt.Errorf("environment %s (for --%s): %w", e, f.Name, err))
-				}
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
+	if err := applyEnv(fs, lookup); err != nil {
 		return nil, usageError{err}
 	}
 	bad := func(err error) (*config, error) { return nil, usageError{err} }
@@ -175,6 +174,9 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	}
 	if cfg.livenessTTL < ipamd.MinLivenessTTL || cfg.livenessTTL%time.Second != 0 {
 		return bad(fmt.Errorf("--liveness-ttl %s: a whole number of seconds, at least %s", cfg.livenessTTL, ipamd.MinLivenessTTL))
+	}
+	if cfg.releaseAfter != 0 && cfg.releaseAfter < 2*cfg.livenessTTL {
+		return bad(fmt.Errorf("--release-dead-nodes-after %s: 0 (off), or at least twice --liveness-ttl (%s), so that a daemon restarting is not taken for dead", cfg.releaseAfter, cfg.livenessTTL))
 	}
 	if cfg.capacityInterval < time.Second {
 		return bad(fmt.Errorf("--capacity-interval %s: at least 1s", cfg.capacityInterval))
@@ -319,6 +321,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 		Interval: cfg.capacityInterval, CallTimeout: cfg.etcd.RequestTimeout, HostsPrefix: cfg.hostsPrefix, Logger: log}, reg)
 	g.Go(func() error { return live.Run(gctx) })
 	g.Go(func() error { return capacity.Run(gctx) })
+	if cfg.releaseAfter > 0 {
+		reaper, err := release.NewReaper(release.ReaperConfig{Client: cli, Node: cfg.node, After: cfg.releaseAfter, Leader: live.Leader,
+			HostsPrefix: cfg.hostsPrefix, CallTimeout: cfg.etcd.RequestTimeout, Logger: log}, reg)
+		if err != nil {
+			return err
+		}
+		log.Info("releasing the addresses of dead nodes", "after", cfg.releaseAfter)
+		g.Go(func() error { return reaper.Run(gctx) })
+	}
 	if metricsLn != nil {
 		log.Info("serving metrics and health", "address", metricsLn.Addr().String())
 		hs := &http.Server{Handler: srv.HealthHandler(reg), ReadHeaderTimeout: 5 * time.Second}

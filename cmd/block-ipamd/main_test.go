@@ -58,6 +58,8 @@ func TestBadSettingsRefused(t *testing.T) {
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 		{[]string{"--liveness-ttl", "1s"}, nil, "--liveness-ttl 1s: a whole number of seconds, at least 2s"},
+		{[]string{"--release-dead-nodes-after", "30s"}, nil, "--release-dead-nodes-after 30s: 0 (off), or at least twice --liveness-ttl (30s)"},
+		{nil, map[string]string{"BLOCK_IPAM_RELEASE_DEAD_NODES_AFTER": "soon"}, "BLOCK_IPAM_RELEASE_DEAD_NODES_AFTER"},
 		{[]string{"--liveness-ttl", "2500ms"}, nil, "--liveness-ttl"},
 		{nil, map[string]string{"BLOCK_IPAM_LIVENESS_TTL": "0s"}, "--liveness-ttl"},
 		{[]string{"--capacity-interval", "10ms"}, nil, "--capacity-interval"},

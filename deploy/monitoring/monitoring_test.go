@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -20,6 +21,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/cni/release"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
@@ -113,6 +115,9 @@ func exported(t *testing.T) map[string]bool {
 	}
 	capacity := ipamd.NewCapacity(ipamd.CapacityConfig{Client: cli, Node: "n1", Leader: func() bool { return true }, Logger: log}, rec)
 	if err := capacity.Refresh(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := release.NewReaper(release.ReaperConfig{Client: cli, Node: "n1", After: time.Minute}, rec); err != nil {
 		t.Fatal(err)
 	}
 	names := rec.names()

@@ -65,11 +65,14 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "block-ipam"), "github.com/vpp-route-agent/vpp-route-agent/cmd/block-ipam")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build block-ipam: %v\n%s", err, out)
-		return 1
+	// block-ipamd beside the plugin: `block-ipam release-node` runs it.
+	for _, b := range []string{"block-ipam", "block-ipamd"} {
+		build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b), "github.com/vpp-route-agent/vpp-route-agent/cmd/"+b)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b, err, out)
+			return 1
+		}
 	}
 	// calico-ipam writes a marker under /var/run/calico on specific-address requests: each call runs
 	// in its own mount namespace with a private /run, so that tests leave nothing on the machine.
