@@ -26,10 +26,15 @@ const (
 // ECMP route whose paths each lead to a node that answers.
 var anycast4 = netip.MustParsePrefix("10.244.9.0/26")
 
+// backup4 is another pod block both node-2 and node-3 hold, which node-1 routes via node-2 at
+// preference 0 and via node-3 at preference 1: all its traffic crosses node-2 until node-2's session
+// goes down, which makes the packets lost in a fail-over measurable.
+var backup4 = netip.MustParsePrefix("10.244.8.0/26")
+
 // bfdLab is three lab VPPs on one L2 segment (vpptopo.Fabric) with a client on each: node-1 has a BFD
 // session to node-2 and to node-3, each of those one back; node-1 routes node-2's block via node-2 alone
-// (single path), and anycast4 via node-2 and node-3 (ECMP, by CLI: the API route calls are one path);
-// node-2 and node-3 route node-1's block back.
+// (single path), anycast4 via node-2 and node-3 (ECMP, by CLI: the API route calls are one path) and
+// backup4 via node-2 with node-3 as backup; node-2 and node-3 route node-1's block back.
 type bfdLab struct {
 	t       testing.TB
 	ctx     context.Context
@@ -80,8 +85,9 @@ func startBFDLab(t testing.TB) *bfdLab {
 	}
 	a := topo.Nodes[0]
 	l.cli(a, fmt.Sprintf("ip route add %v via %v %s", topo.Nodes[1].Block4, topo.Nodes[1].Addr4.Addr(), vpptopo.UplinkInterface))
-	for _, n := range topo.Nodes[1:] {
+	for i, n := range topo.Nodes[1:] {
 		l.cli(a, fmt.Sprintf("ip route add %v via %v %s", anycast4, n.Addr4.Addr(), vpptopo.UplinkInterface))
+		l.cli(a, fmt.Sprintf("ip route add %v via %v %s preference %d", backup4, n.Addr4.Addr(), vpptopo.UplinkInterface, i))
 	}
 	return l
 }
@@ -104,7 +110,9 @@ func (l *bfdLab) setUpNode(i int) {
 		}
 		return
 	}
-	l.cli(n, fmt.Sprintf("set interface ip address %s %v", vpptopo.PodInterface, netip.PrefixFrom(anycast4.Addr().Next(), 32)))
+	for _, p := range []netip.Prefix{anycast4, backup4} {
+		l.cli(n, fmt.Sprintf("set interface ip address %s %v", vpptopo.PodInterface, netip.PrefixFrom(p.Addr().Next(), 32)))
+	}
 	a := l.topo.Nodes[0]
 	l.cli(n, fmt.Sprintf("ip route add %v via %v %s", a.Block4, a.Addr4.Addr(), vpptopo.UplinkInterface))
 	if err := c.AddBFDSession(l.ctx, l.session(i, a)); err != nil {
@@ -209,6 +217,9 @@ func TestBFDDataPlane(t *testing.T) {
 	}
 	if r := l.ping(anycast4.Addr().Next(), 10); r.Received != r.Sent {
 		t.Errorf("node-1 -> anycast pod with node-2 dead: %v, want all over node-3", r)
+	}
+	if r := l.ping(backup4.Addr().Next(), 10); r.Received != r.Sent {
+		t.Errorf("node-1 -> backup-routed pod with node-2 dead: %v, want all over node-3 (preference 1)", r)
 	}
 
 	// VPP's defect (bfd-ecmp.md §5.3), pinned: a down/up of the uplink puts the BFD-down path back.
