@@ -57,9 +57,10 @@ type bfdSession struct {
 
 // BFDSession is a simulated session as the test sees it.
 type BFDSession struct {
-	SwIfIndex   uint32
-	Local, Peer netip.Addr
-	State       string // "admin-down", "down", "init", "up"
+	SwIfIndex uint32     `json:"sw_if_index"`
+	Local     netip.Addr `json:"local"`
+	Peer      netip.Addr `json:"peer"`
+	State     string     `json:"state"` // "admin-down", "down", "init", "up"
 }
 
 func bfdStateName(s bfd.BfdState) string {
