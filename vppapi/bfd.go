@@ -345,7 +345,8 @@ func (c *Client) BFDEvents() <-chan BFDEvent { return c.bfd.events }
 // consumer should also dump on a timer.
 func (c *Client) BFDResync() <-chan struct{} { return c.bfd.resync }
 
-// BFDEventsLost counts the events dropped because the BFDEvents channel was full.
+// BFDEventsLost counts the events dropped because the BFDEvents channel was full (also the metric
+// vpp_route_agent_bfd_events_lost_total).
 func (c *Client) BFDEventsLost() uint64 { return c.bfd.lost.Load() }
 
 // bfdEvents is the delivery of BFD events to the client's consumer.
@@ -413,6 +414,7 @@ func (c *Client) watchBFD(ctx context.Context, sess *session) <-chan struct{} {
 			case c.bfd.events <- BFDEvent{BFDSessionState: st, PID: sess.pid}:
 			default:
 				c.bfd.lost.Add(1)
+				c.metrics.bfdEventLost()
 				c.bfd.signalResync()
 			}
 		}

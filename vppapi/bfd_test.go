@@ -122,8 +122,17 @@ func TestBFDSessionLifecycle(t *testing.T) {
 	if err := h.c.AddBFDSession(ctx, bad); !errors.Is(err, vppapi.ErrNoInterface) || !errors.Is(err, api.INVALID_SW_IF_INDEX) {
 		t.Errorf("add on sw_if_index 99: %v, want ErrNoInterface (-2)", err)
 	}
-	time.Sleep(50 * time.Millisecond) // an event sent after the delete would be here by now
-	noBFDEvent(t, h, "after delete")
+	// Events come in order: the next one is another session's, so the delete sent none.
+	other := bfdSpec(uplink, "192.0.2.3")
+	if err := h.c.AddBFDSession(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.SetBFDAdminUp(ctx, other.BFDKey, false); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextBFD(t, h); ev.BFDKey != other.BFDKey || ev.State != vppapi.BFDAdminDown {
+		t.Errorf("next event after the delete = %+v, want %v admin-down", ev, other.BFDKey)
+	}
 	if n := h.c.BFDEventsLost(); n != 0 {
 		t.Errorf("BFDEventsLost = %d", n)
 	}
@@ -370,6 +379,10 @@ func TestBFDEventsLostAndResync(t *testing.T) {
 	}
 	if h.c.BFDEventsLost() == 0 {
 		t.Fatalf("no event counted lost after %d unread events", 2*toggles)
+	}
+	// The forwarder may still be dropping: the metric read first is at least 1 and at most the count after.
+	if got := metricValue(t, h.reg, "vpp_route_agent_bfd_events_lost_total"); got < 1 || got > float64(h.c.BFDEventsLost()) {
+		t.Errorf("vpp_route_agent_bfd_events_lost_total = %v, BFDEventsLost %d", got, h.c.BFDEventsLost())
 	}
 	select {
 	case <-h.c.BFDResync():
