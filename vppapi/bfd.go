@@ -208,9 +208,11 @@ func (c *Client) AddBFDSession(ctx context.Context, s BFDSession) error {
 	sess, err := c.bfdSession()
 	if err == nil {
 		local, peer := mustAPIAddress(s.Local), mustAPIAddress(s.Peer)
-		_, err = c.call(ctx, sess, &bfd.BfdUDPAdd{SwIfIndex: interface_types.InterfaceIndex(s.SwIfIndex),
+		// An existing session is an answer, not counted as an API error: a caller re-asserting its
+		// sessions after a lost reply meets it.
+		_, err = c.callExpecting(ctx, sess, &bfd.BfdUDPAdd{SwIfIndex: interface_types.InterfaceIndex(s.SwIfIndex),
 			DesiredMinTx: micros(s.DesiredMinTx), RequiredMinRx: micros(s.RequiredMinRx),
-			LocalAddr: local, PeerAddr: peer, DetectMult: s.DetectMult})
+			LocalAddr: local, PeerAddr: peer, DetectMult: s.DetectMult}, api.BFD_EEXIST)
 	}
 	if err != nil {
 		return fmt.Errorf("add %v: %w", s, bfdError(err))

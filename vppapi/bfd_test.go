@@ -75,6 +75,9 @@ func TestBFDSessionLifecycle(t *testing.T) {
 	if !errors.Is(err, vppapi.ErrBFDExists) || !errors.Is(err, api.BFD_EEXIST) {
 		t.Errorf("second add: %v, want ErrBFDExists (-101)", err)
 	}
+	if n := apiErrors(t, h.reg, "bfd_udp_add"); n != 0 {
+		t.Errorf("an existing session counted as %v API errors", n)
+	}
 
 	mod := s
 	mod.DesiredMinTx, mod.RequiredMinRx, mod.DetectMult = time.Second, 500*time.Millisecond, 5
