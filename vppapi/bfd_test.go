@@ -3,9 +3,7 @@ package vppapi_test
 import (
 	"errors"
 	"net/netip"
-	"regexp"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -217,31 +215,6 @@ func TestBFDCodes(t *testing.T) {
 	}
 }
 
-// forwardingVia returns the next hops prefix p's traffic leaves by, nil when it drops: the simulator's
-// Forward, a real VPP's "show ip fib" forwarding section.
-func forwardingVia(t *testing.T, v *vpptest.VPP, p netip.Prefix) []netip.Addr {
-	t.Helper()
-	var out []netip.Addr
-	if sim := v.Sim(); sim != nil {
-		for _, path := range sim.Forward(0, p.Addr()) {
-			out = append(out, path.NextHop)
-		}
-	} else {
-		fib := v.CLI("show ip fib " + p.String())
-		_, fwd, ok := strings.Cut(fib, "forwarding:")
-		if !ok {
-			t.Fatalf("show ip fib %v: %s", p, fib)
-		}
-		for _, m := range viaRE.FindAllStringSubmatch(fwd, -1) {
-			out = append(out, addr(m[1]))
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
-}
-
-var viaRE = regexp.MustCompile(`via (\d+\.\d+\.\d+\.\d+) `)
-
 // setUplinkAdmin sets the uplink admin up or down as an operator would.
 func setUplinkAdmin(t *testing.T, ch api.Channel, uplink uint32, up bool) {
 	t.Helper()
@@ -267,7 +240,7 @@ func TestBFDForwarding(t *testing.T) {
 	peer, other := addr(peerIP), addr("192.0.2.3")
 	v.AddRoute(vppsim.Route{Prefix: single, Paths: []vppsim.Path{{NextHop: peer, SwIfIndex: uplink}}})
 	v.AddRoute(vppsim.Route{Prefix: ecmp, Paths: []vppsim.Path{{NextHop: peer, SwIfIndex: uplink}, {NextHop: other, SwIfIndex: uplink}}})
-	if got := forwardingVia(t, v, ecmp); !slices.Equal(got, []netip.Addr{peer, other}) {
+	if got := v.ForwardingVia(ecmp); !slices.Equal(got, []netip.Addr{peer, other}) {
 		t.Fatalf("ECMP route forwards via %v before any session, want both", got)
 	}
 
@@ -277,10 +250,10 @@ func TestBFDForwarding(t *testing.T) {
 	}
 	check := func(when string, wantSingle, wantECMP []netip.Addr) {
 		t.Helper()
-		if got := forwardingVia(t, v, single); !slices.Equal(got, wantSingle) {
+		if got := v.ForwardingVia(single); !slices.Equal(got, wantSingle) {
 			t.Errorf("%s: single-path route forwards via %v, want %v", when, got, wantSingle)
 		}
-		if got := forwardingVia(t, v, ecmp); !slices.Equal(got, wantECMP) {
+		if got := v.ForwardingVia(ecmp); !slices.Equal(got, wantECMP) {
 			t.Errorf("%s: ECMP route forwards via %v, want %v", when, got, wantECMP)
 		}
 	}
@@ -322,20 +295,20 @@ func TestBFDSimPeer(t *testing.T) {
 			t.Fatalf("event %+v, want %v", ev, want)
 		}
 	}
-	if got := forwardingVia(t, v, route); len(got) != 1 {
+	if got := v.ForwardingVia(route); len(got) != 1 {
 		t.Errorf("Up session: route forwards via %v", got)
 	}
 	sim.SetBFDPeerAnswering(addr(peerIP), false)
 	if ev := nextBFD(t, h); ev.State != vppapi.BFDDown {
 		t.Fatalf("event %+v after the peer stopped, want down", ev)
 	}
-	if got := forwardingVia(t, v, route); got != nil {
+	if got := v.ForwardingVia(route); got != nil {
 		t.Errorf("Down session: route forwards via %v, want drop", got)
 	}
 	ch := rawChannel(t, v)
 	setUplinkAdmin(t, ch, uplink, false)
 	setUplinkAdmin(t, ch, uplink, true)
-	if got := forwardingVia(t, v, route); len(got) != 1 {
+	if got := v.ForwardingVia(route); len(got) != 1 {
 		t.Errorf("after uplink down/up: route forwards via %v, want the peer (VPP's defect)", got)
 	}
 	sim.SetBFDPeerAnswering(addr(peerIP), true)
@@ -346,7 +319,7 @@ func TestBFDSimPeer(t *testing.T) {
 	}
 	sim.SetBFDPeerAnswering(addr(peerIP), false)
 	nextBFD(t, h)
-	if got := forwardingVia(t, v, route); got != nil {
+	if got := v.ForwardingVia(route); got != nil {
 		t.Errorf("Down again after a state change: route forwards via %v, want drop (the defect ended)", got)
 	}
 }
