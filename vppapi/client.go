@@ -77,7 +77,7 @@ func routeSourceMessages() []api.Message {
 func requestMessageNames() []string {
 	var names []string
 	for _, m := range slices.Concat(usedMessages(), tunnelMessages(), routeSourceMessages(), interfaceEventMessages(),
-		neighborMessages(), vxlanMessages(), lookupMessages()) {
+		neighborMessages(), vxlanMessages(), lookupMessages(), bfdMessages()) {
 		if m.GetMessageType() == api.RequestMessage {
 			names = append(names, m.GetMessageName())
 		}
@@ -170,6 +170,8 @@ type Client struct {
 	log     *slog.Logger
 	metrics *metrics
 	events  chan Event
+	// bfd delivers BFD state events (bfd.go).
+	bfd bfdEvents
 	// kick asks Run for a health probe now: an operation saw a send error or a timeout.
 	kick    chan struct{}
 	running atomic.Bool
@@ -194,6 +196,8 @@ type session struct {
 	routeSource bool
 	// vxlan: VPP has the vxlan plugin (vxlan.go).
 	vxlan bool
+	// bfd: VPP has this package's BFD messages (bfd.go).
+	bfd bool
 	// vxlanMu guards the VXLAN state below.
 	vxlanMu sync.Mutex
 	// vxlanIfaces are the VXLAN tunnels this connection made or dumped, whose routes Apply checks.
@@ -223,6 +227,7 @@ func New(cfg Config) (*Client, error) {
 		log:     cfg.Logger.With("component", "vppapi", "socket", cfg.Socket),
 		metrics: m,
 		events:  make(chan Event, eventBuffer),
+		bfd:     newBFDEvents(),
 		kick:    make(chan struct{}, 1),
 	}, nil
 }
@@ -272,15 +277,17 @@ func (c *Client) Run(ctx context.Context) error {
 			lastPID = sess.pid
 			connects++
 			w := c.watchInterfaces(ctx, sess)
+			bfdWatched := c.watchBFD(ctx, sess)
 			c.publish(sess, connects > 1)
 			c.log.Info("connected to VPP", "version", sess.version, "pid", sess.pid, "restarted", restarted,
-				"route_source_dump", sess.routeSource, "vxlan_plugin", sess.vxlan)
+				"route_source_dump", sess.routeSource, "vxlan_plugin", sess.vxlan, "bfd", sess.bfd)
 			c.emit(ctx, Event{Kind: Connected, PID: sess.pid, Version: sess.version, Restarted: restarted})
 			watched := c.forwardInterfaceEvents(ctx, sess, w)
 
 			err = c.serve(ctx, sess)
 			c.teardown(sess, err)
 			<-watched // no InterfaceDeleted after the Disconnected
+			<-bfdWatched
 			if err != nil {
 				c.log.Warn("lost connection to VPP", "error", err)
 			}
@@ -355,6 +362,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 	}
 	sess.routeSource = checkCompatibility(conn, routeSourceMessages()...) == nil
 	sess.vxlan = checkCompatibility(conn, vxlanMessages()...) == nil
+	sess.bfd = checkCompatibility(conn, bfdMessages()...) == nil
 	pid, err := c.ping(ctx, sess)
 	if err != nil {
 		return fail(err)

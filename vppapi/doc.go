@@ -1,7 +1,7 @@
 // Package vppapi is everything the route agent needs from fd.io VPP over its binary API, through GoVPP's
 // socket client: a connection that Run keeps up (compatibility check, VPP version and pid, restart
 // detection, health probes, capped jittered reconnect backoff), uplink set-up, table creation, route dumps
-// and pipelined route programming.
+// and pipelined route programming, tunnels, and single-hop BFD sessions with their state events (bfd.go).
 //
 // The package keeps no route cache: DumpRoutes reads what VPP really has and Apply programs what it is
 // given, so the caller reconciles against VPP itself. All netip <-> binapi conversion lives in convert.go.

@@ -12,6 +12,7 @@ type metrics struct {
 	connected  prometheus.Gauge
 	reconnects prometheus.Counter
 	apiErrors  *prometheus.CounterVec
+	bfdLost    prometheus.Counter
 }
 
 // newMetrics registers the metrics with reg; a nil reg means no metrics.
@@ -32,8 +33,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "vpp_route_agent_vpp_api_errors_total",
 			Help: "VPP binary API requests that failed with a non-zero retval or got no reply in time, by request message.",
 		}, []string{"msg"}),
+		bfdLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vpp_route_agent_bfd_events_lost_total",
+			Help: "BFD state events from VPP dropped because their consumer fell behind; each is followed by a re-read of the sessions.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.reconnects, m.apiErrors} {
+	for _, c := range []prometheus.Collector{m.connected, m.reconnects, m.apiErrors, m.bfdLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register vppapi metrics: %w", err)
 		}
@@ -66,6 +71,13 @@ func (m *metrics) reconnected() {
 func (m *metrics) apiError(msg string) {
 	if m != nil {
 		m.apiErrors.WithLabelValues(msg).Inc()
+	}
+}
+
+// bfdEventLost counts one dropped BFD event.
+func (m *metrics) bfdEventLost() {
+	if m != nil {
+		m.bfdLost.Inc()
 	}
 }
 

@@ -271,6 +271,46 @@ func newHandler(sim *vppsim.Sim) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	// GET /bfd lists the BFD sessions; POST /bfd/peer?address=A&answering=true|false says whether the
+	// simulated neighbour A answers BFD (see vppsim.Sim.SetBFDPeerAnswering).
+	mux.HandleFunc("GET /bfd", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, sim.BFDSessions())
+	})
+	mux.HandleFunc("POST /bfd/peer", func(w http.ResponseWriter, r *http.Request) {
+		a, err := netip.ParseAddr(r.URL.Query().Get("address"))
+		if err != nil {
+			http.Error(w, "address: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		answering, err := strconv.ParseBool(r.URL.Query().Get("answering"))
+		if err != nil {
+			http.Error(w, "answering: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		sim.SetBFDPeerAnswering(a, answering)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	// GET /forward?address=A[&table=N] returns the paths that carry A's traffic ([]: drop), with BFD's
+	// effect (see vppsim.Sim.Forward).
+	mux.HandleFunc("GET /forward", func(w http.ResponseWriter, r *http.Request) {
+		a, err := netip.ParseAddr(r.URL.Query().Get("address"))
+		if err != nil {
+			http.Error(w, "address: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		var table uint64
+		if t := r.URL.Query().Get("table"); t != "" {
+			if table, err = strconv.ParseUint(t, 10, 32); err != nil {
+				http.Error(w, "table: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+		}
+		paths := sim.Forward(uint32(table), a)
+		if paths == nil {
+			paths = []vppsim.Path{}
+		}
+		writeJSON(w, paths)
+	})
 	return mux
 }
 

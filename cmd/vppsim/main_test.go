@@ -19,7 +19,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"go.fd.io/govpp/adapter/socketclient"
+	"go.fd.io/govpp/binapi/bfd"
 	"go.fd.io/govpp/binapi/fib_types"
+	interfaces "go.fd.io/govpp/binapi/interface"
+	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/binapi/memclnt"
@@ -218,9 +221,10 @@ func TestProcess(t *testing.T) {
 	if len(fib) != 1 || fib[0].Prefix != "172.16.0.9/32" || fib[0].Paths[0].NextHop != "172.16.0.9" || fib[0].Paths[0].SwIfIndex != 1 {
 		t.Errorf("/fib?source=adjacency after POST /neighbor = %+v", fib)
 	}
+	checkBFD(t, sock, httpAddr)
 	var counts map[string]int
 	getJSON(t, "http://"+httpAddr+"/requests", &counts)
-	if counts["ip_route_add_del"] != 1 || counts["control_ping"] != 1 {
+	if counts["ip_route_add_del"] != 1 || counts["control_ping"] != 1 || counts["bfd_udp_add"] != 1 {
 		t.Errorf("/requests = %v", counts)
 	}
 	var ifs []struct{ Name string }
@@ -282,5 +286,63 @@ func TestProcess(t *testing.T) {
 	if c, err := net.Dial("unix", sock); err == nil {
 		c.Close()
 		t.Error("a connection to the socket of an exited simulator succeeded")
+	}
+}
+
+// checkBFD: with eth0 up, the API route via 172.16.0.2 forwards (GET /forward); a BFD session to that
+// peer takes it out until POST /bfd/peer says the peer answers, and GET /bfd shows the session Up then.
+func checkBFD(t *testing.T, sock, httpAddr string) {
+	t.Helper()
+	conn, err := core.Connect(socketclient.NewVppClient(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Disconnect()
+	ch, err := conn.NewAPIChannel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	ch.SetReplyTimeout(2 * time.Second)
+	up := &interfaces.SwInterfaceSetFlags{SwIfIndex: 1, Flags: interface_types.IF_STATUS_API_FLAG_ADMIN_UP}
+	if err := ch.SendRequest(up).ReceiveReply(new(interfaces.SwInterfaceSetFlagsReply)); err != nil {
+		t.Fatal(err)
+	}
+	var paths []struct {
+		NextHop string `json:"next_hop"`
+	}
+	forward := "http://" + httpAddr + "/forward?address=10.244.3.1"
+	getJSON(t, forward, &paths)
+	if len(paths) != 1 || paths[0].NextHop != "172.16.0.2" {
+		t.Errorf("/forward before BFD = %+v, want via 172.16.0.2", paths)
+	}
+	v4 := func(a [4]byte) ip_types.Address {
+		return ip_types.Address{Af: ip_types.ADDRESS_IP4, Un: ip_types.AddressUnionIP4(a)}
+	}
+	add := &bfd.BfdUDPAdd{SwIfIndex: 1, DesiredMinTx: 300000, RequiredMinRx: 300000, DetectMult: 3,
+		LocalAddr: v4([4]byte{172, 16, 0, 1}), PeerAddr: v4([4]byte{172, 16, 0, 2})}
+	if err := ch.SendRequest(add).ReceiveReply(new(bfd.BfdUDPAddReply)); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, forward, &paths)
+	if len(paths) != 0 {
+		t.Errorf("/forward with the session Down = %+v, want [] (drop)", paths)
+	}
+	resp, err := http.Post("http://"+httpAddr+"/bfd/peer?address=172.16.0.2&answering=true", "", nil)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("POST /bfd/peer: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	var sessions []struct {
+		Peer  string `json:"peer"`
+		State string `json:"state"`
+	}
+	getJSON(t, "http://"+httpAddr+"/bfd", &sessions)
+	if len(sessions) != 1 || sessions[0].Peer != "172.16.0.2" || sessions[0].State != "up" {
+		t.Errorf("/bfd = %+v, want the session to 172.16.0.2 up", sessions)
+	}
+	getJSON(t, forward, &paths)
+	if len(paths) != 1 {
+		t.Errorf("/forward with the session Up = %+v, want via 172.16.0.2", paths)
 	}
 }

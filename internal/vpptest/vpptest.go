@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -633,3 +634,37 @@ func apiAddress(a netip.Addr) ip_types.Address {
 // Sim returns the simulator, nil against a real VPP: for checks of state the API does not show (a
 // route's forwarding), which a real VPP answers through CLI.
 func (v *VPP) Sim() *vppsim.Sim { return v.sim }
+
+// viaRE finds the next hops in "show ip fib"'s forwarding section ("ipv4 via 192.0.2.2 loop0: ...",
+// "arp-ipv4: via 192.0.2.3 loop0").
+var viaRE = regexp.MustCompile(`via ([0-9A-Fa-f.:]+) `)
+
+// ForwardingVia returns the next hops the traffic of table 0's route for p leaves by, sorted, nil when it
+// drops: what VPP forwards (BFD-down adjacencies left out), not the configured paths a dump shows. The
+// simulator's Forward; a real VPP's "show ip fib p" forwarding section.
+func (v *VPP) ForwardingVia(p netip.Prefix) []netip.Addr {
+	v.t.Helper()
+	var out []netip.Addr
+	if v.sim != nil {
+		for _, path := range v.sim.Forward(0, p.Addr()) {
+			out = append(out, path.NextHop)
+		}
+	} else {
+		cmd := "show ip fib "
+		if p.Addr().Is6() {
+			cmd = "show ip6 fib "
+		}
+		fib := v.CLI(cmd + p.String())
+		_, fwd, ok := strings.Cut(fib, "forwarding:")
+		if !ok {
+			v.t.Fatalf("vpptest: show ip fib %v: %s", p, fib)
+		}
+		for _, m := range viaRE.FindAllStringSubmatch(fwd, -1) {
+			if a, err := netip.ParseAddr(m[1]); err == nil {
+				out = append(out, a)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}

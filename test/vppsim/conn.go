@@ -154,6 +154,7 @@ func (c *conn) cleanup() {
 	if c.index != 0 && c.s.clients[c.index] == c {
 		delete(c.s.clients, c.index)
 		delete(c.s.eventRegs, c.index)
+		delete(c.s.bfdEventRegs, c.index)
 	}
 	c.s.mu.Unlock()
 }

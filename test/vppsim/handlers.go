@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"go.fd.io/govpp/api"
+	"go.fd.io/govpp/binapi/bfd"
 	"go.fd.io/govpp/binapi/ethernet_types"
 	"go.fd.io/govpp/binapi/fib_types"
 	interfaces "go.fd.io/govpp/binapi/interface"
@@ -44,6 +45,13 @@ var handlers = map[string]handlerFunc{
 	"sw_interface_tag_add_del":    handleSwInterfaceTagAddDel,
 	"teib_entry_add_del":          handleTEIBEntryAddDel,
 	"teib_dump":                   handleTEIBDump,
+	// bfd.go
+	"bfd_udp_add":               handleBFDUDPAdd,
+	"bfd_udp_mod":               handleBFDUDPMod,
+	"bfd_udp_del":               handleBFDUDPDel,
+	"bfd_udp_session_set_flags": handleBFDUDPSessionSetFlags,
+	"bfd_udp_session_dump":      handleBFDUDPSessionDump,
+	"want_bfd_events":           handleWantBFDEvents,
 }
 
 // handleSockclntCreate registers the connection as a client and answers with
@@ -171,16 +179,20 @@ func handleSwInterfaceSetFlags(s *Sim, c *conn, ctx uint32, msg api.Message) {
 	up := m.Flags&interface_types.IF_STATUS_API_FLAG_ADMIN_UP != 0
 	var targets []eventTarget
 	var ev interfaces.SwInterfaceEvent
+	var bfdEvs []bfd.BfdUDPSessionEvent
 	if up != ifc.adminUp {
+		wasUp := ifc.linkUp()
 		ifc.adminUp = up
 		if len(ifc.addrs) > 0 {
 			s.syncInterfaceRoutes()
 		}
 		targets, ev = s.eventTargets(), ifaceEvent(ifc)
+		bfdEvs = s.bfdLinkChanged(ifc.index, wasUp)
 	}
 	s.mu.Unlock()
 	c.reply(ctx, &interfaces.SwInterfaceSetFlagsReply{})
 	s.sendEvents(targets, ev) // after the triggering reply
+	s.sendBFDEvents(bfdEvs)
 }
 
 func handleSwInterfaceAddDelAddress(s *Sim, c *conn, ctx uint32, msg api.Message) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"go.fd.io/govpp/api"
+	"go.fd.io/govpp/binapi/bfd"
 	"go.fd.io/govpp/binapi/fib"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/ip"
@@ -70,6 +71,7 @@ func binapiPackages(withVXLAN bool) [][]api.Message {
 		fib.AllMessages(),
 		ipip.AllMessages(),
 		teib.AllMessages(),
+		bfd.AllMessages(),
 	}
 	if withVXLAN {
 		pkgs = append(pkgs, vxlan.AllMessages())

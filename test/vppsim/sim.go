@@ -130,8 +130,12 @@ type Sim struct {
 	mu            sync.Mutex // guards the VPP state below
 	pid           uint32
 	nextClient    uint32
-	clients       map[uint32]*conn  // registered client index -> connection
-	eventRegs     map[uint32]uint32 // want_interface_events: client index -> pid
+	clients       map[uint32]*conn        // registered client index -> connection
+	eventRegs     map[uint32]uint32       // want_interface_events: client index -> pid
+	bfdEventRegs  map[uint32]struct{}     // want_bfd_events: client indexes (bfd.go)
+	bfdSessions   map[bfdKey]*bfdSession  // BFD sessions (bfd.go)
+	bfdOrder      []bfdKey                // BFD session keys in creation order
+	bfdPeers      map[netip.Addr]struct{} // peers that answer BFD (SetBFDPeerAnswering); kept across restarts
 	tables        map[tableKey]*fibTable
 	ifaces        []*iface // indexed by sw_if_index
 	ifacePrefixes map[netip.Prefix]struct{}
@@ -200,6 +204,13 @@ func (s *Sim) reset() {
 	}
 	s.clients = make(map[uint32]*conn)
 	s.eventRegs = make(map[uint32]uint32)
+	s.bfdStopTimers()
+	s.bfdEventRegs = make(map[uint32]struct{})
+	s.bfdSessions = make(map[bfdKey]*bfdSession)
+	s.bfdOrder = nil
+	if s.bfdPeers == nil {
+		s.bfdPeers = make(map[netip.Addr]struct{})
+	}
 	s.tables = make(map[tableKey]*fibTable)
 	s.ifacePrefixes = make(map[netip.Prefix]struct{})
 	for _, ip6 := range []bool{false, true} {
@@ -371,6 +382,7 @@ func (s *Sim) Close() error {
 	}
 	s.stop()
 	s.mu.Lock()
+	s.bfdStopTimers()
 	if s.lateIfaces != nil {
 		s.lateIfaces.Stop()
 		s.lateIfaces = nil
@@ -584,11 +596,14 @@ func (s *Sim) SetLinkState(swIfIndex uint32, up bool) error {
 		s.mu.Unlock()
 		return fmt.Errorf("set link state: no interface with sw_if_index %d", swIfIndex)
 	}
+	wasUp := ifc.linkUp()
 	ifc.carrier = up
 	targets := s.eventTargets()
 	ev := ifaceEvent(ifc)
+	bfdEvs := s.bfdLinkChanged(swIfIndex, wasUp)
 	s.mu.Unlock()
 	s.sendEvents(targets, ev)
+	s.sendBFDEvents(bfdEvs)
 	return nil
 }
 
