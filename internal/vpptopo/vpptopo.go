@@ -55,16 +55,25 @@ func FindLab() (vppproc.Binaries, error) {
 	if err != nil {
 		return vppproc.Binaries{}, fmt.Errorf("%s: %w", EnvLabPackage, err)
 	}
+	if err := HasLabPlugins(bin); err != nil {
+		return vppproc.Binaries{}, fmt.Errorf("%s=%s: %w", EnvLabPackage, dir, err)
+	}
+	return bin, nil
+}
+
+// HasLabPlugins returns nil if bin has the plugins a topology needs (memif, ping), else an error naming
+// the first one missing.
+func HasLabPlugins(bin vppproc.Binaries) error {
 	pluginDir, err := bin.PluginDir()
 	if err != nil {
-		return vppproc.Binaries{}, fmt.Errorf("%s=%s: %w", EnvLabPackage, dir, err)
+		return err
 	}
 	for _, p := range plugins {
 		if _, err := os.Stat(filepath.Join(pluginDir, p)); err != nil {
-			return vppproc.Binaries{}, fmt.Errorf("%s=%s is not a lab build: %w", EnvLabPackage, dir, err)
+			return fmt.Errorf("not a lab build (no %s): %w", p, err)
 		}
 	}
-	return bin, nil
+	return nil
 }
 
 // Kind is how the nodes are connected.
@@ -102,6 +111,9 @@ type Config struct {
 	HeapMB int
 	// VXLAN loads the vxlan plugin (VXLANPlugin) into the node VPPs as well.
 	VXLAN bool
+	// NoPods leaves PodInterface without addresses: the caller places its own pods there (the lab puts
+	// the addresses block-ipam gave). Block4, Block6, Pod4 and Pod6 are then meaningless.
+	NoPods bool
 }
 
 // VXLANPlugin is the file of VPP's vxlan plugin, which the lab build has.
@@ -183,8 +195,11 @@ func Start(ctx context.Context, bin vppproc.Binaries, cfg Config) (*Topology, er
 			"set interface ip address " + UplinkInterface + " " + n.Addr6.String(),
 			"create loopback interface instance 1",
 			"set interface state " + PodInterface + " up",
-			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod4, 32).String(),
-			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod6, 128).String(),
+		}
+		if !cfg.NoPods {
+			setup = append(setup,
+				"set interface ip address "+PodInterface+" "+netip.PrefixFrom(n.Pod4, 32).String(),
+				"set interface ip address "+PodInterface+" "+netip.PrefixFrom(n.Pod6, 128).String())
 		}
 		if cfg.Kind == Routed {
 			setup = append(setup,
