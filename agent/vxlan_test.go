@@ -327,7 +327,9 @@ func TestVXLANMTU(t *testing.T) {
 		t.Errorf("vpp_route_agent_encap_mtu_too_large = %v for an MTU that fits", n)
 	}
 	felix(8960) // 8960 + 50 > 9000
-	c.waitFor("the warning", settle, func() bool { return c.nodes["a"].logs.count("vxlanMTU) plus its 50 bytes exceeds the uplink's MTU 9000") == 1 })
+	c.waitFor("the warning", settle, func() bool {
+		return c.nodes["a"].logs.count("vxlanMTU) plus its 50 bytes exceeds the uplink's MTU 9000") == 1
+	})
 	c.waitFor("pod MTU 8950 and the problem counted", settle, func() bool {
 		return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8950 && c.metric("a", "vpp_route_agent_encap_mtu_too_large") == 1
 	})
