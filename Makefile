@@ -71,9 +71,11 @@ promtool:
 etcd-server:
 	@test/scale/install-etcd-server.sh
 
+# LAB_VPP=DIR runs the lab's nodes on real VPPs from DIR (--vpp): with the lab build (/opt/vpp-v26.06-lab,
+# memif and ping plugins) they are wired through a router VPP and every step pings pod to pod.
 lab:
 	@if [ -f cmd/vpplab/main.go ]; then \
-		$(MAKE) --no-print-directory build && $(BIN)/vpplab $(LAB_ARGS); \
+		$(MAKE) --no-print-directory build && $(BIN)/vpplab $(if $(LAB_VPP),--vpp $(LAB_VPP)) $(LAB_ARGS); \
 	else \
 		echo "make lab: the local lab (cmd/vpplab) is not built yet; see README.md and issue 6." >&2; exit 2; \
 	fi

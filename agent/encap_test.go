@@ -390,9 +390,13 @@ func TestIPIPMTU(t *testing.T) {
 	c.waitFor("tunnel MTU 1300", settle, func() bool {
 		return c.tunnelsOf("a")[c.nodes["b"].peerV4].MTU == [4]uint32{1300, 1300, 0, 0} && c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 1300
 	})
+	if n := c.metric("a", "vpp_route_agent_encap_mtu_too_large"); n != 0 {
+		t.Errorf("vpp_route_agent_encap_mtu_too_large = %v for an MTU that fits", n)
+	}
 	felix(8990)
 	c.waitFor("the warning", settle, func() bool { return c.nodes["a"].logs.count("exceeds the uplink's MTU") == 1 })
 	c.waitFor("pod MTU 8980", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8980 })
+	c.waitFor("the MTU problem counted", settle, func() bool { return c.metric("a", "vpp_route_agent_encap_mtu_too_large") == 1 })
 }
 
 // TestIPIPAtStart: an agent started with an IPIP pool and remote blocks already in etcd makes its

@@ -32,6 +32,7 @@ type Metrics struct {
 	tunnelOps                              *prometheus.CounterVec
 	routesByEncap                          *prometheus.GaugeVec
 	podMTU                                 prometheus.Gauge
+	mtuTooLarge                            prometheus.Gauge
 	noVXLAN                                prometheus.Gauge
 }
 
@@ -87,6 +88,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tunnel creations and deletions by op (create, delete) and result (ok, error)."}, []string{"op", "result"}),
 		routesByEncap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed_by_encap",
 			Help: "Routes owned by the agent in the FIB by encapsulation: none (via the next hop on the uplink), ipip or vxlan (through a tunnel)."}, []string{"encap"}),
+		mtuTooLarge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_encap_mtu_too_large",
+			Help: "Managed encapsulated pools whose tunnel MTU from FelixConfiguration (ipipMTU, vxlanMTU, vxlanMTUV6) plus the encapsulation's overhead (IPIP 20, VXLAN 50 or 70) exceeds the uplink's MTU: their full-size packets are fragmented or dropped (each logged once as a warning)."}),
 		noVXLAN: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_without_vxlan_plugin",
 			Help: "Routes of VXLAN pools the agent cannot program because VPP has no vxlan plugin (also in /readyz); 0 when it has."}),
 		podMTU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_pod_mtu_bytes",
@@ -99,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
 			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots,
-			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, m.noVXLAN, build)
+			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, m.mtuTooLarge, m.noVXLAN, build)
 	}
 	// Export the series of every operation and resync kind from the start, at zero, so that rates and
 	// the sync duration exist before the first resync (which waits for VPP and etcd).

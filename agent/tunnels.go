@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -157,6 +158,7 @@ func (a *Agent) refreshVXLAN(ctx context.Context) error {
 			a.tun.unusedMaybe[t.SwIfIndex] = struct{}{}
 			if usable {
 				a.tun.byKey[key] = own
+				a.fixTunnelMTU(ctx, own, t.MTU)
 				if want := a.ownVTEPMAC(t.Dst.Is6()); t.MAC != want && !a.cfg.DryRun {
 					if _, err := a.dp.EnsureVXLANTunnel(ctx, a.vxlanSpec(own)); err != nil {
 						a.log.Warn("cannot set a tunnel's MAC to this node's VTEP MAC; will retry", "tunnel", own.name(), "mac", want, "err", err)
@@ -241,10 +243,15 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 	return nil
 }
 
-// fixTunnelMTU sets the MTU of tunnel t, whose MTU is now have, when it is not the one a new tunnel gets
-// (the uplink's MTU or FelixConfiguration's ipipMTU changed since it was made).
+// fixTunnelMTU sets the MTU of tunnel t, whose MTU is now have, when it is not the one a new tunnel of
+// its encapsulation gets (the uplink's MTU or FelixConfiguration's ipipMTU, vxlanMTU or vxlanMTUV6
+// changed since it was made). VPP takes sw_interface_set_mtu on a VXLAN tunnel as on an IPIP one (the
+// creation sets it so too), so both follow.
 func (a *Agent) fixTunnelMTU(ctx context.Context, t *ownTunnel, have uint32) {
 	want := a.tunnelMTU()
+	if t.key.encap == calico.EncapVXLAN {
+		want = a.vxlanMTU(t.key.peer.Is6())
+	}
 	if want == 0 || want == have || a.cfg.DryRun {
 		return
 	}
@@ -564,16 +571,16 @@ func (a *Agent) noteEncap(snap *blockwatch.Snapshot) {
 }
 
 // checkMTU exports the largest pod MTU the routes this node programs can carry (the uplink's MTU, less
-// the IPIP overhead while any managed IPv4 pool encapsulates with IPIP), and warns once when the IPIP
-// MTU configured in FelixConfiguration (ipipMTU) does not fit in the uplink's MTU with the 20 bytes of
-// IPIP.
+// the overhead of each encapsulation a managed pool uses, or the MTU FelixConfiguration gives it if
+// smaller), and counts and warns (once per change) about each pool whose configured tunnel MTU
+// (ipipMTU, vxlanMTU, vxlanMTUV6) does not fit in the uplink's MTU with the encapsulation's overhead.
 func (a *Agent) checkMTU() {
 	if a.uplinkMTU == 0 {
 		return
 	}
 	uplink := int(a.uplinkMTU)
 	pod := uplink
-	warn := ""
+	var warns []string
 	for _, p := range a.desired.enc.pools {
 		e := p.encap.Type
 		if e == calico.EncapNone || !inPools(a.pools, p.cidr) {
@@ -588,11 +595,13 @@ func (a *Agent) checkMTU() {
 			if e == calico.EncapVXLAN {
 				field = map[bool]string{false: "vxlanMTU", true: "vxlanMTUV6"}[v6]
 			}
-			warn = fmt.Sprintf("%s MTU %d (FelixConfiguration %s) plus its %d bytes exceeds the uplink's MTU %d: "+
-				"full-size packets of pool %s will be fragmented or dropped", e, mtu, field, over, uplink, p.cidr)
+			warns = append(warns, fmt.Sprintf("%s MTU %d (FelixConfiguration %s) plus its %d bytes exceeds the uplink's MTU %d: "+
+				"full-size packets of pool %s will be fragmented or dropped", e, mtu, field, over, uplink, p.cidr))
 		}
 	}
 	a.m.podMTU.Set(float64(pod))
+	a.m.mtuTooLarge.Set(float64(len(warns)))
+	warn := strings.Join(warns, "; ")
 	if warn != a.mtuWarned {
 		a.mtuWarned = warn
 		if warn != "" {

@@ -99,7 +99,7 @@ func TestVXLANAlways(t *testing.T) {
 		{linuxIP, linuxVTEP, calico.MAC{0x66, 0xbb, 0xbb, 0xbb, 0xbb, 0x02}}} {
 		tun := tunnels[peer.ip]
 		want := vppsim.VXLANTunnel{SwIfIndex: tun.SwIfIndex, Name: tun.Name, Src: a.peerV4, Dst: peer.ip, SrcPort: 4789, DstPort: 4789,
-			VNI: 4096, DecapNext: tun.DecapNext, MAC: ownMAC, Unnumbered: 1, AdminUp: true, Tag: agent.TunnelTag}
+			VNI: 4096, DecapNext: tun.DecapNext, MAC: ownMAC, Unnumbered: 1, MTU: [4]uint32{8950, 8950, 0, 0}, AdminUp: true, Tag: agent.TunnelTag}
 		if tun != want || tun.DecapNext < 2 {
 			t.Errorf("tunnel to %s:\n got %+v\nwant %+v (decap to ethernet-input, not 0 drop or 1 l2-input)", peer.ip, tun, want)
 		}
@@ -297,5 +297,40 @@ func TestVXLANBadNode(t *testing.T) {
 	c.waitFor("the old neighbour deleted", settle, func() bool {
 		n := c.neighborsOf("a")
 		return len(n) == 1 && strings.HasPrefix(n[0], "10.244.2.1 ")
+	})
+}
+
+// TestVXLANMTU: FelixConfiguration's vxlanMTU sets a new VXLAN tunnel's MTU and the pod MTU; when it
+// changes, the tunnel made for the old value follows (as IPIP tunnels do); one that does not fit in the
+// uplink's MTU (9000) with VXLAN's 50 bytes is warned about and counted, and the pod MTU stays what fits.
+func TestVXLANMTU(t *testing.T) {
+	c := newCluster(t, clusterOpts{}, "a", "b")
+	c.putNodes()
+	felix := func(mtu int) {
+		c.put(calico.FelixConfigurationKey("default"), fmt.Sprintf(
+			`{"kind":"FelixConfiguration","apiVersion":"projectcalico.org/v3","metadata":{"name":"default"},"spec":{"vxlanMTU":%d}}`, mtu))
+	}
+	felix(1400)
+	c.putPoolModes(calico.EncapNever, calico.EncapAlways)
+	c.waitFor("pod MTU 1400", settle, func() bool { return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 1400 })
+	b := c.nodes["b"]
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventuallyEncap("a", []string{vxRoute("10.244.2.0/26", b.peerV4, vtepOf(b.index))})
+	if tun := c.vxlanOf("a")[b.peerV4]; tun.MTU != [4]uint32{1400, 1400, 0, 0} {
+		t.Errorf("VXLAN tunnel MTU %v, want vxlanMTU 1400", tun.MTU)
+	}
+	felix(1300) // the tunnel made for 1400 follows
+	c.waitFor("VXLAN tunnel MTU 1300", settle, func() bool {
+		return c.vxlanOf("a")[b.peerV4].MTU == [4]uint32{1300, 1300, 0, 0} && c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 1300
+	})
+	if n := c.metric("a", "vpp_route_agent_encap_mtu_too_large"); n != 0 {
+		t.Errorf("vpp_route_agent_encap_mtu_too_large = %v for an MTU that fits", n)
+	}
+	felix(8960) // 8960 + 50 > 9000
+	c.waitFor("the warning", settle, func() bool {
+		return c.nodes["a"].logs.count("vxlanMTU) plus its 50 bytes exceeds the uplink's MTU 9000") == 1
+	})
+	c.waitFor("pod MTU 8950 and the problem counted", settle, func() bool {
+		return c.metric("a", "vpp_route_agent_pod_mtu_bytes") == 8950 && c.metric("a", "vpp_route_agent_encap_mtu_too_large") == 1
 	})
 }

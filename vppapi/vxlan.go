@@ -161,6 +161,8 @@ type VXLANTunnel struct {
 	// MAC is the interface's MAC; Tag its tag ("" when none).
 	MAC MAC
 	Tag string
+	// MTU is the interface's L3 MTU (sw_interface_details.mtu[0]; VPP's default for a tunnel is 9000).
+	MTU uint32
 }
 
 // Name is VPP's name of the tunnel's interface, vxlan_tunnel<Instance>.
@@ -389,10 +391,11 @@ func (c *Client) dumpVXLAN(ctx context.Context, sess *session, withInterfaces bo
 	if !withInterfaces || len(out) == 0 {
 		return out, nil
 	}
-	// vxlan_tunnel_v2_details has neither MAC nor tag: sw_interface_details has.
+	// vxlan_tunnel_v2_details has neither MAC, tag nor MTU: sw_interface_details has.
 	type ifaceInfo struct {
 		mac MAC
 		tag string
+		mtu uint32
 	}
 	infos := map[uint32]ifaceInfo{}
 	ifreq := &interfaces.SwInterfaceDump{SwIfIndex: interface_types.InterfaceIndex(noInterface)}
@@ -401,7 +404,11 @@ func (c *Client) dumpVXLAN(ctx context.Context, sess *session, withInterfaces bo
 		if !ok {
 			return fmt.Errorf("unexpected %s in the dump", m.GetMessageName())
 		}
-		infos[uint32(d.SwIfIndex)] = ifaceInfo{mac: MAC(d.L2Address), tag: d.Tag}
+		info := ifaceInfo{mac: MAC(d.L2Address), tag: d.Tag}
+		if len(d.Mtu) > 0 {
+			info.mtu = d.Mtu[0]
+		}
+		infos[uint32(d.SwIfIndex)] = info
 		return nil
 	})
 	if err != nil {
@@ -409,7 +416,7 @@ func (c *Client) dumpVXLAN(ctx context.Context, sess *session, withInterfaces bo
 	}
 	for i := range out {
 		info := infos[out[i].SwIfIndex]
-		out[i].MAC, out[i].Tag = info.mac, info.tag
+		out[i].MAC, out[i].Tag, out[i].MTU = info.mac, info.tag, info.mtu
 	}
 	return out, nil
 }

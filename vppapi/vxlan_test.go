@@ -85,7 +85,7 @@ func TestVXLANTunnel(t *testing.T) {
 	}
 	tunnels, err := h.c.DumpVXLANTunnels(ctx)
 	want := vppapi.VXLANTunnel{SwIfIndex: idx, Src: addr(nodeIP), Dst: addr(peerIP), SrcPort: 4789, DstPort: 4789,
-		VNI: 4096, DecapNext: 2, MAC: ourMAC, Tag: "vpp-route-agent"}
+		VNI: 4096, DecapNext: 2, MAC: ourMAC, Tag: "vpp-route-agent", MTU: 1450}
 	if err != nil || !slices.Equal(tunnels, []vppapi.VXLANTunnel{want}) {
 		t.Errorf("DumpVXLANTunnels = %v, %v; want [%+v]", tunnels, err, want)
 	}

@@ -20,18 +20,25 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptopo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks.
+// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks. The IPv4
+// pool is IPIP CrossSubnet, as Calico's default pool: blocks of a node in this node's subnet are routed
+// flat, others through an IPIP tunnel (on the wired lab, node-2 sits behind the router). The IPv6 pool has
+// no encapsulation (IPIP is IPv4-only), so its flat routes across the router must fail.
 var (
-	labPoolV4 = calico.IPPool{Name: "lab-ipv4", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 28}
-	labPoolV6 = calico.IPPool{Name: "lab-ipv6", CIDR: netip.MustParsePrefix("fd00:10:244::/48"), BlockSize: 122}
+	labPoolV4 = calico.IPPool{Name: "lab-ipv4", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 28,
+		IPIPMode: calico.EncapCrossSubnet, VXLANMode: calico.EncapNever}
+	labPoolV6 = calico.IPPool{Name: "lab-ipv6", CIDR: netip.MustParsePrefix("fd00:10:244::/48"), BlockSize: 122,
+		IPIPMode: calico.EncapNever, VXLANMode: calico.EncapNever}
 )
 
 type lab struct {
@@ -43,15 +50,24 @@ type lab struct {
 	nodes []*labNode
 	steps []stepResult
 	podN  int
+	// topo is the memif topology of the wired lab (--vpp with a lab build), nil otherwise: only then do
+	// the steps ping pods.
+	topo *vpptopo.Topology
 }
 
 type labNode struct {
-	name         string
-	vpp          dataplane
-	peer4, peer6 netip.Addr
+	name string
+	vpp  dataplane
+	// addr4 and addr6 are the uplink's addresses with the subnet's length: the agent's --uplink-address,
+	// and the peer IPs it registers.
+	addr4, addr6 netip.Prefix
 	metrics      string
 	logPath      string
 	pods         []string // container IDs
+	// pod is the pod that answers pings (the node's first, its addresses on the VPP's loop1) on the wired
+	// lab; released says that the node's blocks were released (its pod must no longer answer).
+	pod      pingPod
+	released bool
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -93,11 +109,24 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 	// An explicit exec: libcni creates its default one lazily, racing when ADDs run concurrently.
 	l.cni = libcni.NewCNIConfigWithCacheDir([]string{o.binDir}, filepath.Join(o.dataDir, "cni-cache"),
 		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}})
+	if o.wired {
+		start := time.Now()
+		l.topo, err = vpptopo.Start(ctx, o.vppBin, vpptopo.Config{Kind: vpptopo.Routed, Nodes: o.nodes,
+			Dir: filepath.Join(o.dataDir, "topo"), NoPods: true})
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.logf("memif topology linked in %s: odd nodes in 192.168.51.0/24, even ones in 192.168.52.0/24, "+
+			"a router VPP between them (no route to any pod block): %s", time.Since(start).Round(time.Millisecond), l.topo.Switch.CtlCommand())
+	} else {
+		l.logf("pod-to-pod pings need the lab build (memif and ping plugins: --vpp /opt/vpp-v26.06-lab); this run checks FIBs only")
+	}
 	for i := 1; i <= o.nodes; i++ {
 		n := &labNode{
 			name:    fmt.Sprintf("node-%d", i),
-			peer4:   netip.AddrFrom4([4]byte{192, 168, 100, byte(i)}),
-			peer6:   netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i)),
+			addr4:   netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 168, 100, byte(i)}), 24),
+			addr6:   netip.MustParsePrefix(fmt.Sprintf("fd00:100::%d/64", i)),
 			logPath: filepath.Join(o.dataDir, fmt.Sprintf("agent-node-%d.log", i)),
 		}
 		port, err := etcdtest.FreePort()
@@ -106,9 +135,14 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			return nil, err
 		}
 		n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
-		if o.vppPkg == "" {
+		switch {
+		case l.topo != nil:
+			tn := l.topo.Nodes[i-1]
+			n.addr4, n.addr6 = tn.Addr4, tn.Addr6
+			n.vpp = &topoPlane{node: tn}
+		case o.vppPkg == "":
 			n.vpp, err = newSimPlane(o.dataDir, i)
-		} else {
+		default:
 			n.vpp, err = newRealPlane(ctx, o.vppBin, o.dataDir, i)
 		}
 		if err != nil {
@@ -138,6 +172,9 @@ func (l *lab) close() {
 			n.vpp.close()
 		}
 	}
+	if l.topo != nil {
+		l.topo.Stop()
+	}
 	if l.cli != nil {
 		l.cli.Close()
 	}
@@ -163,8 +200,8 @@ func (l *lab) startAgent(n *labNode) error {
 		"--etcd-endpoints", l.etcd.Endpoint(),
 		"--vpp-api-socket", n.vpp.socket(),
 		"--uplink-interface", n.vpp.uplink(),
-		"--uplink-address", netip.PrefixFrom(n.peer4, 24).String(),
-		"--uplink-address", netip.PrefixFrom(n.peer6, 64).String(),
+		"--uplink-address", n.addr4.String(),
+		"--uplink-address", n.addr6.String(),
 		"--metrics-address", n.metrics,
 		"--registration-ttl", "10s",
 		"--peer-loss-grace", "5s",
@@ -308,6 +345,7 @@ func (l *lab) addPods(ctx context.Context, n *labNode, count int) error {
 		ids[i] = fmt.Sprintf("%s-pod-%d", n.name, l.podN)
 	}
 	errs := make([]error, count)
+	results := make([]types.Result, count)
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
 	for i, id := range ids {
@@ -318,7 +356,7 @@ func (l *lab) addPods(ctx context.Context, n *labNode, count int) error {
 			defer func() { <-sem }()
 			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			_, errs[i] = l.cni.AddNetworkList(actx, nc, l.runtimeConf(id))
+			results[i], errs[i] = l.cni.AddNetworkList(actx, nc, l.runtimeConf(id))
 		}()
 	}
 	wg.Wait()
@@ -327,6 +365,13 @@ func (l *lab) addPods(ctx context.Context, n *labNode, count int) error {
 			return fmt.Errorf("ADD %s: %w", ids[i], err)
 		}
 		n.pods = append(n.pods, ids[i])
+	}
+	if !n.pod.v4.IsValid() {
+		pod, err := podOf(ids[0], results[0])
+		if err != nil {
+			return err
+		}
+		n.pod = pod
 	}
 	return nil
 }
@@ -399,6 +444,10 @@ func fib(n *labNode) []string {
 	if err != nil {
 		return []string{"dump failed: " + err.Error()}
 	}
+	tunnels, err := n.vpp.ipipTunnels(ctx)
+	if err != nil {
+		return []string{"tunnel dump failed: " + err.Error()}
+	}
 	var out []string
 	for _, r := range routes {
 		if !labPoolV4.CIDR.Contains(r.Prefix.Addr()) && !labPoolV6.CIDR.Contains(r.Prefix.Addr()) {
@@ -406,7 +455,11 @@ func fib(n *labNode) []string {
 		}
 		var nhs []string
 		for _, p := range r.Paths {
-			nhs = append(nhs, p.NextHop.String())
+			if dst, ok := tunnels[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
+				nhs = append(nhs, "ipip "+dst.String())
+			} else {
+				nhs = append(nhs, p.NextHop.String())
+			}
 		}
 		out = append(out, r.Prefix.String()+" via "+strings.Join(nhs, ","))
 	}
@@ -414,12 +467,18 @@ func fib(n *labNode) []string {
 	return out
 }
 
-// desired returns what node n's FIB must hold, computed from etcd as the routes subcommand does.
+// desired returns what node n's FIB must hold, computed from etcd as the routes subcommand does (with
+// the uplink's subnets, against which CrossSubnet tests each next hop). An IPIP route goes through the
+// tunnel to its next hop, with no next hop of its own: fib shows it as "via ipip <tunnel destination>".
 func desired(snap *blockwatch.Snapshot, n *labNode) []string {
-	routes, _ := agent.Desired(snap, agent.Options{NodeName: n.name})
+	routes, _ := agent.Desired(snap, agent.Options{NodeName: n.name, UplinkPrefixes: []netip.Prefix{n.addr4, n.addr6}})
 	out := make([]string, 0, len(routes))
 	for _, r := range routes {
-		out = append(out, r.Prefix.String()+" via "+r.NextHop.String())
+		nh := r.NextHop.String()
+		if r.Encap == calico.EncapIPIP {
+			nh = "ipip " + nh
+		}
+		out = append(out, r.Prefix.String()+" via "+nh)
 	}
 	slices.Sort(out)
 	return out

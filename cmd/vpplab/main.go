@@ -2,7 +2,9 @@
 // real VPP processes with --vpp), one real vpp-route-agent and one block-ipam daemon (block-ipamd)
 // process per node, and the block-ipam plugin (the built binary, called through libcni as a container
 // runtime calls it) placing pods so that nodes claim blocks. It then plays a scenario and
-// checks every node's FIB against the desired state after each step.
+// checks every node's FIB against the desired state after each step. With --vpp of a lab build (memif
+// and ping plugins) the nodes are wired through a router VPP, one of them in another subnet, and every
+// step also pings pod to pod, the pings that must pass and those that must fail.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptopo"
 )
 
 func main() {
@@ -44,6 +47,9 @@ type options struct {
 	// vppPkg is an unpacked VPP package directory (--vpp): every node runs a real VPP from it.
 	vppPkg string
 	vppBin vppproc.Binaries
+	// wired says that vppPkg is a lab build (memif and ping plugins): the nodes are then wired through a
+	// router VPP (internal/vpptopo) and every step pings pod to pod.
+	wired bool
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -56,7 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory for etcd data, sockets and logs (default: a new temporary directory)")
 	fs.StringVar(&o.binDir, "bin-dir", "", "directory holding vpp-route-agent, block-ipam and block-ipamd (default: beside vpplab)")
 	fs.DurationVar(&o.settle, "settle-timeout", 15*time.Second, "how long a step may take to converge before it FAILs")
-	fs.StringVar(&o.vppPkg, "vpp", "", "run every node on a real VPP from this unpacked package directory (bin/vpp, bin/vppctl), e.g. /opt/vpp-v26.06-minimal; default: the simulator")
+	fs.StringVar(&o.vppPkg, "vpp", "", "run every node on a real VPP from this unpacked package directory (bin/vpp, bin/vppctl); "+
+		"a lab build with the memif and ping plugins (/opt/vpp-v26.06-lab) wires the nodes through a router VPP and pings pod to pod at every step; default: the simulator")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: vpplab [flags]\n\nRuns etcd, --nodes simulated VPP nodes with one vpp-route-agent each, "+
 			"places pods with block-ipam,\nand plays a scenario checking every FIB. Exit status 1 on any FAIL.\n\nFlags:\n")
@@ -76,6 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if o.vppBin, err = vppproc.FromPackage(o.vppPkg); err != nil {
 			return fmt.Errorf("--vpp: %w", err)
 		}
+		o.wired = vpptopo.HasLabPlugins(o.vppBin) == nil
 	}
 	if o.binDir == "" {
 		exe, err := os.Executable()

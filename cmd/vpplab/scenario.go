@@ -35,6 +35,11 @@ func (l *lab) scenario(ctx context.Context) int {
 			if err := l.addPods(ctx, n, l.o.pods); err != nil {
 				return "", err
 			}
+			if l.topo != nil {
+				if err := l.placePod(ctx, n); err != nil {
+					return "", err
+				}
+			}
 		}
 		return l.blockCounts(ctx)
 	})
@@ -65,6 +70,8 @@ func (l *lab) scenario(ctx context.Context) int {
 		if err != nil {
 			return "", err
 		}
+		// The pod's addresses stay on last's loopback (wired lab): only the withdrawn routes stop its pings.
+		last.released = true
 		return fmt.Sprintf("%d blocks released", n), nil
 	})
 
@@ -72,6 +79,11 @@ func (l *lab) scenario(ctx context.Context) int {
 		oldPID := first.vpp.pid()
 		if err := first.vpp.restart(ctx); err != nil {
 			return "", err
+		}
+		if l.topo != nil { // a restarted VPP lost the pod's addresses, as it would its pods' interfaces
+			if err := l.placePod(ctx, first); err != nil {
+				return "", err
+			}
 		}
 		return fmt.Sprintf("vpe pid %d -> %d", oldPID, first.vpp.pid()), nil
 	})
@@ -102,7 +114,9 @@ func (l *lab) scenario(ctx context.Context) int {
 	return failed
 }
 
-// step runs action, then waits for convergence, and records PASS or FAIL with the convergence time.
+// step runs action, then waits for convergence, and records PASS or FAIL with the convergence time. On
+// the wired lab, once every node has its ping pod, it then pings pod to pod (checkPings): a ping that
+// does not behave fails the step.
 func (l *lab) step(ctx context.Context, name string, action func() (string, error)) {
 	if ctx.Err() != nil {
 		l.steps = append(l.steps, stepResult{name: name, detail: "interrupted"})
@@ -115,6 +129,11 @@ func (l *lab) step(ctx context.Context, name string, action func() (string, erro
 	if err == nil {
 		res.took, err = l.converge(ctx, done)
 	}
+	if err == nil && l.podsPlaced() {
+		var pings string
+		pings, err = l.checkPings(ctx)
+		res.detail = strings.TrimSpace(res.detail + " " + pings)
+	}
 	if err != nil {
 		res.detail = strings.TrimSpace(res.detail + " " + err.Error())
 		l.logf("FAIL %s: %s", name, res.detail)
@@ -123,6 +142,19 @@ func (l *lab) step(ctx context.Context, name string, action func() (string, erro
 		l.logf("PASS %s: FIBs converged %s after the step%s", name, res.took.Round(time.Millisecond), suffix(detail))
 	}
 	l.steps = append(l.steps, res)
+}
+
+// podsPlaced says whether the lab is wired and every node has its ping pod.
+func (l *lab) podsPlaced() bool {
+	if l.topo == nil {
+		return false
+	}
+	for _, n := range l.nodes {
+		if !n.pod.v4.IsValid() {
+			return false
+		}
+	}
+	return true
 }
 
 func suffix(s string) string {
@@ -158,19 +190,16 @@ func (l *lab) blockCounts(ctx context.Context) (string, error) {
 	return strings.Join(parts, ", "), nil
 }
 
-// routesTo counts the routes on other nodes whose next hop is one of n's peer IPs.
+// routesTo counts the routes on other nodes towards one of n's peer IPs, flat or through an IPIP tunnel.
 func (l *lab) routesTo(n *labNode) int {
 	c := 0
 	for _, o := range l.nodes {
 		if o == n {
 			continue
 		}
-		routes, _ := o.vpp.apiRoutes(context.Background())
-		for _, r := range routes {
-			for _, p := range r.Paths {
-				if p.NextHop == n.peer4 || p.NextHop == n.peer6 {
-					c++
-				}
+		for _, r := range fib(o) {
+			if strings.HasSuffix(r, " "+n.addr4.Addr().String()) || strings.HasSuffix(r, " "+n.addr6.Addr().String()) {
+				c++
 			}
 		}
 	}
@@ -195,7 +224,7 @@ func (l *lab) summary() {
 			}
 		}
 		slices.SortFunc(blocks, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-		fmt.Fprintf(l.out, "%s  peer %s, %s  metrics http://%s/metrics  log %s\n", n.name, n.peer4, n.peer6, n.metrics, n.logPath)
+		fmt.Fprintf(l.out, "%s  peer %s, %s  metrics http://%s/metrics  log %s\n", n.name, n.addr4, n.addr6, n.metrics, n.logPath)
 		fmt.Fprintf(l.out, "  blocks (%d): %s\n", len(blocks), joinPrefixes(blocks))
 		routes := fib(n)
 		fmt.Fprintf(l.out, "  FIB table 0, routes to other nodes' blocks (%d):\n", len(routes))
@@ -218,6 +247,9 @@ func (l *lab) summary() {
 		fmt.Fprintf(l.out, "%s  %-62s converged in %-8s %s\n", status, s.name, took, s.detail)
 	}
 	fmt.Fprintf(l.out, "\n%d passed, %d failed\n", passed, len(l.steps)-passed)
+	if l.topo == nil {
+		fmt.Fprintln(l.out, "FIBs only: pod-to-pod pings need the lab build (memif and ping plugins): make lab LAB_ARGS=--vpp=/opt/vpp-v26.06-lab")
+	}
 }
 
 func joinPrefixes(ps []netip.Prefix) string {
@@ -235,6 +267,10 @@ func (l *lab) printHowTo() {
 	fmt.Fprintf(l.out, "etcd:     ETCDCTL_API=3 etcdctl --endpoints=%s get --prefix /calico/ipam/v2/ --keys-only\n", ep)
 	fmt.Fprintf(l.out, "          ETCDCTL_API=3 etcdctl --endpoints=%s get --prefix /vpp-calico/hosts/\n", ep)
 	fmt.Fprintf(l.out, "routes:   %s/vpp-route-agent routes --etcd-endpoints %s --nodename %s\n", l.o.binDir, ep, l.nodes[0].name)
+	if l.topo != nil {
+		fmt.Fprintf(l.out, "router:   %s show ip fib\n", l.topo.Switch.CtlCommand())
+		fmt.Fprintf(l.out, "ping:     %s ping %s source %s\n", l.nodes[0].vpp.ctl(), l.nodes[1].pod.v4, "loop1")
+	}
 	for _, n := range l.nodes {
 		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics\n", n.name, n.metrics, n.metrics, n.metrics)
 		if ctl := n.vpp.ctl(); ctl != "" {

@@ -55,16 +55,25 @@ func FindLab() (vppproc.Binaries, error) {
 	if err != nil {
 		return vppproc.Binaries{}, fmt.Errorf("%s: %w", EnvLabPackage, err)
 	}
+	if err := HasLabPlugins(bin); err != nil {
+		return vppproc.Binaries{}, fmt.Errorf("%s=%s: %w", EnvLabPackage, dir, err)
+	}
+	return bin, nil
+}
+
+// HasLabPlugins returns nil if bin has the plugins a topology needs (memif, ping), else an error naming
+// the first one missing.
+func HasLabPlugins(bin vppproc.Binaries) error {
 	pluginDir, err := bin.PluginDir()
 	if err != nil {
-		return vppproc.Binaries{}, fmt.Errorf("%s=%s: %w", EnvLabPackage, dir, err)
+		return err
 	}
 	for _, p := range plugins {
 		if _, err := os.Stat(filepath.Join(pluginDir, p)); err != nil {
-			return vppproc.Binaries{}, fmt.Errorf("%s=%s is not a lab build: %w", EnvLabPackage, dir, err)
+			return fmt.Errorf("not a lab build (no %s): %w", p, err)
 		}
 	}
-	return bin, nil
+	return nil
 }
 
 // Kind is how the nodes are connected.
@@ -102,6 +111,9 @@ type Config struct {
 	HeapMB int
 	// VXLAN loads the vxlan plugin (VXLANPlugin) into the node VPPs as well.
 	VXLAN bool
+	// NoPods leaves PodInterface without addresses: the caller places its own pods there (the lab puts
+	// the addresses block-ipam gave). Block4, Block6, Pod4 and Pod6 are then meaningless.
+	NoPods bool
 }
 
 // VXLANPlugin is the file of VPP's vxlan plugin, which the lab build has.
@@ -183,8 +195,11 @@ func Start(ctx context.Context, bin vppproc.Binaries, cfg Config) (*Topology, er
 			"set interface ip address " + UplinkInterface + " " + n.Addr6.String(),
 			"create loopback interface instance 1",
 			"set interface state " + PodInterface + " up",
-			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod4, 32).String(),
-			"set interface ip address " + PodInterface + " " + netip.PrefixFrom(n.Pod6, 128).String(),
+		}
+		if !cfg.NoPods {
+			setup = append(setup,
+				"set interface ip address "+PodInterface+" "+netip.PrefixFrom(n.Pod4, 32).String(),
+				"set interface ip address "+PodInterface+" "+netip.PrefixFrom(n.Pod6, 128).String())
 		}
 		if cfg.Kind == Routed {
 			setup = append(setup,
@@ -326,7 +341,27 @@ func ParsePing(out string) (PingResult, error) {
 // Ping runs VPP's ping on v: count echoes to dst, 0.1 s apart, from the address of interface source
 // (of dst's family).
 func Ping(ctx context.Context, v *vppproc.VPP, source string, dst netip.Addr, count int) (PingResult, error) {
+	return PingSize(ctx, v, source, dst, count, 0)
+}
+
+// PingOverhead is what VPP's ping adds to its size argument to make the IP packet: the IP header (20 for
+// IPv4, 40 for IPv6), ICMP's 8 bytes and the 8-byte timestamp VPP puts before its data (measured: size
+// 8964 is the largest IPv4 echo a 9000-byte link carries unfragmented).
+func PingOverhead(ipv6 bool) int {
+	if ipv6 {
+		return 40 + 16
+	}
+	return 20 + 16
+}
+
+// PingSize is Ping with echoes of size bytes of data (VPP's `size`; the IP packet is PingOverhead
+// larger); 0 means VPP's default. VPP's ping cannot set IPv4's DF bit: an echo larger than the path's
+// MTU is fragmented by the sender.
+func PingSize(ctx context.Context, v *vppproc.VPP, source string, dst netip.Addr, count, size int) (PingResult, error) {
 	cmd := fmt.Sprintf("ping %s source %s repeat %d interval 0.1", dst, source, count)
+	if size > 0 {
+		cmd += fmt.Sprintf(" size %d", size)
+	}
 	out, err := v.CLI(ctx, cmd)
 	if err != nil {
 		return PingResult{}, err

@@ -139,7 +139,7 @@ func BenchmarkColdStart100k(b *testing.B) {
 		snap = nil
 		for j := range bins {
 			i := (j + iter) % len(bins)
-			d, used := coldStart(b, c, bins[i], n)
+			d, used, _ := coldStart(b, c, bins[i], n)
 			cold[i] += d
 			cpu[i] += used
 		}
@@ -163,8 +163,8 @@ func BenchmarkColdStart100k(b *testing.B) {
 }
 
 // coldStart starts the daemon bin against c and an empty VPP, and returns the time from its exec to
-// all n routes in VPP's FIB and the CPU it used by then.
-func coldStart(b *testing.B, c *cluster, bin string, n int) (time.Duration, float64) {
+// all n routes in VPP's FIB, the CPU it used by then and its peak RSS (MB).
+func coldStart(b *testing.B, c *cluster, bin string, n int) (time.Duration, float64, float64) {
 	var p *proc
 	var done time.Time
 	others := "etcd and the simulator"
@@ -200,7 +200,7 @@ func coldStart(b *testing.B, c *cluster, bin string, n int) (time.Duration, floa
 	b.Logf("%s: %s; by then the agent used %.2fs of CPU (peak RSS %.0f MB), this process (%s) %.2fs, VPP %.2fs, in %.2fs on %d CPUs",
 		bin, coldStartBreakdown(p, done), used, peak, others, self, vpp, done.Sub(p.started).Seconds(), runtime.NumCPU())
 	p.stop()
-	return done.Sub(p.started), used
+	return done.Sub(p.started), used, peak
 }
 
 // profileEnv passes VPP_ROUTE_AGENT_STARTUP_CPUPROFILE on to the daemon: with it set, the daemon of

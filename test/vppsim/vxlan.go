@@ -116,8 +116,10 @@ type VXLANTunnel struct {
 	MAC       [6]byte    `json:"mac"`
 	// Unnumbered is the sw_if_index whose addresses the tunnel borrows, ^uint32(0) if none.
 	Unnumbered uint32 `json:"unnumbered"`
-	AdminUp    bool   `json:"admin_up"`
-	Tag        string `json:"tag,omitempty"`
+	// MTU is L3, IPv4, IPv6, MPLS as set (VPP's default 9000/0/0/0).
+	MTU     [4]uint32 `json:"mtu"`
+	AdminUp bool      `json:"admin_up"`
+	Tag     string    `json:"tag,omitempty"`
 }
 
 // VXLANTunnels returns a snapshot of the VXLAN tunnels, by sw_if_index.
@@ -132,7 +134,7 @@ func (s *Sim) VXLANTunnels() []VXLANTunnel {
 		}
 		out = append(out, VXLANTunnel{SwIfIndex: ifc.index, Name: ifc.name, Src: t.src, Dst: t.dst, SrcPort: t.srcPort,
 			DstPort: t.dstPort, VNI: t.vni, VrfID: t.vrf, DecapNext: t.decapNext, MAC: ifc.mac,
-			Unnumbered: ifc.unnumberedOf(), AdminUp: ifc.adminUp, Tag: ifc.tag})
+			Unnumbered: ifc.unnumberedOf(), MTU: ifc.mtus(), AdminUp: ifc.adminUp, Tag: ifc.tag})
 	}
 	return out
 }
