@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +45,8 @@ type ProgrammedRoute struct {
 	// Tunnel and TunnelIndex name the tunnel the route goes through ("" and 0 for encap none).
 	Tunnel      string `json:"tunnel,omitempty"`
 	TunnelIndex uint32 `json:"tunnel_sw_if_index,omitempty"`
+	// Paths are every path of an ECMP route ("via 192.0.2.7 sw_if_index 1"); empty for one path.
+	Paths []string `json:"paths,omitempty"`
 }
 
 // DebugTunnel is a tunnel of the agent in VPP.
@@ -130,7 +133,7 @@ func (a *Agent) publishDebug() {
 	}
 	a.debugWanted.Store(false)
 	a.debugAt = time.Now()
-	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplink,
+	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplinks[0].index,
 		programmed: make([]ProgrammedRoute, 0, len(a.programmed)), missing: make(map[string]time.Time, len(a.missingSince))}
 	for _, r := range a.programmed {
 		st.programmed = append(st.programmed, a.programmedRoute(r))
@@ -175,21 +178,26 @@ func (a *Agent) publish() {
 	a.setView(func(v *readiness) {
 		v.snapshotApplied = a.snap != nil
 		v.vppConnected = a.vppUp
-		v.uplinkReady = a.uplinkReady
-		v.waitingUplink = a.waitingUplink
+		v.uplinkReady = a.uplinksReady()
+		v.waitingUplink = a.waitingUplinks()
 		v.etcdSynced = synced
 	})
 	if time.Since(a.encapCountAt) >= time.Second {
 		// A pass over every route: at most once a second.
 		a.encapCountAt = time.Now()
 		n := map[calico.Encap]int{}
+		ecmp := 0
 		for _, r := range a.programmed {
+			if r.More.Len() > 0 {
+				ecmp++
+			}
 			if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
 				n[t.key.encap]++
 			} else {
 				n[calico.EncapNone]++
 			}
 		}
+		a.m.ecmpRoutes.Set(float64(ecmp))
 		for _, e := range []calico.Encap{calico.EncapNone, calico.EncapIPIP, calico.EncapVXLAN} {
 			a.m.routesByEncap.WithLabelValues(e.String()).Set(float64(n[e]))
 		}
@@ -218,6 +226,11 @@ func (a *Agent) publish() {
 // programmedRoute describes a programmed route for /debug/routes.
 func (a *Agent) programmedRoute(r vppapi.Route) ProgrammedRoute {
 	out := ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop}
+	if r.More.Len() > 0 {
+		for _, h := range r.Hops() {
+			out.Paths = append(out.Paths, h.String())
+		}
+	}
 	if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
 		out.Encap, out.NextHop, out.Tunnel, out.TunnelIndex = t.key.encap, t.key.peer, t.name(), r.SwIfIndex
 		if t.key.encap == calico.EncapVXLAN {
@@ -270,8 +283,8 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		missing = append(missing, "VPP not connected")
 	case st.Stalled:
 		missing = append(missing, "VPP not answering since "+st.StalledSince.UTC().Format(time.RFC3339))
-	case v.waitingUplink:
-		missing = append(missing, "waiting for "+a.cfg.Uplink.String())
+	case len(v.waitingUplink) > 0:
+		missing = append(missing, "waiting for "+strings.Join(v.waitingUplink, ", "))
 	case !v.vppConnected || !v.uplinkReady:
 		missing = append(missing, "uplink not set up yet")
 	}

@@ -1,6 +1,7 @@
 package blockwatch
 
 import (
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"strings"
@@ -193,6 +194,15 @@ func (as Addrs) All() []netip.Addr {
 		out = append(out, netip.MustParseAddr(f)) // written by MakeAddrs
 	}
 	return out
+}
+
+// MarshalJSON writes the addresses as a JSON list.
+func (as Addrs) MarshalJSON() ([]byte, error) {
+	out := as.All()
+	if out == nil {
+		out = []netip.Addr{}
+	}
+	return json.Marshal(out)
 }
 
 // Len returns the number of addresses.
