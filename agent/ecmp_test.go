@@ -9,6 +9,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
 
 // TestECMPOverTwoUplinks: nodes with two uplinks register peerip/<family>/1 and /2, and each routes the
@@ -91,5 +92,32 @@ func TestECMPPeerIPOffUplinks(t *testing.T) {
 	c.eventually("a", []string{"10.244.20.0/26 via 192.168.100.20@1", "10.244.21.0/26 via 198.51.100.9@1"}, settle)
 	c.waitFor("two off-uplink peer IPs counted", 5*time.Second, func() bool {
 		return c.metric("a", "vpp_route_agent_peer_ips_off_uplinks_total") == 2
+	})
+}
+
+// TestECMPSecondUplinkDeleted: the second uplink deleted from VPP is waited for (named in /readyz);
+// once it is back, the routes through it are deleted and added again (VPP keeps them dead otherwise),
+// and they come back with both paths, resolved.
+func TestECMPSecondUplinkDeleted(t *testing.T) {
+	c := newCluster(t, clusterOpts{twoUplinks: true, resync: 200 * time.Millisecond}, "a", "b")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	b := c.nodes["b"]
+	want := []string{fmt.Sprintf("10.244.2.0/26 via %s@1,%s@2", b.peerV4, b.peer2V4)}
+	c.eventually("a", want, settle)
+	sim := c.nodes["a"].sim
+	if err := sim.DeleteInterface(uplink2Name); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the agent says the second uplink is missing", 30*time.Second, func() bool {
+		_, missing := c.nodes["a"].agent.Ready()
+		return slices.Contains(missing, "waiting for uplink "+uplink2Name)
+	})
+	if _, err := sim.CreateInterface(uplink2Name); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("ready", 30*time.Second, func() bool { ok, _ := c.nodes["a"].agent.Ready(); return ok })
+	c.eventually("a", want, 30*time.Second)
+	c.waitFor("no route drops traffic", 30*time.Second, func() bool {
+		return !slices.ContainsFunc(sim.APIRoutes(0), func(r vppsim.Route) bool { return r.Unresolved })
 	})
 }
