@@ -29,6 +29,9 @@ func TestECMPOverTwoUplinks(t *testing.T) {
 	if i < 0 || len(d.Programmed[i].Paths) != 2 || !strings.Contains(d.Programmed[i].Paths[1], "sw_if_index 2") {
 		t.Errorf("/debug/routes programmed: %+v", d.Programmed)
 	}
+	if got := fmt.Sprint(d.Uplinks); got != "[{uplink "+uplinkName+" 1 ready false} {uplink "+uplink2Name+" 2 ready false}]" {
+		t.Errorf("/debug/routes uplinks: %s", got)
+	}
 	c.waitFor("routes_programmed_ecmp 2", 5*time.Second, func() bool {
 		return c.metric("a", "vpp_route_agent_routes_programmed_ecmp") == 2
 	})

@@ -24,6 +24,7 @@ type Debug struct {
 	AsOf         time.Time            `json:"as_of"`
 	TableID      uint32               `json:"table_id"`
 	Uplink       uint32               `json:"uplink_sw_if_index"`
+	Uplinks      []DebugUplink        `json:"uplinks"`
 	Pools        []netip.Prefix       `json:"managed_pools"`
 	Desired      []DesiredRoute       `json:"desired"`
 	Programmed   []ProgrammedRoute    `json:"programmed"`
@@ -33,6 +34,16 @@ type Debug struct {
 	Foreign      []netip.Prefix       `json:"foreign_in_pools"`
 	Tunnels      []DebugTunnel        `json:"tunnels"`
 	Missing      map[string]time.Time `json:"peers_missing_since,omitempty"`
+}
+
+// DebugUplink is one uplink as the agent stands with it, in --uplink-interface order.
+type DebugUplink struct {
+	Name      string `json:"name"`
+	SwIfIndex uint32 `json:"sw_if_index"`
+	// State is unknown (not looked up since VPP connected), waiting (VPP has no such interface) or ready.
+	State string `json:"state"`
+	// Rebind says that the routes through it are to be deleted and added again (it was lost).
+	Rebind bool `json:"rebind,omitempty"`
 }
 
 // ProgrammedRoute is a route the agent believes is in the FIB (as of its last dump and writes): via
@@ -73,6 +84,7 @@ type debugState struct {
 	snap       *blockwatch.Snapshot
 	pools      []netip.Prefix
 	uplink     uint32
+	uplinks    []DebugUplink
 	programmed []ProgrammedRoute
 	tunnels    []DebugTunnel
 	foreign    []netip.Prefix
@@ -138,6 +150,9 @@ func (a *Agent) publishDebug() {
 	for _, r := range a.programmed {
 		st.programmed = append(st.programmed, a.programmedRoute(r))
 	}
+	for _, u := range a.uplinks {
+		st.uplinks = append(st.uplinks, DebugUplink{Name: u.cfg.String(), SwIfIndex: u.index, State: u.phase.String(), Rebind: u.stale})
+	}
 	for idx, t := range a.tun.byIndex {
 		st.tunnels = append(st.tunnels, DebugTunnel{Encap: t.key.encap, Name: t.name(), SwIfIndex: idx, Src: t.src,
 			Dst: t.key.peer, Stale: a.tun.byKey[t.key] != t})
@@ -154,7 +169,7 @@ func (a *Agent) publishDebug() {
 
 // debugView builds the document from a published state; it runs on the caller's goroutine.
 func (a *Agent) debugView(st *debugState) Debug {
-	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Pools: st.pools,
+	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Uplinks: st.uplinks, Pools: st.pools,
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
 		Tunnels: append([]DebugTunnel{}, st.tunnels...),
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
