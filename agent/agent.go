@@ -112,6 +112,10 @@ type Config struct {
 	Pools []netip.Prefix
 	// Uplink is the interface routes go out of; when it has Addresses the agent configures them.
 	Uplink vppapi.Uplink
+	// MoreUplinks are the further uplinks of a multi-homed node, after Uplink in --uplink-interface
+	// order. A remote block's route goes over every (uplink, owner's peer IP on that uplink's subnet)
+	// pair as one ECMP route; tunnels use Uplink only.
+	MoreUplinks []vppapi.Uplink
 	// ResyncInterval is the period of the full resync that repairs drift.
 	ResyncInterval time.Duration
 	// PeerLossGrace is how long routes to a node whose registration vanished are kept; 0 withdraws
@@ -151,8 +155,8 @@ func (c *Config) Validate() error {
 	if err := CheckNodeName(c.NodeName); err != nil {
 		return err
 	}
-	if c.Uplink.Name == "" && !c.Uplink.HasIndex {
-		return errors.New("no uplink interface: give its name or its sw_if_index")
+	if err := checkUplinks(c.uplinks()); err != nil {
+		return err
 	}
 	for _, p := range c.Pools {
 		if !p.IsValid() || p != p.Masked() {
@@ -180,12 +184,50 @@ func (c *Config) Validate() error {
 // the rule block-ipam applies too.
 func CheckNodeName(name string) error { return calico.CheckNodeName(name) }
 
+// uplinks returns Uplink and MoreUplinks, in order.
+func (c *Config) uplinks() []vppapi.Uplink {
+	return append([]vppapi.Uplink{c.Uplink}, c.MoreUplinks...)
+}
+
+// checkUplinks reports a missing interface, an interface or an address given for two uplinks.
+func checkUplinks(us []vppapi.Uplink) error {
+	names := map[string]int{}
+	indexes := map[uint32]int{}
+	addrs := map[netip.Addr]int{}
+	for i, u := range us {
+		n := i + 1
+		switch {
+		case u.Name == "" && !u.HasIndex:
+			return fmt.Errorf("uplink %d: no interface: give its name or its sw_if_index", n)
+		case u.Name != "":
+			if m, dup := names[u.Name]; dup {
+				return fmt.Errorf("uplinks %d and %d are both interface %s", m, n, u.Name)
+			}
+			names[u.Name] = n
+		default:
+			if m, dup := indexes[u.SwIfIndex]; dup {
+				return fmt.Errorf("uplinks %d and %d are both sw_if_index %d", m, n, u.SwIfIndex)
+			}
+			indexes[u.SwIfIndex] = n
+		}
+		for _, p := range u.Addresses {
+			if m, dup := addrs[p.Addr()]; dup && m != n {
+				return fmt.Errorf("address %s is on uplinks %d and %d", p.Addr(), m, n)
+			}
+			addrs[p.Addr()] = n
+		}
+	}
+	return nil
+}
+
 // options are the Options of this agent's view.
 func (c *Config) options() Options {
 	o := Options{NodeName: c.NodeName, Pools: c.Pools, PeerIPs: slices.Clone(c.PeerIPs)}
-	for _, p := range c.Uplink.Addresses {
-		o.PeerIPs = append(o.PeerIPs, p.Addr())
-		o.UplinkPrefixes = append(o.UplinkPrefixes, p)
+	for _, u := range c.uplinks() {
+		for _, p := range u.Addresses {
+			o.PeerIPs = append(o.PeerIPs, p.Addr())
+			o.UplinkPrefixes = append(o.UplinkPrefixes, p)
+		}
 	}
 	return o
 }
@@ -222,9 +264,8 @@ type Agent struct {
 	// of routes VPP kept after such a delete: its own entries, foreign from then on (ip_route_dump only).
 	deleted     map[netip.Prefix]vppapi.Route
 	undeletable map[netip.Prefix]struct{}
-	uplink      uint32
-	uplinkMTU   uint32 // the uplink's L3 MTU as last read; 0 when unknown
-	uplinkReady bool
+	// uplinks are the uplinks' states, Config.Uplink first; the first is the one tunnels use.
+	uplinks []*uplinkState
 	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump;
 	// tunnelsRead says they were read since VPP (re)connected.
 	tun         tunnelState
@@ -246,20 +287,18 @@ type Agent struct {
 	// vxlanMissingLogged says that the missing vxlan plugin was logged since VPP (re)connected.
 	vxlanMissingLogged bool
 	// encapCountAt is when the routes-by-encapsulation gauge was last computed.
-	encapCountAt  time.Time
-	waitingUplink bool
-	vppUp         bool
-	needFull      string                   // reason of a full resync that is due as soon as it can run
-	missingSince  map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
-	retry         *time.Timer
-	retryKind     string // the resync kind the retry timer runs
-	grace         *time.Timer
-	graceAt       time.Time // when grace fires; zero when not armed
-	// rebind says that the uplink was missing since the routes in the table were written: they are dead
-	// and must be deleted and added again once it is back. lostUplink is the index it had, when known.
-	rebind     bool
-	lostUplink uint32
-	lostKnown  bool
+	encapCountAt time.Time
+	vppUp        bool
+	needFull     string                   // reason of a full resync that is due as soon as it can run
+	missingSince map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
+	retry        *time.Timer
+	retryKind    string // the resync kind the retry timer runs
+	grace        *time.Timer
+	graceAt      time.Time // when grace fires; zero when not armed
+	// offUplink are the peer IPs found on no uplink's subnet, as logged (see hopsOf).
+	offUplink map[netip.Addr]struct{}
+	// gapLogged are the nodes whose registration has a gap in its indexes, as logged (see trackPeers).
+	gapLogged map[string]struct{}
 
 	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.
@@ -276,7 +315,7 @@ type readiness struct {
 	snapshotApplied bool
 	vppConnected    bool // as the reconcile loop last saw it
 	uplinkReady     bool
-	waitingUplink   bool
+	waitingUplink   []string // the uplinks VPP lacks
 	resynced        bool
 	etcdSynced      bool
 	// noVXLAN counts the routes that need VXLAN while VPP has no vxlan plugin.
@@ -299,7 +338,12 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		missingSince: map[peerFamily]time.Time{},
 		tun:          newTunnelState(),
 		encapLogged:  map[string]string{},
+		offUplink:    map[netip.Addr]struct{}{},
+		gapLogged:    map[string]struct{}{},
 		m:            m.orNop(),
+	}
+	for _, u := range cfg.uplinks() {
+		a.uplinks = append(a.uplinks, &uplinkState{cfg: u})
 	}
 	a.live.Turn()
 	return a, nil
@@ -400,7 +444,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if slices.Contains(snap.ChangedNodes, a.cfg.NodeName) && a.desired.enc.hasVXLAN() {
 		a.needFull = "vtep-mac" // this node's VTEP MAC, the MAC of its VXLAN tunnels (the resync sets it)
 	}
-	if !a.vppUp || !a.uplinkReady || a.rebind {
+	if !a.vppUp || !a.uplinksReady() || a.rebinding() {
 		return // the full resync after (re)connect picks it up
 	}
 	if a.vppStalled() {
@@ -448,7 +492,7 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 	}
 	ctx, done := a.busy(ctx)
 	defer done()
-	if !a.uplinkReady && a.setupUplink(ctx) != nil || a.rebind {
+	if !a.uplinksReady() && a.setupUplinks(ctx) != nil || a.rebinding() {
 		return // the full resync reports it, or re-adds every route
 	}
 	if !a.programmedValid {
@@ -493,7 +537,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.vppUp = true
 		a.tunnelsRead = false
 		a.vxlanMissingLogged = false // this VPP may have the plugin, or lack it
-		a.uplinkReady = false
+		a.forgetUplinks()
 		a.programmedValid = false
 		clear(a.deleted)
 		if ev.Restarted {
@@ -512,24 +556,36 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		}
 	case vppapi.Disconnected, vppapi.Incompatible:
 		a.vppUp = false
-		a.uplinkReady = false
+		a.forgetUplinks()
 		a.programmedValid = false
-		a.setWaitingUplink(false)
+		for _, u := range a.uplinks {
+			a.setWaitingUplink(u, false)
+		}
 	case vppapi.InterfaceDeleted:
-		if a.vppUp && a.uplinkReady && ev.SwIfIndex == a.uplink {
-			a.uplinkLost("VPP deleted it")
+		for _, u := range a.uplinks {
+			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+				a.uplinkLost(u, "VPP deleted it")
+			}
 		}
 	}
 }
 
-// uplinkLost records that the uplink the routes go through is gone: the agent waits for an interface
-// of its name (or index) again, and then re-adds every route (rebind).
-func (a *Agent) uplinkLost(why string) {
+// forgetUplinks marks every uplink as not set up since VPP (re)connected.
+func (a *Agent) forgetUplinks() {
+	for _, u := range a.uplinks {
+		if u.phase == uplinkReady {
+			u.phase = uplinkUnknown
+		}
+	}
+}
+
+// uplinkLost records that uplink u, which routes go through, is gone: the agent waits for an interface
+// of its name (or index) again, and then re-adds every route through it (rebind).
+func (a *Agent) uplinkLost(u *uplinkState, why string) {
 	a.log.Warn("the uplink interface is gone from VPP: its routes drop traffic until it is back; waiting for it",
-		"uplink", a.cfg.Uplink.String(), "sw_if_index", a.uplink, "why", why, "routes", len(a.programmed))
-	a.uplinkReady = false
-	a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
-	a.waitingUplink = true // logged above, instead of setWaitingUplink's line for a first wait
+		"uplink", u.cfg.String(), "sw_if_index", u.index, "why", why, "routes", len(a.programmed))
+	u.phase = uplinkWaiting // logged above, instead of setWaitingUplink's line for a first wait
+	u.stale, u.lostIndex, u.lostKnown = true, u.index, true
 	a.m.uplinkWaiting.Set(1)
 	a.needFull = "uplink-lost"
 }
@@ -543,61 +599,88 @@ func (a *Agent) vppStalled() bool { return a.dp.Status().Stalled }
 // errWaitingUplink is doFullSync's error while VPP has no uplink interface yet: a state, not a failure.
 var errWaitingUplink = errors.New("waiting for the uplink interface")
 
-// setupUplink configures (or in a dry run only looks up) the uplink and the table.
-func (a *Agent) setupUplink(ctx context.Context) error {
+// setupUplinks sets every uplink up (setupUplink), then the table; errWaitingUplink when VPP lacks one
+// (the others are set up all the same).
+func (a *Agent) setupUplinks(ctx context.Context) error {
+	var waiting bool
+	for _, u := range a.uplinks {
+		err := a.setupUplink(ctx, u)
+		if errors.Is(err, errWaitingUplink) {
+			waiting = true
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if waiting {
+		return errWaitingUplink
+	}
+	if !a.cfg.DryRun {
+		if err := a.dp.EnsureTable(ctx, a.cfg.TableID); err != nil {
+			return fmt.Errorf("set up uplink: %w", err)
+		}
+	}
+	return nil
+}
+
+// setupUplink configures (or in a dry run only looks up) uplink u.
+func (a *Agent) setupUplink(ctx context.Context, u *uplinkState) error {
 	var idx uint32
 	var err error
 	if a.cfg.DryRun {
-		idx, err = a.dp.LookupUplink(ctx, a.cfg.Uplink)
+		idx, err = a.dp.LookupUplink(ctx, u.cfg)
 	} else {
-		idx, err = a.dp.SetupUplink(ctx, a.cfg.Uplink)
-		if err == nil {
-			err = a.dp.EnsureTable(ctx, a.cfg.TableID)
-		}
+		idx, err = a.dp.SetupUplink(ctx, u.cfg)
 	}
 	if errors.Is(err, vppapi.ErrNoInterface) {
-		if a.uplinkReady {
-			a.uplinkLost("a resync found it missing")
+		if u.phase == uplinkReady {
+			a.uplinkLost(u, "a resync found it missing")
 		} else {
 			// Whatever routes the table has through it (a restarted agent's, say) are dead.
-			a.rebind = true
-			a.setWaitingUplink(true)
+			u.stale = true
+			a.setWaitingUplink(u, true)
 		}
 		return errWaitingUplink
 	}
 	if err != nil {
 		return fmt.Errorf("set up uplink: %w", err)
 	}
-	if a.uplinkReady && idx != a.uplink {
+	if u.phase == uplinkReady && idx != u.index {
 		a.log.Warn("the uplink interface has a new sw_if_index: re-adding every route through it",
-			"uplink", a.cfg.Uplink.String(), "sw_if_index", idx, "was", a.uplink)
-		a.rebind, a.lostUplink, a.lostKnown = true, a.uplink, true
+			"uplink", u.cfg.String(), "sw_if_index", idx, "was", u.index)
+		u.stale, u.lostIndex, u.lostKnown = true, u.index, true
 	}
-	a.setWaitingUplink(false)
-	a.uplink, a.uplinkReady = idx, true
+	a.setWaitingUplink(u, false)
+	u.index, u.phase = idx, uplinkReady
 	if mtu, err := a.dp.InterfaceMTU(ctx, idx); err == nil {
-		a.uplinkMTU = mtu
-		a.checkMTU()
+		u.mtu = mtu
+		if u == a.uplinks[0] {
+			a.checkMTU()
+		}
 	} else {
-		a.log.Debug("cannot read the uplink's MTU", "err", err)
+		a.log.Debug("cannot read the uplink's MTU", "uplink", u.cfg.String(), "err", err)
 	}
 	return nil
 }
 
-// setWaitingUplink records whether VPP lacks the uplink, logging and exporting the change.
-func (a *Agent) setWaitingUplink(waiting bool) {
-	if waiting == a.waitingUplink {
+// setWaitingUplink records whether VPP lacks uplink u, logging and exporting the change.
+func (a *Agent) setWaitingUplink(u *uplinkState, waiting bool) {
+	if waiting == (u.phase == uplinkWaiting) {
 		return
 	}
-	a.waitingUplink = waiting
 	if waiting {
-		a.log.Info("VPP has no uplink interface yet; waiting for it", "uplink", a.cfg.Uplink.String(), "poll", uplinkPoll)
+		u.phase = uplinkWaiting
+		a.log.Info("VPP has no uplink interface yet; waiting for it", "uplink", u.cfg.String(), "poll", uplinkPoll)
 		a.m.uplinkWaiting.Set(1)
 		return
 	}
-	a.m.uplinkWaiting.Set(0)
+	u.phase = uplinkUnknown
+	if !slices.ContainsFunc(a.uplinks, func(u *uplinkState) bool { return u.phase == uplinkWaiting }) {
+		a.m.uplinkWaiting.Set(0)
+	}
 	if a.vppUp {
-		a.log.Info("uplink interface appeared", "uplink", a.cfg.Uplink.String())
+		a.log.Info("uplink interface appeared", "uplink", u.cfg.String())
 	}
 }
 
@@ -650,10 +733,10 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 
 func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	// Looked up on every resync, also when set up: how a deleted uplink is noticed without VPP's events.
-	if err := a.setupUplink(ctx); err != nil {
+	if err := a.setupUplinks(ctx); err != nil {
 		return err
 	}
-	if a.rebind {
+	if a.rebinding() {
 		return a.rebindRoutes(ctx)
 	}
 	if a.dumpedListing && a.programmedValid {
@@ -692,57 +775,91 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	return a.reconcileAll(ctx)
 }
 
-// rebindRoutes deletes every route of the agent in the table, through the uplink or the index it had
-// before it was lost, adds them back through the uplink, then reconciles as usual: VPP keeps a route through a deleted interface dead
-// even when an interface of the same name and index comes back, and an identical re-add does not revive
-// it (measured on 26.06).
+// rebindRoutes deletes every route of the agent in the table through a lost uplink (through the index
+// it has or the one it had before it was lost; every route when that is the first uplink, whose address
+// the tunnels borrow), adds them back through the uplinks as they are, then reconciles as usual: VPP keeps a
+// route through a deleted interface dead even when an interface of the same name and index comes back,
+// and an identical re-add does not revive it (measured on 26.06).
 func (a *Agent) rebindRoutes(ctx context.Context) error {
 	entries, err := a.dumpTable(ctx)
 	if err != nil {
 		return err
 	}
-	owned, foreign := a.classify(entries)
-	if a.lostKnown && a.lostUplink != a.uplink {
-		current := a.uplink
-		a.uplink = a.lostUplink
-		stale, _ := a.classify(entries)
-		a.uplink = current
-		for p, r := range stale {
-			owned[p] = r
-			delete(foreign, p)
-		}
-	}
+	owned, foreign := a.classify(entries) // the lost indexes count as the uplinks' while stale
 	a.noteUndeletable(owned, foreign)
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
 	a.dumpedListing = false
-	if len(owned) > 0 && !a.cfg.DryRun {
-		a.log.Info("the uplink is back: deleting and adding again every route through it", "uplink", a.cfg.Uplink.String(),
-			"sw_if_index", a.uplink, "routes", len(owned))
-		dels := make([]vppapi.Route, 0, len(owned))
-		for _, r := range owned {
-			dels = append(dels, r)
-		}
-		a.apply(ctx, nil, dels)
-		if len(a.programmed) > 0 {
-			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(a.programmed))
-		}
-		// The tunnels borrowed the lost uplink's address: borrow it again before routes go through them.
-		a.reattachTunnels(ctx)
-		// Back as they were, through the uplink as it is now: the reconcile below then changes only what it
-		// would have changed anyway (it keeps the routes inside held blocks, those of peers in their grace,
-		// and every route while etcd is out of sync).
-		adds := make([]vppapi.Route, 0, len(dels))
-		for _, r := range dels {
-			if r.NextHop.IsValid() { // not a multipath leftover: the reconcile sets those
-				r.SwIfIndex = a.uplink
-				adds = append(adds, r)
+	// moved maps the indexes of stale uplinks, old and new, to the uplink's index now.
+	moved := map[uint32]uint32{}
+	for _, u := range a.uplinks {
+		if u.stale {
+			moved[u.index] = u.index
+			if u.lostKnown {
+				moved[u.lostIndex] = u.index
 			}
+		}
+	}
+	first := a.uplinks[0]
+	var dead []vppapi.Route
+	for _, r := range owned {
+		if first.stale || slices.ContainsFunc(r.Hops(), func(h vppapi.Hop) bool { _, ok := moved[h.SwIfIndex]; return ok }) {
+			dead = append(dead, r)
+		}
+	}
+	if len(dead) > 0 && !a.cfg.DryRun {
+		a.log.Info("the uplink is back: deleting and adding again every route through it", "uplinks", a.staleUplinks(),
+			"routes", len(dead))
+		before := len(a.programmed)
+		a.apply(ctx, nil, dead)
+		if deleted := before - len(a.programmed); deleted < len(dead) {
+			return fmt.Errorf("delete the routes through the lost uplink: %d failed", len(dead)-deleted)
+		}
+		if first.stale {
+			// The tunnels borrowed the lost uplink's address: borrow it again before routes go through them.
+			a.reattachTunnels(ctx)
+		}
+		// Back as they were, through the uplinks as they are now: the reconcile below then changes only what
+		// it would have changed anyway (it keeps the routes inside held blocks, those of peers in their
+		// grace, and every route while etcd is out of sync).
+		adds := make([]vppapi.Route, 0, len(dead))
+		for _, r := range dead {
+			if r.More.Len() == 0 {
+				if r.NextHop.IsValid() { // through a tunnel without a next hop: the reconcile sets those
+					idx, ok := moved[r.SwIfIndex]
+					if !ok {
+						idx = first.index
+					}
+					r.SwIfIndex = idx
+					adds = append(adds, r)
+				}
+				continue
+			}
+			hops := r.Hops()
+			for i, h := range hops {
+				if idx, ok := moved[h.SwIfIndex]; ok {
+					hops[i].SwIfIndex = idx
+				}
+			}
+			adds = append(adds, vppapi.NewRoute(r.Prefix, r.TableID, hops))
 		}
 		a.apply(ctx, adds, nil)
 	}
-	a.rebind, a.lostKnown = false, false
+	for _, u := range a.uplinks {
+		u.stale, u.lostKnown = false, false
+	}
 	return a.reconcileAll(ctx)
+}
+
+// staleUplinks names the uplinks whose routes are being re-added.
+func (a *Agent) staleUplinks() string {
+	var names []string
+	for _, u := range a.uplinks {
+		if u.stale {
+			names = append(names, u.cfg.String())
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // reconcileAll brings every programmed and every desired route prefix to its target.
@@ -929,28 +1046,29 @@ func (a *Agent) parked(p netip.Prefix) bool {
 	return false
 }
 
-// ownedRoute reports whether e is one of ours: every path a plain path via the uplink with a next hop,
-// or through one of the agent's tunnels without one. A multipath leftover is normalised to its first
-// path; the next add replaces the whole set.
+// ownedRoute reports whether e is one of ours: every path a plain path via one of the uplinks with a
+// next hop, or through one of the agent's tunnels without one. An ECMP route is read with all its paths
+// (in canonical order); a route that differs from the desired one is replaced as a whole by the next add.
 func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	if len(e.Paths) == 0 {
 		return vppapi.Route{}, false
 	}
 	for _, p := range e.Paths {
-		viaUplink := p.SwIfIndex == a.uplink && p.NextHop.IsValid()
+		viaUplink := a.isUplink(p.SwIfIndex) && p.NextHop.IsValid()
 		// An IPIP tunnel is point-to-point (no next hop); a route through a VXLAN one names the VTEP.
 		viaTunnel := a.isTunnel(p.SwIfIndex) && p.NextHop.IsValid() == a.isVXLAN(p.SwIfIndex)
 		if p.Type != vppapi.PathNormal || !viaUplink && !viaTunnel {
 			return vppapi.Route{}, false
 		}
 	}
-	r := vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: e.Paths[0].SwIfIndex, TableID: e.TableID}
-	if len(e.Paths) > 1 {
-		// Forces a replace to the single desired path: no desired route is via no next hop on no
-		// interface (a tunnel route has no next hop, so the next hop alone would not tell).
-		r.NextHop, r.SwIfIndex = netip.Addr{}, ^uint32(0)
+	if len(e.Paths) == 1 {
+		return vppapi.Route{Prefix: e.Prefix, NextHop: e.Paths[0].NextHop, SwIfIndex: e.Paths[0].SwIfIndex, TableID: e.TableID}, true
 	}
-	return r, true
+	hops := make([]vppapi.Hop, len(e.Paths))
+	for i, p := range e.Paths {
+		hops[i] = vppapi.Hop{NextHop: p.NextHop, SwIfIndex: p.SwIfIndex}
+	}
+	return vppapi.NewRoute(e.Prefix, e.TableID, hops), true
 }
 
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {
@@ -1074,6 +1192,19 @@ func (a *Agent) trackPeers() {
 			"node", inv.Node, "peer_ip", inv.Addr, "reason", inv.Reason)
 	}
 	a.desired.newlyInvalid = nil
+	for node := range a.gapLogged {
+		if p, ok := a.desired.peers[node]; !ok || !p.Gap {
+			delete(a.gapLogged, node)
+		}
+	}
+	for node, p := range a.desired.peers {
+		if _, logged := a.gapLogged[node]; p.Gap && !logged {
+			a.gapLogged[node] = struct{}{}
+			a.m.peerGaps.Inc()
+			a.log.Warn("a node's registration has a gap in its peer IP indexes (peerip/<family>/1, /2, ...); using the addresses it has, in index order",
+				"node", node, "ipv4", p.IPv4s(), "ipv6", p.IPv6s())
+		}
+	}
 	for _, cidr := range a.desired.newlyDefault {
 		a.log.Warn("ignoring a block of prefix length 0: a default route is never programmed from a block", "block", cidr)
 		a.m.defaultBlocks.Inc()
@@ -1136,7 +1267,7 @@ func (a *Agent) expireGrace(ctx context.Context) {
 		}
 		return
 	}
-	if a.vppUp && a.uplinkReady && !a.rebind && len(dirty) > 0 {
+	if a.vppUp && a.uplinksReady() && !a.rebinding() && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
 		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
@@ -1159,7 +1290,7 @@ func (a *Agent) scheduleRetry() {
 
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.
 func (a *Agent) withdrawAll() {
-	if !a.vppUp || !a.uplinkReady || a.cfg.DryRun {
+	if !a.vppUp || !a.uplinksReady() || a.cfg.DryRun {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), WithdrawTimeout)
@@ -1196,4 +1327,64 @@ func stoppedTimer() *time.Timer {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	return t
+}
+
+// uplinkPhase is where the agent stands with one uplink interface.
+type uplinkPhase uint8
+
+const (
+	// uplinkUnknown: not looked up since VPP (re)connected.
+	uplinkUnknown uplinkPhase = iota
+	// uplinkWaiting: VPP has no such interface; looked for every uplinkPoll.
+	uplinkWaiting
+	// uplinkReady: set up; routes go through its index.
+	uplinkReady
+)
+
+func (p uplinkPhase) String() string {
+	return [...]string{"unknown", "waiting", "ready"}[p]
+}
+
+// uplinkState is what the agent knows of one uplink (Config.Uplink, then Config.MoreUplinks). It is
+// owned by Run.
+type uplinkState struct {
+	cfg   vppapi.Uplink
+	phase uplinkPhase
+	index uint32 // its sw_if_index once ready (and the last one it had)
+	mtu   uint32 // its L3 MTU as last read; 0 when unknown
+	// stale says that the uplink was missing since the routes in the table were written: those through
+	// it are dead and must be deleted and added again once it is back (rebindRoutes). lostIndex is the
+	// index it had, when known (lostKnown).
+	stale     bool
+	lostIndex uint32
+	lostKnown bool
+}
+
+// uplinksReady reports whether every uplink is set up: routes are programmed only then.
+func (a *Agent) uplinksReady() bool {
+	return !slices.ContainsFunc(a.uplinks, func(u *uplinkState) bool { return u.phase != uplinkReady })
+}
+
+// rebinding reports whether the routes through some uplink must be deleted and added again.
+func (a *Agent) rebinding() bool {
+	return slices.ContainsFunc(a.uplinks, func(u *uplinkState) bool { return u.stale })
+}
+
+// isUplink reports whether idx is the index of a set-up uplink, or the one a lost uplink had while its
+// routes wait to be re-added (their paths are the agent's).
+func (a *Agent) isUplink(idx uint32) bool {
+	return slices.ContainsFunc(a.uplinks, func(u *uplinkState) bool {
+		return u.phase == uplinkReady && u.index == idx || u.stale && u.lostKnown && u.lostIndex == idx
+	})
+}
+
+// waitingUplinks names the uplinks VPP lacks.
+func (a *Agent) waitingUplinks() []string {
+	var out []string
+	for _, u := range a.uplinks {
+		if u.phase == uplinkWaiting {
+			out = append(out, u.cfg.String())
+		}
+	}
+	return out
 }

@@ -30,8 +30,9 @@ import (
 )
 
 const (
-	uplinkName = "GigabitEthernet0/8/0"
-	hosts      = blockwatch.DefaultHostsPrefix
+	uplinkName  = "GigabitEthernet0/8/0"
+	uplink2Name = "GigabitEthernet0/9/0"
+	hosts       = blockwatch.DefaultHostsPrefix
 )
 
 var (
@@ -64,6 +65,9 @@ type clusterOpts struct {
 	probe time.Duration
 	// sim, if set, adjusts each node's simulator (faults of VPP at start, an older VPP's message table).
 	sim func(*vppsim.Config)
+	// twoUplinks gives every node a second uplink (uplink2Name, sw_if_index 2) on the subnets of
+	// peer2V4 and peer2V6, registered as the node's peerip/<family>/2.
+	twoUplinks bool
 }
 
 type node struct {
@@ -73,6 +77,9 @@ type node struct {
 	sock   string
 	peerV4 netip.Addr
 	peerV6 netip.Addr
+	// peer2V4 and peer2V6 are the second uplink's addresses (clusterOpts.twoUplinks).
+	peer2V4 netip.Addr
+	peer2V6 netip.Addr
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -119,6 +126,11 @@ func newCluster(t *testing.T, opts clusterOpts, names ...string) *cluster {
 			peerV6: netip.MustParseAddr(fmt.Sprintf("fd00:100::%d", i+1)),
 			sock:   filepath.Join(dir, name+".sock")}
 		cfg := vppsim.Config{Interfaces: []string{uplinkName}}
+		if opts.twoUplinks {
+			n.peer2V4 = netip.AddrFrom4([4]byte{192, 168, 101, byte(i + 1)})
+			n.peer2V6 = netip.MustParseAddr(fmt.Sprintf("fd00:101::%d", i+1))
+			cfg.Interfaces = append(cfg.Interfaces, uplink2Name)
+		}
 		if opts.sim != nil {
 			opts.sim(&cfg)
 		}
@@ -195,13 +207,20 @@ func (c *cluster) start(name string) {
 	}
 	m := agent.NewMetrics(reg)
 	guard := etcdconfig.NewGuard(&ecfg, cli, log)
+	peerIPs := []netip.Addr{n.peerV4, n.peerV6}
+	var more []vppapi.Uplink
+	if c.opts.twoUplinks {
+		peerIPs = append(peerIPs, n.peer2V4, n.peer2V6)
+		more = []vppapi.Uplink{{Name: uplink2Name, Addresses: []netip.Prefix{netip.PrefixFrom(n.peer2V4, 24), netip.PrefixFrom(n.peer2V6, 64)}}}
+	}
 	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
-		PeerIPs: []netip.Addr{n.peerV4, n.peerV6}, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
+		PeerIPs: peerIPs, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
+		MoreUplinks:    more,
 		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log, EtcdHealth: guard}, vpp, w, registrar, m)
 	if err != nil {
 		c.t.Fatal(err)

@@ -27,7 +27,11 @@ type DesiredRoute struct {
 	Prefix  netip.Prefix `json:"prefix"`
 	NextHop netip.Addr   `json:"next_hop"`
 	Owner   string       `json:"owner"`
-	Kind    RouteKind    `json:"kind"`
+	// MoreNextHops are the owner's further peer IPs of the family (one per further uplink, in its
+	// registration's index order) for a route without encapsulation: the agent routes over every one
+	// that one of its uplinks reaches, as one ECMP route.
+	MoreNextHops blockwatch.Addrs `json:"more_next_hops,omitzero"`
+	Kind         RouteKind        `json:"kind"`
 	// Block is the block the route comes from (equal to Prefix for KindBlock).
 	Block netip.Prefix `json:"block"`
 	// Encap is how the route carries packets (see encapView.of): none (via NextHop on the uplink), ipip
@@ -278,7 +282,7 @@ type desiredSet struct {
 	nodes map[string]calico.Node
 	// peers are the registered peers usable as next hops; invalid the refused addresses.
 	peers   map[string]blockwatch.Peer
-	invalid map[peerFamily]InvalidPeer
+	invalid map[peerSlot]InvalidPeer
 	// newlyInvalid lists refusals not seen before, for the agent to log; it clears it.
 	newlyInvalid []InvalidPeer
 	// defaultBlocks are the blocks of prefix length 0 seen so far (kept across resets, so that each is
@@ -663,7 +667,7 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 	}
 	if !ok || !nh.IsValid() {
 		reason := fmt.Sprintf("node %q has no registered %s peer IP", node, fam)
-		if inv, bad := d.invalid[peerFamily{node: node, ipv6: p.Addr().Is6()}]; bad {
+		if inv, bad := d.invalid[peerSlot{peerFamily{node: node, ipv6: p.Addr().Is6()}, 0}]; bad {
 			reason = fmt.Sprintf("node %q registered %s as its %s peer IP, which is refused: %s", node, inv.Addr, fam, inv.Reason)
 		}
 		r.unresolved = append(r.unresolved, Unresolved{Prefix: p, Owner: node, Kind: kind, Block: block,
@@ -671,7 +675,14 @@ func (d *desiredSet) resolve(r *blockResult, p netip.Prefix, node string, kind R
 		return
 	}
 	enc, problem := d.enc.of(block, nh)
-	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, Owner: node, Kind: kind, Block: block,
+	var more blockwatch.Addrs
+	if enc == calico.EncapNone {
+		more = peer.MoreIPv4
+		if p.Addr().Is6() {
+			more = peer.MoreIPv6
+		}
+	}
+	r.routes = append(r.routes, DesiredRoute{Prefix: p, NextHop: nh, MoreNextHops: more, Owner: node, Kind: kind, Block: block,
 		Encap: enc, EncapProblem: problem})
 }
 

@@ -382,7 +382,8 @@ func CheckFIB(want NodeRoutes, q netip.Prefix, got vppapi.FIBEntry, managed []ne
 // pathsAre reports whether paths forward as r should: via r.NextHop on an interface that is no tunnel
 // for a flat route; through the agent's tunnel of r.Encap to r.NextHop for an encapsulated one, with no
 // next hop (IPIP) or r.NextHop (VXLAN, whose next hop is the remote VTEP); either when r's pool's modes
-// are in question (the agent keeps the encapsulation a route has). Else it says how they differ.
+// are in question (the agent keeps the encapsulation a route has). A flat route may have a path to each of
+// the owner's peer IPs (r.MoreNextHops: ECMP over several uplinks). Else it says how they differ.
 func pathsAre(paths []vppapi.Path, r DesiredRoute, tunnels Tunnels) (bool, string) {
 	if len(paths) == 0 {
 		return false, "has no path"
@@ -393,7 +394,8 @@ func pathsAre(paths []vppapi.Path, r DesiredRoute, tunnels Tunnels) (bool, strin
 		switch {
 		case p.Type != vppapi.PathNormal:
 			return false, fmt.Sprintf("has a %s path, not %s", p, expected(r, tunnels))
-		case p.NextHop.IsValid() && p.NextHop != r.NextHop:
+		case p.NextHop.IsValid() && p.NextHop != r.NextHop && !slices.Contains(r.MoreNextHops.All(), p.NextHop):
+			// An ECMP route's further paths go to the owner's further peer IPs (one per uplink).
 			return false, fmt.Sprintf("goes %s, not %s", pathString(p, tunnels), expected(r, tunnels))
 		case !isTunnel && r.Encap != calico.EncapNone && !r.EncapProblem:
 			return false, fmt.Sprintf("goes flat (%s) where %s through a tunnel to %s is due", pathString(p, tunnels), due, r.NextHop)

@@ -55,6 +55,24 @@ func TestCheckFIB(t *testing.T) {
 	}
 }
 
+// TestCheckFIBECMP: a flat route of an owner with two peer IPs agrees with an ECMP entry whose paths
+// go to them, and disagrees when a path goes to another address.
+func TestCheckFIBECMP(t *testing.T) {
+	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	block := &ExplainedRoute{DesiredRoute: DesiredRoute{Prefix: pfx("10.244.1.0/26"), NextHop: addr("192.0.2.2"), Owner: "node-b", Kind: KindBlock,
+		Block: pfx("10.244.1.0/26"), MoreNextHops: blockwatch.MakeAddrs([]netip.Addr{addr("198.51.100.2")})}}
+	ecmp := func(second string) vppapi.FIBEntry {
+		return vppapi.FIBEntry{Prefix: pfx("10.244.1.0/26"), Paths: []vppapi.Path{{NextHop: addr("192.0.2.2"), SwIfIndex: 1}, {NextHop: addr(second), SwIfIndex: 2}}}
+	}
+	q := pfx("10.244.1.7/32")
+	if v, why := CheckFIB(NodeRoutes{Forwarding: block}, q, ecmp("198.51.100.2"), nil, nil); v != VerdictAgrees {
+		t.Errorf("ECMP over both peer IPs: %s %q", v, why)
+	}
+	if v, why := CheckFIB(NodeRoutes{Forwarding: block}, q, ecmp("198.51.100.9"), nil, nil); v != VerdictDisagrees || !strings.Contains(why, "198.51.100.9") {
+		t.Errorf("a path to another address: %s %q", v, why)
+	}
+}
+
 // TestCheckFIBEncap: an IPIP route agrees when VPP's path goes through the agent's IPIP tunnel to the
 // route's next hop (no next hop on the path), and disagrees, naming why, when it goes flat, through a
 // tunnel to another peer, through another's tunnel, or through a tunnel where a flat route is due; a

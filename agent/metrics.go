@@ -34,6 +34,8 @@ type Metrics struct {
 	podMTU                                 prometheus.Gauge
 	mtuTooLarge                            prometheus.Gauge
 	noVXLAN                                prometheus.Gauge
+	offUplink, peerGaps                    prometheus.Counter
+	ecmpRoutes                             prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: unregistered, for tests).
@@ -94,12 +96,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Routes of VXLAN pools the agent cannot program because VPP has no vxlan plugin (also in /readyz); 0 when it has."}),
 		podMTU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_pod_mtu_bytes",
 			Help: "The largest pod MTU the routes this node programs carry: the uplink's MTU, less 20 while a managed IPv4 pool uses IPIP, 50 (IPv4) or 70 (IPv6) while one uses VXLAN (or FelixConfiguration ipipMTU, vxlanMTU, vxlanMTUV6); 0 until the uplink's MTU is read."}),
+		offUplink: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_peer_ips_off_uplinks_total",
+			Help: "Peer IPs of other nodes found on no uplink's subnet (each logged once): no path goes to them; a route with no other path goes via the first peer IP on the first uplink, as with one uplink."}),
+		peerGaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "vpp_route_agent_peer_registration_gaps_total",
+			Help: "Times a node's registration was found with a gap in its peer IP indexes (/1 and /3 without /2; each logged once): the addresses there are used."}),
+		ecmpRoutes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed_ecmp",
+			Help: "Routes owned by the agent in the FIB with more than one path (several uplinks or peer IPs)."}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_build_info",
 		Help:        "Build information; always 1.",
 		ConstLabels: prometheus.Labels{"version": buildinfo.Version, "revision": buildinfo.Revision(), "goversion": buildinfo.GoVersion()}})
 	build.Set(1)
 	if reg != nil {
+		reg.MustRegister(m.offUplink, m.peerGaps, m.ecmpRoutes)
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
 			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots,
 			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, m.mtuTooLarge, m.noVXLAN, build)

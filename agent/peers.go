@@ -61,18 +61,28 @@ type peerCheck struct {
 	subnets []netip.Prefix
 }
 
+// peerSlot is one registered address of a node: its family and its place among the node's addresses
+// of that family (0: the first, IPv4/IPv6 of blockwatch.Peer; then one per further uplink).
+type peerSlot struct {
+	peerFamily
+	nth int
+}
+
 // validPeers splits the registered peers into those usable as next hops and the refused ones. Besides
 // CheckNextHop and this node's own addressing, an address registered by two nodes goes to the one
 // whose key is on a lease (a live agent's registration) rather than to a key without one (written by
 // hand or left over), then to the one that registered it first (the lower create revision; then the
 // lower name), like the node-name lock. So a leftover key holding a node's address never takes that
-// address from the node when it registers again. It is pure.
-func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]blockwatch.Peer, map[peerFamily]InvalidPeer) {
+// address from the node when it registers again. A node's further addresses (one per further uplink)
+// are judged alike, with the create revision and lease of its first one; a refused one leaves the
+// others usable, in their order. It is pure.
+func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]blockwatch.Peer, map[peerSlot]InvalidPeer) {
 	valid := make(map[string]blockwatch.Peer, len(raw))
-	invalid := map[peerFamily]InvalidPeer{}
+	invalid := map[peerSlot]InvalidPeer{}
 	own := slices.Clone(pc.own)
 	if p, ok := raw[pc.node]; ok {
-		own = append(own, p.IPv4, p.IPv6)
+		own = append(own, p.IPv4s()...)
+		own = append(own, p.IPv6s()...)
 	}
 	type claim struct {
 		node    string
@@ -86,35 +96,46 @@ func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]block
 		}
 		return c.created < f.created || c.created == f.created && c.node < f.node
 	}
+	type family struct {
+		addrs []netip.Addr
+		claim
+	}
+	families := func(node string, p blockwatch.Peer) [2]family {
+		return [2]family{{p.IPv4s(), claim{node, p.IPv4Leased, p.IPv4Created}}, {p.IPv6s(), claim{node, p.IPv6Leased, p.IPv6Created}}}
+	}
 	first := map[netip.Addr]claim{} // the claim of every address that takes precedence
 	for node, p := range raw {
-		for _, c := range []struct {
-			a netip.Addr
-			claim
-		}{{p.IPv4, claim{node, p.IPv4Leased, p.IPv4Created}}, {p.IPv6, claim{node, p.IPv6Leased, p.IPv6Created}}} {
-			if !c.a.IsValid() || node == pc.node {
-				continue
-			}
-			if f, seen := first[c.a]; !seen || before(c.claim, f) {
-				first[c.a] = c.claim
+		if node == pc.node {
+			continue
+		}
+		for _, f := range families(node, p) {
+			for _, a := range f.addrs {
+				if c, seen := first[a]; !seen || before(f.claim, c) {
+					first[a] = f.claim
+				}
 			}
 		}
 	}
 	for node, p := range raw {
-		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created, IPv4Leased: p.IPv4Leased, IPv6Leased: p.IPv6Leased}
-		for _, a := range []netip.Addr{p.IPv4, p.IPv6} {
-			if !a.IsValid() {
+		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created, IPv4Leased: p.IPv4Leased, IPv6Leased: p.IPv6Leased,
+			Gap: p.Gap}
+		for _, f := range families(node, p) {
+			var good []netip.Addr
+			for nth, a := range f.addrs {
+				slot := peerSlot{peerFamily{node: node, ipv6: a.Is6()}, nth}
+				if reason := pc.refuse(node, a, own, first[a].node); reason != "" {
+					invalid[slot] = InvalidPeer{Node: node, Addr: a, Reason: reason}
+					continue
+				}
+				good = append(good, a)
+			}
+			if len(good) == 0 {
 				continue
 			}
-			pf := peerFamily{node: node, ipv6: a.Is6()}
-			if reason := pc.refuse(node, a, own, first[a].node); reason != "" {
-				invalid[pf] = InvalidPeer{Node: node, Addr: a, Reason: reason}
-				continue
-			}
-			if pf.ipv6 {
-				v.IPv6 = a
+			if good[0].Is6() {
+				v.IPv6, v.MoreIPv6 = good[0], blockwatch.MakeAddrs(good[1:])
 			} else {
-				v.IPv4 = a
+				v.IPv4, v.MoreIPv4 = good[0], blockwatch.MakeAddrs(good[1:])
 			}
 		}
 		if v.IPv4.IsValid() || v.IPv6.IsValid() {
@@ -164,7 +185,7 @@ func lastAddr(p netip.Prefix) netip.Addr {
 }
 
 // sortedInvalid returns the refused peers sorted by node, IPv4 first.
-func sortedInvalid(m map[peerFamily]InvalidPeer) []InvalidPeer {
+func sortedInvalid(m map[peerSlot]InvalidPeer) []InvalidPeer {
 	out := slices.Collect(maps.Values(m))
 	slices.SortFunc(out, func(a, b InvalidPeer) int {
 		return cmp.Or(strings.Compare(a.Node, b.Node), a.Addr.Compare(b.Addr))

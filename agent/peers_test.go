@@ -68,3 +68,47 @@ func TestValidPeers(t *testing.T) {
 		t.Errorf("ok: %+v", valid["ok"])
 	}
 }
+
+// TestValidPeersFurtherIPs: a node's further peer IPs (/2, ...) are judged like its first: one another
+// node holds (registered earlier), this node's own, a loopback are refused each on its own, and the
+// others stay usable in their order; a node whose /1 is refused keeps its /2 as its first usable one.
+func TestValidPeersFurtherIPs(t *testing.T) {
+	a := netip.MustParseAddr
+	more := func(as ...string) blockwatch.Addrs {
+		var out []netip.Addr
+		for _, s := range as {
+			out = append(out, a(s))
+		}
+		return blockwatch.MakeAddrs(out)
+	}
+	pc := peerCheck{node: "self", own: []netip.Addr{a("192.0.2.1"), a("198.51.100.1")}}
+	raw := map[string]blockwatch.Peer{
+		"first":  {IPv4: a("192.0.2.2"), MoreIPv4: more("198.51.100.2"), IPv4Created: 3},
+		"second": {IPv4: a("192.0.2.3"), MoreIPv4: more("198.51.100.2", "198.51.100.1", "127.0.0.1", "198.51.100.3"), IPv4Created: 8},
+		"badone": {IPv4: a("127.0.0.2"), MoreIPv4: more("198.51.100.4"), IPv4Created: 9},
+	}
+	valid, invalid := pc.validPeers(raw)
+	if p := valid["first"]; p.IPv4 != a("192.0.2.2") || p.MoreIPv4 != more("198.51.100.2") {
+		t.Errorf("first: %+v", p)
+	}
+	if p := valid["second"]; p.IPv4 != a("192.0.2.3") || p.MoreIPv4 != more("198.51.100.3") {
+		t.Errorf("second: %+v, want 192.0.2.3 then 198.51.100.3 only", p)
+	}
+	if p := valid["badone"]; p.IPv4 != a("198.51.100.4") || p.MoreIPv4.Len() != 0 {
+		t.Errorf("badone: %+v, want its /2 first", p)
+	}
+	wantReason := map[peerSlot]string{
+		{peerFamily{node: "second"}, 1}: `also registered by node "first"`,
+		{peerFamily{node: "second"}, 2}: "own peer IP",
+		{peerFamily{node: "second"}, 3}: "loopback",
+		{peerFamily{node: "badone"}, 0}: "loopback",
+	}
+	for slot, want := range wantReason {
+		if inv, ok := invalid[slot]; !ok || !strings.Contains(inv.Reason, want) {
+			t.Errorf("%+v: refused %+v, want a reason with %q", slot, inv, want)
+		}
+	}
+	if len(invalid) != len(wantReason) {
+		t.Errorf("%d refused, want %d: %v", len(invalid), len(wantReason), invalid)
+	}
+}

@@ -27,7 +27,8 @@ type RegistrarConfig struct {
 	// HostsPrefix is where peers register, e.g. "/vpp-calico/hosts/".
 	HostsPrefix string
 	NodeName    string
-	// PeerIPs are registered under <prefix><node>/peerip/ipv4/1 and .../ipv6/1 (at most one per family).
+	// PeerIPs are registered under <prefix><node>/peerip/ipv4/<n> and .../ipv6/<n>: the n-th address of
+	// each family in this order (the uplinks' order) gets index n, from 1.
 	PeerIPs []netip.Addr
 	// TTL of the lease the keys are attached to.
 	TTL time.Duration
@@ -86,12 +87,20 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	}
 	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop(),
 		prefix: cfg.HostsPrefix + cfg.NodeName + "/peerip/"}
+	index := map[string]int{} // per family: the index of the last key
+	seen := map[netip.Addr]bool{}
 	for _, a := range cfg.PeerIPs {
-		k := blockwatch.PeerKey(cfg.HostsPrefix, cfg.NodeName, calico.Family(calico.HostPrefix(a)))
-		if _, dup := r.kvs[k]; dup {
-			return nil, fmt.Errorf("registrar: two peer IPs of one family (%s)", k)
+		a = a.Unmap()
+		if seen[a] {
+			return nil, fmt.Errorf("registrar: peer IP %s given twice", a)
 		}
-		r.kvs[k] = a.Unmap().String()
+		seen[a] = true
+		fam := calico.Family(calico.HostPrefix(a))
+		index[fam]++
+		if index[fam] > blockwatch.MaxPeerIndex {
+			return nil, fmt.Errorf("registrar: more than %d peer IPs of family %s", blockwatch.MaxPeerIndex, fam)
+		}
+		r.kvs[blockwatch.PeerKeyAt(cfg.HostsPrefix, cfg.NodeName, fam, index[fam])] = a.String()
 	}
 	if len(r.kvs) == 0 {
 		return nil, errors.New("registrar: no peer IP to register")

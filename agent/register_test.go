@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"strings"
 	"sync"
@@ -33,7 +34,7 @@ func startRegistrar(t *testing.T, cli *clientv3.Client, node, ip string, deregis
 	m := agent.NewMetrics(reg)
 	buf := &logging.Buffer{}
 	r, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: node,
-		PeerIPs: []netip.Addr{netip.MustParseAddr(ip)}, TTL: 5 * time.Second, Deregister: deregister,
+		PeerIPs: parseAddrs(ip), TTL: 5 * time.Second, Deregister: deregister,
 		RequestTimeout: 2 * time.Second, CheckInterval: 200 * time.Millisecond, Metrics: m,
 		Logger: slog.New(slog.NewTextHandler(buf, nil))})
 	if err != nil {
@@ -54,6 +55,15 @@ func startRegistrar(t *testing.T, cli *clientv3.Client, node, ip string, deregis
 	}
 	t.Cleanup(tr.stop)
 	return tr
+}
+
+// parseAddrs parses a comma-separated list of addresses (a node's peer IPs in uplink order).
+func parseAddrs(list string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range strings.Split(list, ",") {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
 }
 
 func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool) {
@@ -279,5 +289,35 @@ func TestRegistrationWriteIsConditional(t *testing.T) {
 	}
 	if r.Up() || !strings.Contains(r.Problem(), "192.0.2.9") {
 		t.Errorf("up %v, Problem() = %q; want the conflict with 192.0.2.9 reported", r.Up(), r.Problem())
+	}
+}
+
+// TestRegistersEveryUplinksPeerIP: a node with several uplinks registers its peer IPs of each family under
+// /1, /2, ... in uplink order, on one lease; a peer IP given twice is refused at start.
+func TestRegistersEveryUplinksPeerIP(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	r := startRegistrar(t, cli, "multi", "192.0.2.1,2001:db8::1,198.51.100.1", false)
+	waitUntil(t, "registered", 10*time.Second, r.Up)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, hosts+"multi/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	lease := resp.Kvs[0].Lease
+	for _, kv := range resp.Kvs {
+		got[strings.TrimPrefix(string(kv.Key), hosts+"multi/")] = string(kv.Value)
+		if kv.Lease != lease || lease == 0 {
+			t.Errorf("%s is on lease %x, want one lease for all", kv.Key, kv.Lease)
+		}
+	}
+	want := map[string]string{"peerip/ipv4/1": "192.0.2.1", "peerip/ipv4/2": "198.51.100.1", "peerip/ipv6/1": "2001:db8::1"}
+	if !maps.Equal(got, want) {
+		t.Errorf("registered %v, want %v", got, want)
+	}
+	if _, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: "dup", TTL: 5 * time.Second,
+		PeerIPs: parseAddrs("192.0.2.1,192.0.2.1")}); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("a peer IP given twice: %v", err)
 	}
 }

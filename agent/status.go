@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ type Debug struct {
 	AsOf         time.Time            `json:"as_of"`
 	TableID      uint32               `json:"table_id"`
 	Uplink       uint32               `json:"uplink_sw_if_index"`
+	Uplinks      []DebugUplink        `json:"uplinks"`
 	Pools        []netip.Prefix       `json:"managed_pools"`
 	Desired      []DesiredRoute       `json:"desired"`
 	Programmed   []ProgrammedRoute    `json:"programmed"`
@@ -32,6 +34,16 @@ type Debug struct {
 	Foreign      []netip.Prefix       `json:"foreign_in_pools"`
 	Tunnels      []DebugTunnel        `json:"tunnels"`
 	Missing      map[string]time.Time `json:"peers_missing_since,omitempty"`
+}
+
+// DebugUplink is one uplink as the agent stands with it, in --uplink-interface order.
+type DebugUplink struct {
+	Name      string `json:"name"`
+	SwIfIndex uint32 `json:"sw_if_index"`
+	// State is unknown (not looked up since VPP connected), waiting (VPP has no such interface) or ready.
+	State string `json:"state"`
+	// Rebind says that the routes through it are to be deleted and added again (it was lost).
+	Rebind bool `json:"rebind,omitempty"`
 }
 
 // ProgrammedRoute is a route the agent believes is in the FIB (as of its last dump and writes): via
@@ -44,6 +56,8 @@ type ProgrammedRoute struct {
 	// Tunnel and TunnelIndex name the tunnel the route goes through ("" and 0 for encap none).
 	Tunnel      string `json:"tunnel,omitempty"`
 	TunnelIndex uint32 `json:"tunnel_sw_if_index,omitempty"`
+	// Paths are every path of an ECMP route ("via 192.0.2.7 sw_if_index 1"); empty for one path.
+	Paths []string `json:"paths,omitempty"`
 }
 
 // DebugTunnel is a tunnel of the agent in VPP.
@@ -70,6 +84,7 @@ type debugState struct {
 	snap       *blockwatch.Snapshot
 	pools      []netip.Prefix
 	uplink     uint32
+	uplinks    []DebugUplink
 	programmed []ProgrammedRoute
 	tunnels    []DebugTunnel
 	foreign    []netip.Prefix
@@ -130,10 +145,13 @@ func (a *Agent) publishDebug() {
 	}
 	a.debugWanted.Store(false)
 	a.debugAt = time.Now()
-	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplink,
+	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplinks[0].index,
 		programmed: make([]ProgrammedRoute, 0, len(a.programmed)), missing: make(map[string]time.Time, len(a.missingSince))}
 	for _, r := range a.programmed {
 		st.programmed = append(st.programmed, a.programmedRoute(r))
+	}
+	for _, u := range a.uplinks {
+		st.uplinks = append(st.uplinks, DebugUplink{Name: u.cfg.String(), SwIfIndex: u.index, State: u.phase.String(), Rebind: u.stale})
 	}
 	for idx, t := range a.tun.byIndex {
 		st.tunnels = append(st.tunnels, DebugTunnel{Encap: t.key.encap, Name: t.name(), SwIfIndex: idx, Src: t.src,
@@ -151,7 +169,7 @@ func (a *Agent) publishDebug() {
 
 // debugView builds the document from a published state; it runs on the caller's goroutine.
 func (a *Agent) debugView(st *debugState) Debug {
-	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Pools: st.pools,
+	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Uplinks: st.uplinks, Pools: st.pools,
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
 		Tunnels: append([]DebugTunnel{}, st.tunnels...),
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
@@ -175,21 +193,26 @@ func (a *Agent) publish() {
 	a.setView(func(v *readiness) {
 		v.snapshotApplied = a.snap != nil
 		v.vppConnected = a.vppUp
-		v.uplinkReady = a.uplinkReady
-		v.waitingUplink = a.waitingUplink
+		v.uplinkReady = a.uplinksReady()
+		v.waitingUplink = a.waitingUplinks()
 		v.etcdSynced = synced
 	})
 	if time.Since(a.encapCountAt) >= time.Second {
 		// A pass over every route: at most once a second.
 		a.encapCountAt = time.Now()
 		n := map[calico.Encap]int{}
+		ecmp := 0
 		for _, r := range a.programmed {
+			if r.More.Len() > 0 {
+				ecmp++
+			}
 			if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
 				n[t.key.encap]++
 			} else {
 				n[calico.EncapNone]++
 			}
 		}
+		a.m.ecmpRoutes.Set(float64(ecmp))
 		for _, e := range []calico.Encap{calico.EncapNone, calico.EncapIPIP, calico.EncapVXLAN} {
 			a.m.routesByEncap.WithLabelValues(e.String()).Set(float64(n[e]))
 		}
@@ -218,6 +241,11 @@ func (a *Agent) publish() {
 // programmedRoute describes a programmed route for /debug/routes.
 func (a *Agent) programmedRoute(r vppapi.Route) ProgrammedRoute {
 	out := ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop}
+	if r.More.Len() > 0 {
+		for _, h := range r.Hops() {
+			out.Paths = append(out.Paths, h.String())
+		}
+	}
 	if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
 		out.Encap, out.NextHop, out.Tunnel, out.TunnelIndex = t.key.encap, t.key.peer, t.name(), r.SwIfIndex
 		if t.key.encap == calico.EncapVXLAN {
@@ -270,8 +298,8 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		missing = append(missing, "VPP not connected")
 	case st.Stalled:
 		missing = append(missing, "VPP not answering since "+st.StalledSince.UTC().Format(time.RFC3339))
-	case v.waitingUplink:
-		missing = append(missing, "waiting for "+a.cfg.Uplink.String())
+	case len(v.waitingUplink) > 0:
+		missing = append(missing, "waiting for "+strings.Join(v.waitingUplink, ", "))
 	case !v.vppConnected || !v.uplinkReady:
 		missing = append(missing, "uplink not set up yet")
 	}

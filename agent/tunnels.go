@@ -52,7 +52,7 @@ func (t *ownTunnel) name() string {
 // vxlanSpec is the VPP spec of VXLAN tunnel t: its key, with the settings the agent gives its tunnels.
 func (a *Agent) vxlanSpec(t *ownTunnel) vppapi.VXLANSpec {
 	return vppapi.VXLANSpec{Src: t.src, Dst: t.key.peer, VNI: t.key.vni, Port: t.key.port, TableID: a.cfg.TableID,
-		MAC: a.ownVTEPMAC(t.key.peer.Is6()), Unnumbered: a.uplink, MTU: a.vxlanMTU(t.key.peer.Is6()), Tag: TunnelTag}
+		MAC: a.ownVTEPMAC(t.key.peer.Is6()), Unnumbered: a.uplinks[0].index, MTU: a.vxlanMTU(t.key.peer.Is6()), Tag: TunnelTag}
 }
 
 // tunnelState is the agent's table of tunnels, owned by Run.
@@ -95,7 +95,7 @@ func (a *Agent) tunnelSource() netip.Addr { return a.tunnelSourceFor(false) }
 // tunnelSourceFor is tunnelSource in a family (a VXLAN tunnel's underlay is IPv6 for an IPv6 pool, as
 // felix's vxlan-v6.calico).
 func (a *Agent) tunnelSourceFor(v6 bool) netip.Addr {
-	for _, p := range a.cfg.Uplink.Addresses {
+	for _, p := range a.cfg.Uplink.Addresses { // the first uplink's: the tunnels are unnumbered to it
 		if p.Addr().Is6() == v6 {
 			return p.Addr()
 		}
@@ -121,10 +121,10 @@ func (a *Agent) ownVTEPMAC(v6 bool) vppapi.MAC {
 // vxlanMTU is the MTU of a new VXLAN tunnel: FelixConfiguration's vxlanMTU(V6), else the uplink's less
 // 50 (IPv4) or 70 (IPv6); 0 (VPP's default) while the uplink's MTU is unknown.
 func (a *Agent) vxlanMTU(v6 bool) uint32 {
-	if a.uplinkMTU == 0 {
+	if a.uplinks[0].mtu == 0 {
 		return 0
 	}
-	return uint32(max(a.tunnelCfg.MTU(calico.EncapVXLAN, v6, int(a.uplinkMTU)), 0))
+	return uint32(max(a.tunnelCfg.MTU(calico.EncapVXLAN, v6, int(a.uplinks[0].mtu)), 0))
 }
 
 // refreshVXLAN reads VPP's VXLAN tunnels (when it has the plugin) as refreshTunnels reads the IPIP ones,
@@ -311,7 +311,7 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 		idx, err = a.dp.EnsureVXLANTunnel(ctx, spec)
 	} else {
 		mtu = a.tunnelMTU()
-		idx, err = a.dp.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: src, Dst: peer, TableID: a.cfg.TableID, Unnumbered: a.uplink, MTU: mtu, Tag: TunnelTag})
+		idx, err = a.dp.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: src, Dst: peer, TableID: a.cfg.TableID, Unnumbered: a.uplinks[0].index, MTU: mtu, Tag: TunnelTag})
 	}
 	t.swIfIndex = idx
 	if err != nil {
@@ -406,10 +406,10 @@ func (a *Agent) refuseTunnel(key tunnelKey, why string) {
 // tunnelMTU is the MTU of a new IPIP tunnel: FelixConfiguration's ipipMTU, else the uplink's MTU less
 // the 20 bytes of IPIP (calico.TunnelConfig.MTU); 0 (VPP's default) while the uplink's MTU is unknown.
 func (a *Agent) tunnelMTU() uint32 {
-	if a.uplinkMTU == 0 {
+	if a.uplinks[0].mtu == 0 {
 		return 0
 	}
-	mtu := a.tunnelCfg.MTU(calico.EncapIPIP, false, int(a.uplinkMTU))
+	mtu := a.tunnelCfg.MTU(calico.EncapIPIP, false, int(a.uplinks[0].mtu))
 	if mtu <= 0 {
 		return 0
 	}
@@ -502,7 +502,7 @@ func (a *Agent) reattachTunnels(ctx context.Context) {
 			}
 			continue
 		}
-		spec := vppapi.IPIPSpec{Src: t.src, Dst: key.peer, TableID: a.cfg.TableID, Unnumbered: a.uplink, MTU: a.tunnelMTU(), Tag: TunnelTag}
+		spec := vppapi.IPIPSpec{Src: t.src, Dst: key.peer, TableID: a.cfg.TableID, Unnumbered: a.uplinks[0].index, MTU: a.tunnelMTU(), Tag: TunnelTag}
 		if _, err := a.dp.EnsureIPIPTunnel(ctx, spec); err != nil {
 			a.log.Warn("cannot set a tunnel up again on the uplink; will retry", "tunnel", t.name(), "err", err)
 			a.scheduleRetry()
@@ -542,7 +542,60 @@ func (a *Agent) wantRoute(ctx context.Context, p netip.Prefix, tgt target, have 
 		}
 		return vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: t.swIfIndex, TableID: a.cfg.TableID}, true
 	}
-	return vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplink, TableID: a.cfg.TableID}, true
+	if len(a.uplinks) == 1 && tgt.route.MoreNextHops.Len() == 0 {
+		return vppapi.Route{Prefix: p, NextHop: tgt.route.NextHop, SwIfIndex: a.uplinks[0].index, TableID: a.cfg.TableID}, true
+	}
+	return vppapi.NewRoute(p, a.cfg.TableID, a.hopsOf(tgt.route)), true
+}
+
+// hopsOf returns the paths of route r without encapsulation: via each of the owner's peer IPs
+// (NextHop, then MoreNextHops) out of every uplink with an address whose subnet holds it. Without an
+// uplink address of the family (--peer-ip) there is no subnet to judge by: the owner's n-th peer IP goes
+// out of the n-th uplink. A peer IP on no uplink's subnet is logged once and counted, and gets no path;
+// when none has one, the route goes via the first peer IP out of the first uplink, as with one uplink.
+func (a *Agent) hopsOf(r *DesiredRoute) []vppapi.Hop {
+	nhs := append([]netip.Addr{r.NextHop}, r.MoreNextHops.All()...)
+	v6 := r.NextHop.Is6()
+	judged := false // some uplink has an address of the family
+	var hops []vppapi.Hop
+	for _, u := range a.uplinks {
+		for _, p := range u.cfg.Addresses {
+			if p.Addr().Is6() != v6 {
+				continue
+			}
+			judged = true
+			for _, nh := range nhs {
+				if p.Contains(nh) && nh != p.Addr() {
+					hops = append(hops, vppapi.Hop{NextHop: nh, SwIfIndex: u.index})
+				}
+			}
+		}
+	}
+	if judged {
+		for _, nh := range nhs {
+			if !slices.ContainsFunc(hops, func(h vppapi.Hop) bool { return h.NextHop == nh }) {
+				a.noteOffUplink(r.Owner, nh)
+			}
+		}
+	} else {
+		for i, nh := range nhs[:min(len(nhs), len(a.uplinks))] {
+			hops = append(hops, vppapi.Hop{NextHop: nh, SwIfIndex: a.uplinks[i].index})
+		}
+	}
+	if len(hops) == 0 {
+		return []vppapi.Hop{{NextHop: r.NextHop, SwIfIndex: a.uplinks[0].index}}
+	}
+	return hops[:min(len(hops), vppapi.MaxPaths)]
+}
+
+// noteOffUplink logs and counts, once, that node's peer IP nh is on no uplink's subnet.
+func (a *Agent) noteOffUplink(node string, nh netip.Addr) {
+	if _, logged := a.offUplink[nh]; logged {
+		return
+	}
+	a.offUplink[nh] = struct{}{}
+	a.m.offUplink.Inc()
+	a.log.Warn("a peer IP is on no uplink's subnet: no path goes to it", "node", node, "peer_ip", nh)
 }
 
 // noteEncap logs, once per pool and state, the pools whose encapsulation the agent does not follow as
@@ -575,10 +628,10 @@ func (a *Agent) noteEncap(snap *blockwatch.Snapshot) {
 // smaller), and counts and warns (once per change) about each pool whose configured tunnel MTU
 // (ipipMTU, vxlanMTU, vxlanMTUV6) does not fit in the uplink's MTU with the encapsulation's overhead.
 func (a *Agent) checkMTU() {
-	if a.uplinkMTU == 0 {
+	if a.uplinks[0].mtu == 0 {
 		return
 	}
-	uplink := int(a.uplinkMTU)
+	uplink := int(a.uplinks[0].mtu)
 	pod := uplink
 	var warns []string
 	for _, p := range a.desired.enc.pools {

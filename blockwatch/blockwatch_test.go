@@ -754,3 +754,38 @@ func TestLegacyHostAffinityLoggedOncePerBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerIndexes: a node's peer keys /1, /2, ... are read in index order (one per uplink); an older
+// agent's /1 alone reads as before; a gap is flagged and what is there is used; deleting /2 leaves /1.
+func TestPeerIndexes(t *testing.T) {
+	_, cli := startEtcd(t)
+	key := func(node, fam string, i int) string { return PeerKeyAt(DefaultHostsPrefix, node, fam, i) }
+	put(t, cli, key("two", FamilyIPv4, 1), "192.0.2.7")
+	put(t, cli, key("two", FamilyIPv4, 2), "198.51.100.7")
+	put(t, cli, key("two", FamilyIPv6, 1), "2001:db8::7")
+	put(t, cli, key("old", FamilyIPv4, 1), "192.0.2.8")
+	put(t, cli, key("gap", FamilyIPv4, 1), "192.0.2.9")
+	put(t, cli, key("gap", FamilyIPv4, 3), "198.51.100.9")
+	h := newHarness(t, cli, nil)
+	h.run()
+	s := h.next()
+	if got := s.Peers["two"].IPv4s(); !slices.Equal(got, []netip.Addr{mustAddr("192.0.2.7"), mustAddr("198.51.100.7")}) || s.Peers["two"].Gap {
+		t.Errorf("two uplinks: IPv4s %v, gap %v", got, s.Peers["two"].Gap)
+	}
+	if got := s.Peers["two"].IPv6s(); !slices.Equal(got, []netip.Addr{mustAddr("2001:db8::7")}) {
+		t.Errorf("two uplinks: IPv6s %v", got)
+	}
+	if p := s.Peers["old"]; p.IPv4 != mustAddr("192.0.2.8") || p.MoreIPv4.Len() != 0 || p.Gap {
+		t.Errorf("an older agent's /1 only: %+v", p)
+	}
+	if p := s.Peers["gap"]; !p.Gap || !slices.Equal(p.IPv4s(), []netip.Addr{mustAddr("192.0.2.9"), mustAddr("198.51.100.9")}) {
+		t.Errorf("/1 and /3: %+v, IPv4s %v", p, p.IPv4s())
+	}
+	if _, err := cli.Delete(testCtx(t), key("two", FamilyIPv4, 2)); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = h.waitFor("/2 deleted", func(s *Snapshot) bool { return s.Peers["two"].MoreIPv4.Len() == 0 })
+	if p := s.Peers["two"]; p.IPv4 != mustAddr("192.0.2.7") || p.Gap {
+		t.Errorf("after /2 went: %+v", p)
+	}
+}

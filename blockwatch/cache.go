@@ -232,9 +232,10 @@ func (c *cache) setPeer(id peerID, e peerEntry, ch *changes) {
 	} else {
 		delete(c.peerKeys, id)
 	}
-	v4, v6 := c.peerKeys[peerID{node: id.node}], c.peerKeys[peerID{node: id.node, v6: true}]
+	v4, more4, gap4 := c.peerFamily(id.node, false)
+	v6, more6, gap6 := c.peerFamily(id.node, true)
 	p := Peer{IPv4: v4.addr, IPv6: v6.addr, IPv4Created: v4.created, IPv6Created: v6.created,
-		IPv4Leased: v4.leased, IPv6Leased: v6.leased}
+		IPv4Leased: v4.leased, IPv6Leased: v6.leased, MoreIPv4: more4, MoreIPv6: more6, Gap: gap4 || gap6}
 	old, had := c.peers[id.node]
 	if had && old == p || !had && p == (Peer{}) {
 		return
@@ -248,6 +249,27 @@ func (c *cache) setPeer(id peerID, e peerEntry, ch *changes) {
 		c.peers[id.node] = p
 	}
 	ch.peer(id.node)
+}
+
+// peerFamily returns node's registered peer key of the family with the lowest index, the addresses of
+// the others in index order, and whether an index below a registered one is missing.
+func (c *cache) peerFamily(node string, v6 bool) (first peerEntry, more Addrs, gap bool) {
+	var rest []netip.Addr
+	missing := false
+	for i := 1; i <= MaxPeerIndex; i++ {
+		e, ok := c.peerKeys[peerID{node: node, v6: v6, index: i}]
+		switch {
+		case !ok:
+			missing = true
+			continue
+		case !first.addr.IsValid():
+			first = e
+		default:
+			rest = append(rest, e.addr)
+		}
+		gap = gap || missing
+	}
+	return first, MakeAddrs(rest), gap
 }
 
 // setPool records a pool at rev; a zero pool (no Name) deletes name.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
@@ -15,11 +16,21 @@ const (
 	FamilyIPv6 = "ipv6"
 )
 
-// PeerKey returns the key under which node registers its uplink peer IP of family (FamilyIPv4 or
-// FamilyIPv6): <hostsPrefix><node>/peerip/<family>/1. The value is the bare address.
+// PeerKey returns the key under which node registers its first uplink's peer IP of family (FamilyIPv4
+// or FamilyIPv6): <hostsPrefix><node>/peerip/<family>/1. The value is the bare address.
 func PeerKey(hostsPrefix, node, family string) string {
-	return hostsPrefix + node + "/peerip/" + family + "/1"
+	return PeerKeyAt(hostsPrefix, node, family, 1)
 }
+
+// PeerKeyAt returns the key of node's peer IP of family for its index-th uplink (1-based, in the order
+// of --uplink-interface): <hostsPrefix><node>/peerip/<family>/<index>.
+func PeerKeyAt(hostsPrefix, node, family string, index int) string {
+	return hostsPrefix + node + "/peerip/" + family + "/" + strconv.Itoa(index)
+}
+
+// MaxPeerIndex is the highest peer key index read (and the most uplinks an agent registers): a key with
+// a higher index is malformed.
+const MaxPeerIndex = 16
 
 // decoder turns etcd keys and values under the watched prefixes into routing data. It is pure.
 type decoder struct {
@@ -83,10 +94,11 @@ func (d decoder) block(cidr netip.Prefix, value []byte) (*Block, error) {
 	return &Block{CIDR: cidr, Owner: owner, Borrowed: slices.Clip(r.Borrowed(owner))}, nil
 }
 
-// peerID names one registered peer address: a node and a family.
+// peerID names one registered peer address: a node, a family and an index (1-based).
 type peerID struct {
-	node string
-	v6   bool
+	node  string
+	v6    bool
+	index int
 }
 
 // peerKey parses a key under the hosts prefix.
@@ -99,13 +111,13 @@ func (d decoder) peerKey(key string) (peerID, error) {
 	if node == "" || node == "." || node == ".." || strings.ContainsRune(node, 0) {
 		return peerID{}, fmt.Errorf("peer key %q: bad node name %q", key, node)
 	}
-	switch tail {
-	case "peerip/" + FamilyIPv4 + "/1":
-		return peerID{node: node}, nil
-	case "peerip/" + FamilyIPv6 + "/1":
-		return peerID{node: node, v6: true}, nil
+	fam, idx, _ := strings.Cut(strings.TrimPrefix(tail, "peerip/"), "/")
+	n, err := strconv.Atoi(idx)
+	if strings.HasPrefix(tail, "peerip/") && (fam == FamilyIPv4 || fam == FamilyIPv6) && err == nil &&
+		n >= 1 && n <= MaxPeerIndex && idx == strconv.Itoa(n) {
+		return peerID{node: node, v6: fam == FamilyIPv6, index: n}, nil
 	}
-	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/1", key, d.hostsPrefix)
+	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/<1..%d>", key, d.hostsPrefix, MaxPeerIndex)
 }
 
 // peerAddr parses a peer value: a bare address of the key's family (surrounding white space allowed).

@@ -1,6 +1,7 @@
 package blockwatch
 
 import (
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"strings"
@@ -142,6 +143,74 @@ type Peer struct {
 	// which node holds an address when two claim the same one.
 	IPv4Created, IPv6Created int64
 	IPv4Leased, IPv6Leased   bool
+	// MoreIPv4 and MoreIPv6 are the node's further peer IPs of each family, one per further uplink:
+	// peerip/<family>/2, /3, ... in index order (IPv4 and IPv6 are the lowest index registered, /1 as
+	// every agent writes it). Older agents register /1 only, so these are empty.
+	MoreIPv4, MoreIPv6 Addrs
+	// Gap says that an index is missing below a registered one (/1 and /3 without /2; /2 without /1):
+	// the addresses there are used all the same, in index order.
+	Gap bool
+}
+
+// IPv4s returns every registered IPv4 peer IP of the node, in index order.
+func (p Peer) IPv4s() []netip.Addr { return p.all(p.IPv4, p.MoreIPv4) }
+
+// IPv6s returns every registered IPv6 peer IP of the node, in index order.
+func (p Peer) IPv6s() []netip.Addr { return p.all(p.IPv6, p.MoreIPv6) }
+
+func (p Peer) all(first netip.Addr, more Addrs) []netip.Addr {
+	if !first.IsValid() {
+		return nil
+	}
+	return append([]netip.Addr{first}, more.All()...)
+}
+
+// Addrs is an immutable, comparable list of addresses (so that Peer stays comparable). Its zero value is
+// empty.
+type Addrs struct{ enc string }
+
+// MakeAddrs returns as as Addrs, in order; invalid addresses are left out.
+func MakeAddrs(as []netip.Addr) Addrs {
+	var b strings.Builder
+	for _, a := range as {
+		if !a.IsValid() {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a.String())
+	}
+	return Addrs{enc: b.String()}
+}
+
+// All returns the addresses in order.
+func (as Addrs) All() []netip.Addr {
+	if as.enc == "" {
+		return nil
+	}
+	var out []netip.Addr
+	for f := range strings.FieldsSeq(as.enc) {
+		out = append(out, netip.MustParseAddr(f)) // written by MakeAddrs
+	}
+	return out
+}
+
+// MarshalJSON writes the addresses as a JSON list.
+func (as Addrs) MarshalJSON() ([]byte, error) {
+	out := as.All()
+	if out == nil {
+		out = []netip.Addr{}
+	}
+	return json.Marshal(out)
+}
+
+// Len returns the number of addresses.
+func (as Addrs) Len() int {
+	if as.enc == "" {
+		return 0
+	}
+	return strings.Count(as.enc, " ") + 1
 }
 
 // coalesce folds the unconsumed snapshot old into its successor s, which is not yet emitted and

@@ -78,7 +78,13 @@ func TestDecodePeers(t *testing.T) {
 		{DefaultHostsPrefix + "n1/peerip/ipv6/1", "fe80::1%eth0", netip.Addr{}, "zones"},
 		{DefaultHostsPrefix + "n1/peerip/ipv4/1", "0.0.0.0", mustAddr("0.0.0.0"), ""}, // judged by the agent
 		{DefaultHostsPrefix + "n1/peerip/ipv4/1", "192.0.2.300", netip.Addr{}, "peer address"},
-		{DefaultHostsPrefix + "n1/peerip/ipv4/2", "192.0.2.1", netip.Addr{}, "want"},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/2", "192.0.2.1", mustAddr("192.0.2.1"), ""}, // a second uplink's
+		{DefaultHostsPrefix + "n1/peerip/ipv6/16", "2001:db8::1", mustAddr("2001:db8::1"), ""},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/17", "192.0.2.1", netip.Addr{}, "want"},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/0", "192.0.2.1", netip.Addr{}, "want"},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/02", "192.0.2.1", netip.Addr{}, "want"},
+		{DefaultHostsPrefix + "n1/peerip/ipv4/x", "192.0.2.1", netip.Addr{}, "want"},
+		{DefaultHostsPrefix + "n1/peerip/ipv5/1", "192.0.2.1", netip.Addr{}, "want"},
 		{DefaultHostsPrefix + "n1/lease", "x", netip.Addr{}, "want"},
 		{DefaultHostsPrefix + "n1", "x", netip.Addr{}, "want"},
 		{DefaultHostsPrefix + "/peerip/ipv4/1", "192.0.2.1", netip.Addr{}, "bad node name"},

@@ -175,7 +175,7 @@ func fromAPIPath(p fib_types.FibPath) Path {
 	return out
 }
 
-// fillRouteAddDel encodes r into msg as a replace (isAdd, one path) or a delete (no path). It reuses
+// fillRouteAddDel encodes r into msg as a replace (isAdd, every path of r) or a delete (no path). It reuses
 // msg's path slice, so a pipelined Apply encodes every route into one message without allocating.
 func fillRouteAddDel(msg *ip.IPRouteAddDel, r Route, isAdd bool) error {
 	prefix, err := toAPIPrefix(r.Prefix)
@@ -192,7 +192,17 @@ func fillRouteAddDel(msg *ip.IPRouteAddDel, r Route, isAdd bool) error {
 	msg.Route.Prefix = prefix
 	msg.Route.Paths = msg.Route.Paths[:0]
 	if isAdd {
-		msg.Route.Paths = append(msg.Route.Paths, toAPIPath(r.NextHop, r.SwIfIndex, prefix.Address.Af == ip_types.ADDRESS_IP4))
+		if r.More.Len() >= MaxPaths {
+			return fmt.Errorf("%d paths: at most %d", r.More.Len()+1, MaxPaths)
+		}
+		is4 := prefix.Address.Af == ip_types.ADDRESS_IP4
+		msg.Route.Paths = append(msg.Route.Paths, toAPIPath(r.NextHop, r.SwIfIndex, is4))
+		for _, h := range r.More.All() {
+			if h.NextHop.IsValid() && h.NextHop.Zone() != "" {
+				return fmt.Errorf("next hop %v has a zone", h.NextHop)
+			}
+			msg.Route.Paths = append(msg.Route.Paths, toAPIPath(h.NextHop, h.SwIfIndex, is4))
+		}
 	}
 	msg.Route.NPaths = uint8(len(msg.Route.Paths))
 	return nil

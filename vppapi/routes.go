@@ -151,7 +151,7 @@ func (c *Client) dump(ctx context.Context, sess *session, req api.Message, each 
 	}
 }
 
-// Apply programs adds first (each replacing its prefix's path set with the one path of the Route), then
+// Apply programs adds first (each replacing its prefix's path set with the Route's paths, in one request), then
 // deletes, pipelined over one dedicated GoVPP stream with at most Config.Window requests in flight: one
 // goroutine sends while the caller's receives the replies. Every reply's retval is checked and attributed
 // to its route. Each reply must come within Config.ReplyTimeout of its request being sent or of the
@@ -214,9 +214,13 @@ func (b *batch) failRest(from int, err error) {
 // encode fills msg with route i; a route that cannot be encoded fails.
 func (b *batch) encode(msg *ip.IPRouteAddDel, i int) bool {
 	r, op := b.at(i)
-	if op == OpAdd && !r.NextHop.IsValid() && b.sess != nil && b.sess.isVXLAN(r.SwIfIndex) {
-		b.fail(i, fmt.Errorf("invalid route: %w", ErrNoNextHop))
-		return false
+	if op == OpAdd && b.sess != nil {
+		for _, h := range r.Hops() {
+			if !h.NextHop.IsValid() && b.sess.isVXLAN(h.SwIfIndex) {
+				b.fail(i, fmt.Errorf("invalid route: %w", ErrNoNextHop))
+				return false
+			}
+		}
 	}
 	if err := fillRouteAddDel(msg, r, op == OpAdd); err != nil {
 		b.fail(i, fmt.Errorf("invalid route: %w", err))

@@ -1109,3 +1109,55 @@ func TestFrozenVPPIsStalled(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestApplyECMPReplace: a Route with several paths is one ECMP route: an add replaces the prefix's whole
+// path set in one request (is_multipath=0), growing and shrinking it, and a dump lists every path, on
+// both backends.
+func TestApplyECMPReplace(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{Uplink: uplinkName, Loopbacks: []int{1}})
+	h := start(t, v.Socket(), nil)
+	h.expect(vppapi.Connected)
+	ctx := ctxT(t)
+	p := pfx("10.244.7.0/26")
+	hop := func(nh string, idx uint32) vppapi.Hop { return vppapi.Hop{NextHop: addr(nh), SwIfIndex: idx} }
+	steps := []struct {
+		hops []vppapi.Hop
+		want string
+	}{
+		{[]vppapi.Hop{hop("192.0.2.8", 2), hop("192.0.2.7", 1)}, "192.0.2.7@1,192.0.2.8@2"},
+		{[]vppapi.Hop{hop("192.0.2.7", 1), hop("192.0.2.8", 2), hop("192.0.2.9", 1)}, "192.0.2.7@1,192.0.2.8@2,192.0.2.9@1"},
+		{[]vppapi.Hop{hop("192.0.2.9", 1)}, "192.0.2.9@1"},
+		{[]vppapi.Hop{hop("192.0.2.9", 1), hop("192.0.2.8", 2)}, "192.0.2.8@2,192.0.2.9@1"},
+	}
+	for i, s := range steps {
+		r := vppapi.NewRoute(p, 0, s.hops)
+		if res := h.c.Apply(ctx, []vppapi.Route{r}, nil); res.Err() != nil || res.Added != 1 {
+			t.Fatalf("step %d: add %v: %+v: %v", i, r, res, res.Err())
+		}
+		if got := vppAPIRoutes(v, 0)[p]; got != s.want {
+			t.Errorf("step %d: VPP has %v via %q, want %q", i, p, got, s.want)
+		}
+		fib, err := h.c.DumpAPIRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range fib {
+			if e.Prefix != p {
+				continue
+			}
+			var hops []vppapi.Hop
+			for _, path := range e.Paths {
+				hops = append(hops, vppapi.Hop{NextHop: path.NextHop, SwIfIndex: path.SwIfIndex})
+			}
+			if back := vppapi.NewRoute(p, 0, hops); back != r {
+				t.Errorf("step %d: the dump reads back as %v, want %v", i, back, r)
+			}
+		}
+	}
+	if res := h.c.Apply(ctx, nil, []vppapi.Route{vppapi.NewRoute(p, 0, steps[0].hops)}); res.Err() != nil {
+		t.Fatal(res.Err())
+	}
+	if got, ok := vppAPIRoutes(v, 0)[p]; ok {
+		t.Errorf("deleted ECMP route still there via %q", got)
+	}
+}

@@ -2,34 +2,142 @@ package vppapi
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// Route is one route the agent programs: Prefix via NextHop on SwIfIndex in TableID. Canonical netip
-// values (Masked, Unmap); Apply canonicalises again before encoding, so VPP always sees the masked prefix.
-// NextHop may be the zero Addr: the route goes out of SwIfIndex alone, as through a p2p IPIP tunnel, and
-// dumps as a Path with no NextHop on that interface; not through a VXLAN tunnel (ErrNoNextHop).
+// Route is one route the agent programs: Prefix via NextHop on SwIfIndex in TableID, and, for an ECMP
+// route, via the further paths in More. Canonical netip values (Masked, Unmap); Apply canonicalises again
+// before encoding, so VPP always sees the masked prefix. NextHop may be the zero Addr: the route goes out
+// of SwIfIndex alone, as through a p2p IPIP tunnel, and dumps as a Path with no NextHop on that
+// interface; not through a VXLAN tunnel (ErrNoNextHop).
+//
+// An add replaces the prefix's whole path set with the route's paths in one ip_route_add_del
+// (is_multipath=0, n_paths = 1 + More.Len()): VPP rewrites the entry's load-balance in place, so a change
+// of the path set never passes through "no route" or a partial set. Route stays comparable (==): two
+// routes with the same paths are equal when built by NewRoute, which puts them in canonical order.
 type Route struct {
 	Prefix    netip.Prefix
 	NextHop   netip.Addr
 	SwIfIndex uint32
 	TableID   uint32
+	// More are the paths after the first; the zero value for a single-path route.
+	More Hops
 }
 
-// String formats r the way errors name it: "10.244.3.0/26 via 192.0.2.7 sw_if_index 1 table 5".
+// Hop is one path of a Route: via NextHop (zero: none) out of SwIfIndex.
+type Hop struct {
+	NextHop   netip.Addr
+	SwIfIndex uint32
+}
+
+// String formats h like "via 192.0.2.7 sw_if_index 1".
+func (h Hop) String() string {
+	return Path{NextHop: h.NextHop, SwIfIndex: h.SwIfIndex}.String()
+}
+
+// compare orders hops as FIBEntry.Paths orders normal paths: next hop, then interface.
+func (h Hop) compare(o Hop) int {
+	if c := h.NextHop.Compare(o.NextHop); c != 0 {
+		return c
+	}
+	return cmp.Compare(h.SwIfIndex, o.SwIfIndex)
+}
+
+// Hops is an immutable, comparable list of hops (a Route's further paths). Its zero value is empty.
+type Hops struct{ enc string }
+
+// hopLen is the encoded size of one hop: 16 address bytes, a family byte (0 none, 4, 6), 4 index bytes.
+const hopLen = 21
+
+// MakeHops returns hs as Hops, in the order given.
+func MakeHops(hs []Hop) Hops {
+	if len(hs) == 0 {
+		return Hops{}
+	}
+	b := make([]byte, 0, len(hs)*hopLen)
+	for _, h := range hs {
+		var a [16]byte
+		if h.NextHop.IsValid() {
+			a = h.NextHop.As16()
+		}
+		b = append(b, a[:]...)
+		switch {
+		case h.NextHop.Is4():
+			b = append(b, 4)
+		case h.NextHop.Is6():
+			b = append(b, 6)
+		default:
+			b = append(b, 0)
+		}
+		b = binary.BigEndian.AppendUint32(b, h.SwIfIndex)
+	}
+	return Hops{enc: string(b)}
+}
+
+// Len returns the number of hops.
+func (h Hops) Len() int { return len(h.enc) / hopLen }
+
+// All returns the hops in order.
+func (h Hops) All() []Hop {
+	out := make([]Hop, 0, h.Len())
+	for i := 0; i+hopLen <= len(h.enc); i += hopLen {
+		e := h.enc[i : i+hopLen]
+		var a16 [16]byte
+		copy(a16[:], e[:16])
+		var a netip.Addr
+		switch e[16] {
+		case 4:
+			a = netip.AddrFrom16(a16).Unmap()
+		case 6:
+			a = netip.AddrFrom16(a16)
+		}
+		out = append(out, Hop{NextHop: a, SwIfIndex: binary.BigEndian.Uint32([]byte(e[17:21]))})
+	}
+	return out
+}
+
+// NewRoute returns the route of prefix in table via every hop (at least one; duplicates dropped), in
+// canonical order: the first hop in NextHop and SwIfIndex, the others in More. At most MaxPaths hops.
+func NewRoute(prefix netip.Prefix, table uint32, hops []Hop) Route {
+	hs := slices.Clone(hops)
+	slices.SortFunc(hs, Hop.compare)
+	hs = slices.Compact(hs)
+	r := Route{Prefix: prefix, TableID: table}
+	if len(hs) == 0 {
+		return r
+	}
+	r.NextHop, r.SwIfIndex = hs[0].NextHop, hs[0].SwIfIndex
+	r.More = MakeHops(hs[1:])
+	return r
+}
+
+// MaxPaths is the most paths one ip_route_add_del carries (n_paths is a u8).
+const MaxPaths = 255
+
+// Hops returns all of r's paths: the first, then More.
+func (r Route) Hops() []Hop {
+	return append([]Hop{{NextHop: r.NextHop, SwIfIndex: r.SwIfIndex}}, r.More.All()...)
+}
+
+// String formats r the way errors name it: "10.244.3.0/26 via 192.0.2.7 sw_if_index 1 table 5", each path
+// of an ECMP route in turn ("... via 192.0.2.7 sw_if_index 1 via 198.51.100.7 sw_if_index 2").
 func (r Route) String() string {
 	var b strings.Builder
 	b.WriteString(r.Prefix.String())
-	if r.NextHop.IsValid() {
-		b.WriteString(" via ")
-		b.WriteString(r.NextHop.String())
+	for _, h := range r.Hops() {
+		if h.NextHop.IsValid() {
+			b.WriteString(" via ")
+			b.WriteString(h.NextHop.String())
+		}
+		b.WriteString(" sw_if_index ")
+		b.WriteString(strconv.FormatUint(uint64(h.SwIfIndex), 10))
 	}
-	b.WriteString(" sw_if_index ")
-	b.WriteString(strconv.FormatUint(uint64(r.SwIfIndex), 10))
 	if r.TableID != 0 {
 		b.WriteString(" table ")
 		b.WriteString(strconv.FormatUint(uint64(r.TableID), 10))
@@ -37,7 +145,7 @@ func (r Route) String() string {
 	return b.String()
 }
 
-// Canonical returns r with its prefix unmapped and masked and its next hop unmapped, or an error if the
+// Canonical returns r with its prefix unmapped and masked and its next hops unmapped, or an error if the
 // prefix is not valid.
 func (r Route) Canonical() (Route, error) {
 	p, err := canonicalPrefix(r.Prefix)

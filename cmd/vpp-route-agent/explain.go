@@ -565,9 +565,9 @@ func writeExplanation(w io.Writer, x explanation) {
 
 func routeLine(r agent.ExplainedRoute) string {
 	if r.Kind == agent.KindBorrowed {
-		return fmt.Sprintf("%s via %s: address borrowed by %s from block %s, encap %s", r.Prefix, r.NextHop, r.Owner, r.Block, r.Encap)
+		return fmt.Sprintf("%s via %s%s: address borrowed by %s from block %s, encap %s", r.Prefix, r.NextHop, alsoVia(r.DesiredRoute), r.Owner, r.Block, r.Encap)
 	}
-	return fmt.Sprintf("%s via %s: block of %s, encap %s", r.Prefix, r.NextHop, r.Owner, r.Encap)
+	return fmt.Sprintf("%s via %s%s: block of %s, encap %s", r.Prefix, r.NextHop, alsoVia(r.DesiredRoute), r.Owner, r.Encap)
 }
 
 func nodeList(nodes []string) string {

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,6 +187,58 @@ func TestEtcdFlagErrorsAreDeterministic(t *testing.T) {
 			if err := tc.flags.validate(env(nil)); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 				t.Fatalf("validate() = %v, want an error starting with %q every time", err, tc.want)
 			}
+		}
+	}
+}
+
+// TestDaemonFlagsSeveralUplinks: --uplink-interface, --uplink-address and --peer-ip take one entry per
+// uplink in the same order ('+' joins one uplink's families), from the command line or the environment;
+// the peer IPs come out in uplink order (registered as /1, /2, ...); bad combinations name the flag.
+func TestDaemonFlagsSeveralUplinks(t *testing.T) {
+	two := []string{"--nodename", "n1", "--uplink-interface", "eth0", "--uplink-interface", "eth1"}
+	cfg, err := parseDaemonFlags(append(two, "--uplink-address", "192.0.2.1/24+2001:db8::1/64", "--uplink-address", "198.51.100.1/24"),
+		&bytes.Buffer{}, &bytes.Buffer{}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.uplink.Name != "eth0" || len(cfg.moreUplinks) != 1 || cfg.moreUplinks[0].Name != "eth1" ||
+		fmt.Sprint(cfg.uplink.Addresses) != "[192.0.2.1/24 2001:db8::1/64]" || fmt.Sprint(cfg.moreUplinks[0].Addresses) != "[198.51.100.1/24]" {
+		t.Errorf("uplinks %+v, %+v", cfg.uplink, cfg.moreUplinks)
+	}
+	if fmt.Sprint(cfg.peerIPs) != "[192.0.2.1 2001:db8::1 198.51.100.1]" || len(cfg.agent.MoreUplinks) != 1 {
+		t.Errorf("peer IPs %v, agent's further uplinks %v", cfg.peerIPs, cfg.agent.MoreUplinks)
+	}
+	// The environment forms: comma lists, as the DaemonSet and the systemd unit give them.
+	cfg, err = parseDaemonFlags(nil, &bytes.Buffer{}, &bytes.Buffer{}, env(map[string]string{"NODENAME": "n1",
+		"VPP_ROUTE_AGENT_UPLINK_INTERFACE": "eth0,eth1", "VPP_ROUTE_AGENT_PEER_IP": "192.0.2.1+2001:db8::1,198.51.100.1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.uplink.Name != "eth0" || len(cfg.moreUplinks) != 1 || fmt.Sprint(cfg.peerIPs) != "[192.0.2.1 2001:db8::1 198.51.100.1]" {
+		t.Errorf("from the environment: %+v %+v, peer IPs %v", cfg.uplink, cfg.moreUplinks, cfg.peerIPs)
+	}
+	// One uplink: both families as separate entries, as before several uplinks existed, or joined.
+	for _, addrs := range [][]string{{"--uplink-address", "192.0.2.1/24", "--uplink-address", "2001:db8::1/64"}, {"--uplink-address", "192.0.2.1/24+2001:db8::1/64"}} {
+		cfg, err = parseDaemonFlags(append([]string{"--nodename", "n1", "--uplink-interface", "eth0"}, addrs...), &bytes.Buffer{}, &bytes.Buffer{}, env(nil))
+		if err != nil || len(cfg.uplink.Addresses) != 2 || len(cfg.moreUplinks) != 0 {
+			t.Errorf("%v: %v, %+v", addrs, err, cfg)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(slices.Clone(two), "--uplink-address", "192.0.2.1/24"), "--uplink-address: 1 entries for 2 uplinks"},
+		{append(slices.Clone(two), "--peer-ip", "192.0.2.1,198.51.100.1,203.0.113.1"), "--peer-ip: 3 entries for 2 uplinks"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "eth0,eth0", "--peer-ip", "192.0.2.1"}, "--uplink-interface: eth0 is given twice"},
+		{append(slices.Clone(two), "--uplink-address", "192.0.2.1/24,192.0.2.1/25"), "--uplink-address: 192.0.2.1 is given for uplinks 1 and 2"},
+		{append(slices.Clone(two), "--peer-ip", "192.0.2.1+192.0.2.2,198.51.100.1"), "--peer-ip: 192.0.2.1 and 192.0.2.2 are of one family"},
+		{append(slices.Clone(two), "--uplink-address", "192.0.2.1/24+x,198.51.100.1/24"), "--uplink-address"},
+		{append(slices.Clone(two), "--uplink-sw-if-index", "3", "--peer-ip", "192.0.2.1"), "exclusive"},
+	} {
+		_, err := parseDaemonFlags(tc.args, &bytes.Buffer{}, &bytes.Buffer{}, env(nil))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
 	}
 }

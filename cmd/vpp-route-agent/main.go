@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -100,8 +101,9 @@ type daemonConfig struct {
 	node             string
 	vppSocket        string
 	vppTimeout       time.Duration
-	uplink           vppapi.Uplink
-	peerIPs          []netip.Addr
+	uplink           vppapi.Uplink   // the first uplink
+	moreUplinks      []vppapi.Uplink // the further uplinks, in --uplink-interface order
+	peerIPs          []netip.Addr    // in uplink order: registered as peerip/<family>/1, /2, ...
 	agent            agent.Config
 	registrationTTL  time.Duration
 	deregisterOnExit bool
@@ -124,10 +126,10 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	var (
 		vppSocket      = fs.String("vpp-api-socket", "/run/vpp/api.sock", "VPP binary API socket")
 		vppTimeout     = fs.Duration("vpp-reply-timeout", 2*time.Second, "deadline of each VPP API request")
-		uplinkName     = fs.String("uplink-interface", "", "VPP uplink interface name, e.g. GigabitEthernet0/8/0")
+		uplinkNames    = fs.StringSlice("uplink-interface", nil, "VPP uplink interface name, e.g. GigabitEthernet0/8/0 (repeatable: one per uplink of a multi-homed node, routes go over all as ECMP)")
 		uplinkIndex    = fs.Int64("uplink-sw-if-index", -1, "VPP uplink sw_if_index (instead of --uplink-interface)")
-		uplinkAddrs    = fs.StringSlice("uplink-address", nil, "address to configure on the uplink, CIDR (repeatable, one per family); also the registered peer IP")
-		peerIPs        = fs.StringSlice("peer-ip", nil, "peer IP to register without configuring it on the uplink (repeatable, one per family)")
+		uplinkAddrs    = fs.StringSlice("uplink-address", nil, "address to configure on the uplink, CIDR; also the registered peer IP. One uplink: repeatable, one per family. Several: one entry per uplink in --uplink-interface order, both families of one uplink joined by '+' (10.0.0.1/24+fd00::1/64)")
+		peerIPs        = fs.StringSlice("peer-ip", nil, "peer IP to register without configuring it on the uplink; given like --uplink-address (one per family; per uplink with several, joined by '+')")
 		tableID        = fs.Uint32("table-id", 0, "VPP FIB table the routes go into (both families)")
 		regTTL         = fs.Duration("registration-ttl", 30*time.Second, "TTL of the etcd lease of this node's peer IP registration")
 		grace          = fs.Duration("peer-loss-grace", agent.DefaultPeerLossGrace, "how long routes to a node whose registration vanished are kept")
@@ -188,45 +190,31 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	if *vppTimeout <= 0 {
 		return bad(errors.New("--vpp-reply-timeout must be positive"))
 	}
-	switch {
-	case *uplinkName != "" && fs.Changed("uplink-sw-if-index"):
-		return bad(errors.New("--uplink-interface and --uplink-sw-if-index are exclusive"))
-	case *uplinkName != "":
-		cfg.uplink.Name = *uplinkName
-	case *uplinkIndex >= 0 && *uplinkIndex < 1<<32-1:
-		cfg.uplink.SwIfIndex, cfg.uplink.HasIndex = uint32(*uplinkIndex), true
-	case fs.Changed("uplink-sw-if-index"):
-		return bad(fmt.Errorf("--uplink-sw-if-index: %d is not a valid sw_if_index", *uplinkIndex))
-	default:
-		return bad(errors.New("--uplink-interface or --uplink-sw-if-index is required"))
-	}
-	families := map[bool]string{}
-	for _, s := range *uplinkAddrs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return bad(fmt.Errorf("--uplink-address: %w", err))
-		}
-		if prev, dup := families[p.Addr().Is4()]; dup {
-			return bad(fmt.Errorf("--uplink-address: %s and %s are of one family; give at most one per family", prev, s))
-		}
-		families[p.Addr().Is4()] = s
-		cfg.uplink.Addresses = append(cfg.uplink.Addresses, p)
-		cfg.peerIPs = append(cfg.peerIPs, p.Addr())
+	uplinks, err := parseUplinks(*uplinkNames, *uplinkIndex, fs.Changed("uplink-sw-if-index"))
+	if err != nil {
+		return bad(err)
 	}
 	if len(*peerIPs) > 0 && len(*uplinkAddrs) > 0 {
 		return bad(errors.New("--peer-ip and --uplink-address are exclusive: the uplink address is the peer IP"))
 	}
-	for _, s := range *peerIPs {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return bad(fmt.Errorf("--peer-ip: %w", err))
-		}
-		if prev, dup := families[a.Is4()]; dup {
-			return bad(fmt.Errorf("--peer-ip: %s and %s are of one family; give at most one per family", prev, s))
-		}
-		families[a.Is4()] = s
-		cfg.peerIPs = append(cfg.peerIPs, a.Unmap())
+	addrs, err := perUplink("--uplink-address", *uplinkAddrs, len(uplinks), netip.ParsePrefix, netip.Prefix.Addr)
+	if err != nil {
+		return bad(err)
 	}
+	peers, err := perUplink("--peer-ip", *peerIPs, len(uplinks), netip.ParseAddr, func(a netip.Addr) netip.Addr { return a })
+	if err != nil {
+		return bad(err)
+	}
+	for i := range uplinks {
+		for _, p := range addrs[i] {
+			uplinks[i].Addresses = append(uplinks[i].Addresses, p)
+			cfg.peerIPs = append(cfg.peerIPs, p.Addr())
+		}
+		for _, a := range peers[i] {
+			cfg.peerIPs = append(cfg.peerIPs, a.Unmap())
+		}
+	}
+	cfg.uplink, cfg.moreUplinks = uplinks[0], uplinks[1:]
 	if len(cfg.peerIPs) == 0 && !*dryRun {
 		return bad(errors.New("--uplink-address or --peer-ip is required: the IP other nodes route this node's blocks to"))
 	}
@@ -245,7 +233,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		}
 	}
 	pools, _ := ef.pools()
-	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink, PeerIPs: cfg.peerIPs,
+	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink, MoreUplinks: cfg.moreUplinks, PeerIPs: cfg.peerIPs,
 		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
 	if err := cfg.agent.Validate(); err != nil {
 		return bad(err)
@@ -530,4 +518,71 @@ func httpHandler(a *agent.Agent, reg *prometheus.Registry) http.Handler {
 		w.Write([]byte("\n"))
 	})
 	return mux
+}
+
+// parseUplinks returns the uplinks named by --uplink-interface (repeatable), or the one of
+// --uplink-sw-if-index.
+func parseUplinks(names []string, index int64, indexGiven bool) ([]vppapi.Uplink, error) {
+	switch {
+	case len(names) > 0 && indexGiven:
+		return nil, errors.New("--uplink-interface and --uplink-sw-if-index are exclusive")
+	case len(names) > 0:
+		var out []vppapi.Uplink
+		for i, n := range names {
+			if n == "" {
+				return nil, fmt.Errorf("--uplink-interface: entry %d is empty", i+1)
+			}
+			if j := slices.Index(names, n); j < i {
+				return nil, fmt.Errorf("--uplink-interface: %s is given twice (uplinks %d and %d)", n, j+1, i+1)
+			}
+			out = append(out, vppapi.Uplink{Name: n})
+		}
+		return out, nil
+	case index >= 0 && index < 1<<32-1:
+		return []vppapi.Uplink{{SwIfIndex: uint32(index), HasIndex: true}}, nil
+	case indexGiven:
+		return nil, fmt.Errorf("--uplink-sw-if-index: %d is not a valid sw_if_index", index)
+	}
+	return nil, errors.New("--uplink-interface or --uplink-sw-if-index is required")
+}
+
+// perUplink splits the entries of flag (--uplink-address, --peer-ip) among n uplinks: with one, every
+// entry is its (as before several uplinks existed); with several, entry i is uplink i's, or there is
+// none at all. Within an entry, '+' joins the addresses of one uplink (pflag's repeatable flags and their
+// environment forms split on commas already). An uplink has at most one address per family, and an
+// address belongs to one uplink.
+func perUplink[T any](flag string, entries []string, n int, parse func(string) (T, error), addrOf func(T) netip.Addr) ([][]T, error) {
+	out := make([][]T, n)
+	if len(entries) == 0 {
+		return out, nil
+	}
+	if n > 1 && len(entries) != n {
+		return nil, fmt.Errorf("%s: %d entries for %d uplinks (--uplink-interface): give one per uplink, in the same order, the addresses of one uplink joined by '+'",
+			flag, len(entries), n)
+	}
+	owner := map[netip.Addr]int{}
+	for i, e := range entries {
+		u := i
+		if n == 1 {
+			u = 0
+		}
+		for _, f := range strings.Split(e, "+") {
+			v, err := parse(strings.TrimSpace(f))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", flag, err)
+			}
+			a := addrOf(v).Unmap()
+			if j, dup := owner[a]; dup && j != u {
+				return nil, fmt.Errorf("%s: %s is given for uplinks %d and %d", flag, a, j+1, u+1)
+			}
+			owner[a] = u
+			for _, prev := range out[u] {
+				if addrOf(prev).Unmap().Is4() == a.Is4() {
+					return nil, fmt.Errorf("%s: %v and %v are of one family; give at most one per family and uplink", flag, prev, v)
+				}
+			}
+			out[u] = append(out[u], v)
+		}
+	}
+	return out, nil
 }

@@ -56,7 +56,7 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		if r.EncapNote != "" {
 			note = " (" + r.EncapNote + ")"
 		}
-		fmt.Fprintf(stdout, "%s via %s owner %s encap %s%s\n", r.Prefix, r.NextHop, r.Owner, r.Encap, note)
+		fmt.Fprintf(stdout, "%s via %s%s owner %s encap %s%s\n", r.Prefix, r.NextHop, alsoVia(r), r.Owner, r.Encap, note)
 	}
 	for _, u := range v.Unresolved {
 		fmt.Fprintf(stdout, "unresolved %s owner %s: %s\n", u.Prefix, u.Owner, u.Reason)
@@ -127,15 +127,18 @@ func listOnce(ctx context.Context, ef *etcdFlags, cli *clientv3.Client, node str
 }
 
 type routeJSON struct {
-	Prefix     string  `json:"prefix"`
-	NextHop    *string `json:"next_hop"`
-	Owner      string  `json:"owner"`
-	Kind       string  `json:"kind"`
-	Block      string  `json:"block"`
-	Encap      string  `json:"encap,omitempty"`
-	EncapNote  string  `json:"encap_note,omitempty"`
-	Unresolved string  `json:"unresolved,omitempty"`
-	Held       string  `json:"held,omitempty"`
+	Prefix  string  `json:"prefix"`
+	NextHop *string `json:"next_hop"`
+	// MoreNextHops are the owner's further peer IPs (one per further uplink): an ECMP path goes to each
+	// that one of this node's uplinks reaches.
+	MoreNextHops []string `json:"more_next_hops,omitempty"`
+	Owner        string   `json:"owner"`
+	Kind         string   `json:"kind"`
+	Block        string   `json:"block"`
+	Encap        string   `json:"encap,omitempty"`
+	EncapNote    string   `json:"encap_note,omitempty"`
+	Unresolved   string   `json:"unresolved,omitempty"`
+	Held         string   `json:"held,omitempty"`
 }
 
 // writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the
@@ -145,8 +148,12 @@ func writeRoutesJSON(w io.Writer, v agent.RoutesView) error {
 	out := make([]routeJSON, 0, len(routes)+len(unresolved)+len(v.Held))
 	for _, r := range routes {
 		nh := r.NextHop.String()
-		out = append(out, routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String(),
-			Encap: r.Encap.String(), EncapNote: r.EncapNote})
+		rj := routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String(),
+			Encap: r.Encap.String(), EncapNote: r.EncapNote}
+		for _, a := range r.MoreNextHops.All() {
+			rj.MoreNextHops = append(rj.MoreNextHops, a.String())
+		}
+		out = append(out, rj)
 	}
 	for _, u := range unresolved {
 		out = append(out, routeJSON{Prefix: u.Prefix.String(), Owner: u.Owner, Kind: string(u.Kind), Block: u.Block.String(), Unresolved: u.Reason})
@@ -167,4 +174,19 @@ func (u usageError) Unwrap() error { return u.error }
 func isUsage(err error) bool {
 	var u usageError
 	return errors.As(err, &u)
+}
+
+// alsoVia names the owner's further peer IPs of a route (" also via 198.51.100.7"), "" when it has one.
+func alsoVia(r agent.DesiredRoute) string {
+	more := r.MoreNextHops.All()
+	if len(more) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(" also via")
+	for _, a := range more {
+		b.WriteString(" ")
+		b.WriteString(a.String())
+	}
+	return b.String()
 }

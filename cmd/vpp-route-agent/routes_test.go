@@ -122,3 +122,38 @@ func TestRoutesShowEncap(t *testing.T) {
 		t.Errorf("json encap by prefix %v, want none and ipip:\n%s", got, out.String())
 	}
 }
+
+// TestRoutesShowMoreNextHops: a node registered with two peer IPs (two uplinks, /1 and /2) shows both
+// in the routes subcommand's text and JSON output.
+func TestRoutesShowMoreNextHops(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := calicotest.PutPool(ctx, cli, calico.IPPool{Name: "p", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 26}); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{"/vpp-calico/hosts/node-b/peerip/ipv4/1": "192.0.2.2", "/vpp-calico/hosts/node-b/peerip/ipv4/2": "198.51.100.2"} {
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, _ := calico.EncodeBlock(calicotest.Block(netip.MustParsePrefix("10.244.1.0/26"), "node-b", 1))
+	if _, err := cli.Put(ctx, calico.BlockKey(netip.MustParsePrefix("10.244.1.0/26")), string(v)); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"routes", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-a"}
+	var out bytes.Buffer
+	if err := run(ctx, args, &out, &bytes.Buffer{}, env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if want := "10.244.1.0/26 via 192.0.2.2 also via 198.51.100.2 owner node-b"; !strings.Contains(out.String(), want) {
+		t.Errorf("routes output lacks %q:\n%s", want, out.String())
+	}
+	out.Reset()
+	if err := run(ctx, append(args, "--output", "json"), &out, &bytes.Buffer{}, env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"more_next_hops": [`; !strings.Contains(out.String(), want) && !strings.Contains(out.String(), `"more_next_hops":[`) {
+		t.Errorf("json output lacks more_next_hops:\n%s", out.String())
+	}
+}
