@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer the lab writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLabPrometheusExhaustedPool runs the lab as a user would to watch it (--keep-running, its
+// Prometheus on), a small IPv4 pool (64 addresses) filled with more pods than it holds, every alert's
+// `for` 0s. From Prometheus's own HTTP API: every daemon of the lab is scraped and up, the pool's
+// alerts fire for the IPv4 pool and not for the IPv6 one, a node that cannot claim and the refused
+// claims fire too. Stopping the lab stops Prometheus, whose data stays in the lab's data directory.
+func TestLabPrometheusExhaustedPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs the lab")
+	}
+	if _, err := exec.LookPath("prometheus"); err != nil {
+		t.Skip("prometheus is not installed (Debian's package: make promtool, or apt-get install --no-install-recommends prometheus)")
+	}
+	bin := buildBinaries(t)
+	dataDir := shortDir(t)
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out syncBuffer
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, []string{"--nodes", "2", "--pods", "1", "--bin-dir", bin, "--data-dir", dataDir,
+			"--ipv4-pool", "10.244.0.0/26", "--exhaust-pool",
+			"--prometheus", "--prometheus-address", addr, "--alert-for", "0s", "--keep-running"}, &out, &out)
+	}()
+	p := &promServer{addr: addr}
+
+	// Every agent and block-ipamd is a target, and up.
+	type target struct {
+		Labels map[string]string `json:"labels"`
+		Health string            `json:"health"`
+	}
+	var targets []target
+	waitFor(t, errc, &out, "every daemon scraped and up", func() bool {
+		var body struct {
+			Data struct {
+				ActiveTargets []target `json:"activeTargets"`
+			} `json:"data"`
+		}
+		if p.get(ctx, "/api/v1/targets", &body) != nil {
+			return false
+		}
+		targets = body.Data.ActiveTargets
+		up := map[string]bool{}
+		for _, tg := range targets {
+			if tg.Health == "up" {
+				up[tg.Labels["job"]+" "+tg.Labels["lab_node"]] = true
+			}
+		}
+		return len(targets) == 4 && up["vpp-route-agent node-1"] && up["vpp-route-agent node-2"] &&
+			up["block-ipamd node-1"] && up["block-ipamd node-2"]
+	})
+
+	// The exhausted pool's alerts, as Prometheus's API reports them.
+	want := []string{
+		"BlockIPAMPoolUsageCritical{family=ipv4,pool=lab-ipv4}",
+		"BlockIPAMPoolUsageHigh{family=ipv4,pool=lab-ipv4}",
+		"BlockIPAMNodeCannotClaim{family=ipv4,node=node-1}",
+	}
+	var firing map[string]promAlert
+	waitFor(t, errc, &out, "the exhausted pool's alerts firing", func() bool {
+		alerts, err := p.alerts(ctx)
+		if err != nil {
+			return false
+		}
+		firing = map[string]promAlert{}
+		for _, a := range alerts {
+			if a.State == "firing" {
+				firing[a.name()] = a
+			}
+		}
+		for _, w := range want {
+			if _, ok := firing[w]; !ok {
+				return false
+			}
+		}
+		for _, a := range firing {
+			if a.Labels["alertname"] == "BlockIPAMClaimsRefused" && a.Labels["reason"] == "pool_exhausted" {
+				return true
+			}
+		}
+		return false
+	})
+	if s := firing[want[0]].Annotations["summary"]; s != "IP pool lab-ipv4 is 100% allocated" {
+		t.Errorf("BlockIPAMPoolUsageCritical's summary %q, want the pool 100%% allocated", s)
+	}
+	for name, a := range firing {
+		if a.Labels["pool"] == "lab-ipv6" || a.Labels["family"] == "ipv6" {
+			t.Errorf("%s fires: the IPv6 pool is almost empty", name)
+		}
+	}
+
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatalf("lab: %v\n%s", err, out.String())
+	}
+	text := out.String()
+	t.Log(text)
+	for _, w := range []string{
+		"Prometheus web UI: http://" + addr + "/alerts",
+		"PASS  exhaust lab-ipv4 (10.244.0.0/26): pods on node-1 until refused",
+		"more pods, one more refused: ADD ",
+		"PASS  Prometheus: BlockIPAMPoolUsageCritical active for lab-ipv4",
+		"firing   BlockIPAMPoolUsageCritical{family=ipv4,pool=lab-ipv4}",
+		"9 passed, 0 failed",
+		"prometheus: http://" + addr + "/alerts",
+	} {
+		if !strings.Contains(text, w) {
+			t.Errorf("lab output lacks %q", w)
+		}
+	}
+	// Prometheus stopped with the lab; its TSDB and configuration are in the lab's data directory.
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("Prometheus still listens on %s after the lab stopped", addr)
+	}
+	for _, f := range []string{"prometheus.yml", "rules.yml", "prometheus.log", "data/wal"} {
+		if _, err := os.Stat(filepath.Join(dataDir, "prometheus", f)); err != nil {
+			t.Errorf("the lab's Prometheus left no %s: %v", f, err)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 90 s or if the lab ends first.
+func waitFor(t *testing.T, labDone chan error, out *syncBuffer, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(90 * time.Second); !cond(); time.Sleep(250 * time.Millisecond) {
+		select {
+		case err := <-labDone:
+			t.Fatalf("%s: the lab ended first (%v)\n%s", what, err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 90 s\n%s", what, out.String())
+		}
+	}
+}
