@@ -170,3 +170,99 @@ func waitFor(t *testing.T, labDone chan error, out *syncBuffer, what string, con
 		}
 	}
 }
+
+// TestPrometheusFiles: the configuration the lab writes names every daemon under the job names the
+// rules expect, and promtool accepts it with the rules it loads; --alert-for rewrites every alert's
+// `for` and nothing else, and without it the rules are the shipped ones byte for byte.
+func TestPrometheusFiles(t *testing.T) {
+	shipped, err := os.ReadFile("../../deploy/monitoring/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(labRules(-1), shipped) {
+		t.Error("without --alert-for the lab's rules differ from deploy/monitoring/rules.yml")
+	}
+	fast := string(labRules(0))
+	nFor := strings.Count(string(shipped), "\n        for: ")
+	if nFor < 5 || strings.Count(fast, "\n        for: 0s\n") != nFor {
+		t.Errorf("--alert-for 0s: %d of the %d `for`s are 0s", strings.Count(fast, "\n        for: 0s\n"), nFor)
+	}
+	if strings.Count(fast, "\n") != strings.Count(string(shipped), "\n") || strings.Count(fast, "alert: ") != strings.Count(string(shipped), "alert: ") {
+		t.Error("--alert-for changed more than the `for` lines")
+	}
+	conf := promConfig([]promTarget{
+		{job: "vpp-route-agent", node: "node-1", addr: "127.0.0.1:1001"},
+		{job: "block-ipamd", node: "node-1", addr: "127.0.0.1:1002"},
+		{job: "vpp-route-agent", node: "node-2", addr: "127.0.0.1:1003"},
+		{job: "block-ipamd", node: "node-2", addr: "127.0.0.1:1004"},
+	})
+	for _, want := range []string{
+		"  - job_name: vpp-route-agent\n    static_configs:\n      - targets: ['127.0.0.1:1001']\n        labels: {lab_node: 'node-1'}\n      - targets: ['127.0.0.1:1003']\n",
+		"  - job_name: block-ipamd\n    static_configs:\n      - targets: ['127.0.0.1:1002']\n        labels: {lab_node: 'node-1'}\n      - targets: ['127.0.0.1:1004']\n",
+		"scrape_interval: 1s", "evaluation_interval: 1s", "rule_files:\n  - rules.yml\n",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("prometheus.yml lacks %q:\n%s", want, conf)
+		}
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool is not installed (Debian's prometheus package: make promtool)")
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(conf), 0o644)
+	os.WriteFile(filepath.Join(dir, "rules.yml"), labRules(0), 0o644)
+	if out, err := exec.Command(promtool, "check", "config", filepath.Join(dir, "prometheus.yml")).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check config: %v\n%s", err, out)
+	}
+}
+
+// TestLabFlagsRefused: bad pool, Prometheus and alert flags are refused before anything starts, each
+// naming the flag.
+func TestLabFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ipv4-pool", "10.244.0.0"}, "--ipv4-pool"},
+		{[]string{"--ipv4-pool", "fd00::/64"}, "not an IPv4 network"},
+		{[]string{"--ipv4-pool", "10.244.0.1/26"}, "not an IPv4 network"},
+		{[]string{"--ipv4-pool", "10.244.0.0/29"}, "of /28 blocks"},
+		{[]string{"--exhaust-pool"}, "--exhaust-pool: the pool 10.244.0.0/16 holds 65536 addresses"},
+		{[]string{"--prometheus=maybe"}, `--prometheus: "maybe" is not yes, no or auto`},
+		{[]string{"--alert-for", "1.5s"}, "--alert-for"},
+		{[]string{"--alert-for", "-1s"}, "--alert-for"},
+	} {
+		var out bytes.Buffer
+		err := run(t.Context(), append(tc.args, "--bin-dir", t.TempDir()), &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestPrometheusModes: auto runs Prometheus only with --keep-running and when it is installed, yes
+// insists on it, no never runs it.
+func TestPrometheusModes(t *testing.T) {
+	installed := func() bool { _, err := exec.LookPath("prometheus"); return err == nil }()
+	for _, tc := range []struct {
+		mode string
+		keep bool
+		run  bool
+	}{
+		{"auto", false, false}, {"auto", true, installed}, {"no", true, false}, {"yes", false, installed},
+	} {
+		o := options{keepRunning: tc.keep}
+		err := o.parsePrometheus(tc.mode, "")
+		if tc.mode == "yes" && !installed {
+			if err == nil || !strings.Contains(err.Error(), "make promtool") {
+				t.Errorf("yes without prometheus: error %v, want one saying how to install it", err)
+			}
+			continue
+		}
+		if err != nil || (o.promBin != "") != tc.run || o.alertFor >= 0 {
+			t.Errorf("%s, keep-running %v: binary %q, alert-for %s, error %v; want running %v, shipped `for`s",
+				tc.mode, tc.keep, o.promBin, o.alertFor, err, tc.run)
+		}
+	}
+}
