@@ -202,13 +202,17 @@ func (l *lab) startPrometheus(ctx context.Context) error {
 		return err
 	}
 	l.prom = p
+	ready := time.Since(start)
+	if err := p.waitScraped(ctx, len(targets)); err != nil {
+		return err
+	}
 	rules := "the shipped alert rules (deploy/monitoring/rules.yml)"
 	if l.o.alertFor >= 0 {
 		rules += fmt.Sprintf(" with every `for` set to %s (--alert-for)", promDuration(l.o.alertFor))
 	}
-	l.logf("Prometheus pid %d ready in %s, scraping %d daemons every %s with %s; data and log in %s",
-		p.cmd.Process.Pid, time.Since(start).Round(time.Millisecond), len(targets), promInterval, rules, p.dir)
-	l.logf("Prometheus web UI: http://%s/alerts  http://%s/targets", addr, addr)
+	l.logf("Prometheus pid %d ready in %s, first scrape after %s (agents down until they start), scraping %d daemons every %s with %s; data and log in %s",
+		p.cmd.Process.Pid, ready.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), len(targets), promInterval, rules, p.dir)
+	l.logf("Prometheus web UI: %s/alerts  %s/targets", p.ui, p.ui)
 	return nil
 }
 

@@ -32,7 +32,9 @@ type promTarget struct {
 // promServer is the lab's Prometheus (Debian's package): the shipped rules, every daemon of the lab
 // scraped, its configuration and TSDB under dir. The lab starts and stops it.
 type promServer struct {
-	addr   string
+	addr string
+	// ui is the base URL of the web UI's pages: Debian's package serves its classic UI under /classic/.
+	ui     string
 	dir    string
 	log    string
 	cmd    *exec.Cmd
@@ -76,7 +78,7 @@ func promDuration(d time.Duration) string {
 // startPrometheus writes the configuration and the rules under dir, runs bin listening on addr and
 // waits until it is ready.
 func startPrometheus(ctx context.Context, bin, dir, addr string, targets []promTarget, alertFor time.Duration) (*promServer, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, "user"), 0o755); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(promConfig(targets)), 0o644); err != nil {
@@ -96,6 +98,9 @@ func startPrometheus(ctx context.Context, bin, dir, addr string, targets []promT
 		"--storage.tsdb.path", filepath.Join(dir, "data"),
 		"--web.listen-address", addr,
 		"--web.page-title", "vpplab Prometheus",
+		// Pages dropped here are served at /user/, on Prometheus's origin: they may script its UI
+		// (deploy/monitoring/lab-screenshot.sh opens an alert there before the screenshot).
+		"--web.user-assets", filepath.Join(dir, "user"),
 	)
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
@@ -109,6 +114,7 @@ func startPrometheus(ctx context.Context, bin, dir, addr string, targets []promT
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				p.ui = p.uiBase()
 				return p, nil
 			}
 		}
@@ -124,6 +130,49 @@ func startPrometheus(ctx context.Context, bin, dir, addr string, targets []promT
 			p.stop()
 			return nil, fmt.Errorf("prometheus not ready on %s after 30s; see %s", addr, p.log)
 		}
+	}
+}
+
+// uiBase returns the base URL of the web UI: /classic when it serves /classic/alerts (Debian's
+// package, built without the React UI), else the root.
+func (p *promServer) uiBase() string {
+	client := &http.Client{Timeout: 5 * time.Second}
+	if resp, err := client.Get("http://" + p.addr + "/classic/alerts"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return "http://" + p.addr + "/classic"
+		}
+	}
+	return "http://" + p.addr
+}
+
+// waitScraped waits until Prometheus has scraped each of its n targets once, up or down. It reads its
+// targets from discovery only every 5 s after it starts: a counter that moved before its first scrape
+// would start at its new value, and increase() (BlockIPAMClaimsRefused) would never see it move.
+func (p *promServer) waitScraped(ctx context.Context, n int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var body struct {
+			Data struct {
+				ActiveTargets []struct {
+					Health string `json:"health"`
+				} `json:"activeTargets"`
+			} `json:"data"`
+		}
+		err := p.get(ctx, "/api/v1/targets", &body)
+		scraped := 0
+		for _, t := range body.Data.ActiveTargets {
+			if t.Health != "unknown" {
+				scraped++
+			}
+		}
+		if err == nil && scraped == n {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("prometheus scraped %d of its %d targets in 30s (%v); see %s", scraped, n, err, p.log)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

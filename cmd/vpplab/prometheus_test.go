@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -124,6 +127,20 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 			t.Errorf("%s fires: the IPv6 pool is almost empty", name)
 		}
 	}
+	// The alerts page the lab prints shows the alert (Debian's UI is under /classic/).
+	m := regexp.MustCompile(`Prometheus web UI: (http://\S+/alerts) `).FindStringSubmatch(out.String())
+	if m == nil || !strings.HasPrefix(m[1], "http://"+addr+"/") {
+		t.Fatalf("the lab prints no web UI address of its Prometheus on %s:\n%s", addr, out.String())
+	}
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(page, []byte("BlockIPAMPoolUsageCritical")) {
+		t.Errorf("%s: %s, the page does not show BlockIPAMPoolUsageCritical", m[1], resp.Status)
+	}
 
 	cancel()
 	if err := <-errc; err != nil {
@@ -132,13 +149,12 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 	text := out.String()
 	t.Log(text)
 	for _, w := range []string{
-		"Prometheus web UI: http://" + addr + "/alerts",
 		"PASS  exhaust lab-ipv4 (10.244.0.0/26): pods on node-1 until refused",
 		"more pods, one more refused: ADD ",
 		"PASS  Prometheus: BlockIPAMPoolUsageCritical active for lab-ipv4",
 		"firing   BlockIPAMPoolUsageCritical{family=ipv4,pool=lab-ipv4}",
 		"9 passed, 0 failed",
-		"prometheus: http://" + addr + "/alerts",
+		"prometheus: " + m[1],
 	} {
 		if !strings.Contains(text, w) {
 			t.Errorf("lab output lacks %q", w)

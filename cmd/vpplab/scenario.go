@@ -338,7 +338,7 @@ func (l *lab) printAlerts(ctx context.Context) {
 	if l.prom == nil {
 		return
 	}
-	fmt.Fprintf(l.out, "\n== Prometheus alerts (http://%s/alerts)\n", l.prom.addr)
+	fmt.Fprintf(l.out, "\n== Prometheus alerts (%s/alerts)\n", l.prom.ui)
 	alerts, err := l.prom.alerts(ctx)
 	if err != nil {
 		fmt.Fprintf(l.out, "cannot read them: %v\n", err)
@@ -372,7 +372,7 @@ func (l *lab) printHowTo() {
 		fmt.Fprintf(l.out, "ping:     %s ping %s source %s\n", l.nodes[0].vpp.ctl(), l.nodes[1].pod.v4, "loop1")
 	}
 	if l.prom != nil {
-		fmt.Fprintf(l.out, "prometheus: http://%s/alerts  http://%s/targets  http://%s/graph (data in %s)\n", l.prom.addr, l.prom.addr, l.prom.addr, l.prom.dir)
+		fmt.Fprintf(l.out, "prometheus: %s/alerts  %s/targets  %s/graph (data in %s)\n", l.prom.ui, l.prom.ui, l.prom.ui, l.prom.dir)
 	}
 	for _, n := range l.nodes {
 		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics  block-ipamd http://%s/metrics\n",
