@@ -4,7 +4,10 @@
 // runtime calls it) placing pods so that nodes claim blocks. It then plays a scenario and
 // checks every node's FIB against the desired state after each step. With --vpp of a lab build (memif
 // and ping plugins) the nodes are wired through a router VPP, one of them in another subnet, and every
-// step also pings pod to pod, the pings that must pass and those that must fail.
+// step also pings pod to pod, the pings that must pass and those that must fail. With --prometheus it
+// runs Debian's Prometheus scraping every daemon with the shipped alert rules (deploy/monitoring), and
+// --exhaust-pool fills a small IPv4 pool (--ipv4-pool) until block-ipam refuses a pod, so that its
+// alerts fire on a live system.
 package main
 
 import (

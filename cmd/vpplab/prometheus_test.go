@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,10 +11,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 )
 
 // syncBuffer is a bytes.Buffer the lab writes to while the test reads it.
@@ -54,13 +59,20 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	nodes := 2
+	args := []string{"--pods", "1", "--bin-dir", bin, "--data-dir", dataDir, "--ipv4-pool", "10.244.0.0/26", "--exhaust-pool",
+		"--prometheus", "--prometheus-address", addr, "--alert-for", "0s", "--keep-running"}
+	if vpptest.Real() { // make test-vpp: every node on a real VPP, three as in TestLabScenarioPasses
+		pkg := os.Getenv(vppproc.EnvPackage)
+		if pkg == "" {
+			t.Fatal("the lab runs a real VPP from VPP_PKG (an unpacked package directory)")
+		}
+		args, nodes = append(args, "--vpp", pkg), 3
+	}
+	args = append(args, "--nodes", strconv.Itoa(nodes))
 	var out syncBuffer
 	errc := make(chan error, 1)
-	go func() {
-		errc <- run(ctx, []string{"--nodes", "2", "--pods", "1", "--bin-dir", bin, "--data-dir", dataDir,
-			"--ipv4-pool", "10.244.0.0/26", "--exhaust-pool",
-			"--prometheus", "--prometheus-address", addr, "--alert-for", "0s", "--keep-running"}, &out, &out)
-	}()
+	go func() { errc <- run(ctx, args, &out, &out) }()
 	p := &promServer{addr: addr}
 
 	// Every agent and block-ipamd is a target, and up.
@@ -85,8 +97,12 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 				up[tg.Labels["job"]+" "+tg.Labels["lab_node"]] = true
 			}
 		}
-		return len(targets) == 4 && up["vpp-route-agent node-1"] && up["vpp-route-agent node-2"] &&
-			up["block-ipamd node-1"] && up["block-ipamd node-2"]
+		for i := 1; i <= nodes; i++ {
+			if !up[fmt.Sprintf("vpp-route-agent node-%d", i)] || !up[fmt.Sprintf("block-ipamd node-%d", i)] {
+				return false
+			}
+		}
+		return len(targets) == 2*nodes
 	})
 
 	// The exhausted pool's alerts, as Prometheus's API reports them.
@@ -154,6 +170,7 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 		"PASS  Prometheus: BlockIPAMPoolUsageCritical active for lab-ipv4",
 		"firing   BlockIPAMPoolUsageCritical{family=ipv4,pool=lab-ipv4}",
 		"9 passed, 0 failed",
+		fmt.Sprintf("scraping %d daemons every 1s", 2*nodes),
 		"prometheus: " + m[1],
 	} {
 		if !strings.Contains(text, w) {
