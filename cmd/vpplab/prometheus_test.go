@@ -158,6 +158,9 @@ func TestLabPrometheusExhaustedPool(t *testing.T) {
 		t.Errorf("%s: %s, the page does not show BlockIPAMPoolUsageCritical", m[1], resp.Status)
 	}
 
+	waitFor(t, errc, &out, "the lab keeping running after its steps", func() bool {
+		return strings.Contains(out.String(), "== The lab keeps running")
+	})
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatalf("lab: %v\n%s", err, out.String())

@@ -163,7 +163,10 @@ func (l *lab) exhaustPool(ctx context.Context, n *labNode) {
 					}
 				}
 			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			if time.Now().After(deadline) {
 				return "", fmt.Errorf("not active within %s (last read: error %v, alerts %v)", wait, err, alerts)
 			}
 			time.Sleep(250 * time.Millisecond)
