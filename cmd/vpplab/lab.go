@@ -30,10 +30,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks; the IPv4
-// pool's CIDR is --ipv4-pool's. The IPv4 pool is IPIP CrossSubnet, as Calico's default pool: blocks of a node in this node's subnet are routed
-// flat, others through an IPIP tunnel (on the wired lab, node-2 sits behind the router). The IPv6 pool has
-// no encapsulation (IPIP is IPv4-only), so its flat routes across the router must fail.
+// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks (the IPv4
+// pool's CIDR is --ipv4-pool's). The IPv4 pool is IPIP CrossSubnet, as Calico's default pool: blocks of a
+// node in this node's subnet are routed flat, others through an IPIP tunnel (on the wired lab, node-2 sits
+// behind the router). The IPv6 pool has no encapsulation (IPIP is IPv4-only), so its flat routes across
+// the router must fail.
 var (
 	labPoolV4 = calico.IPPool{Name: "lab-ipv4", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 28,
 		IPIPMode: calico.EncapCrossSubnet, VXLANMode: calico.EncapNever}

@@ -59,8 +59,9 @@ type options struct {
 	// ipv4Pool is the IPv4 pool's CIDR (--ipv4-pool); exhaustPool adds the step that fills it.
 	ipv4Pool    netip.Prefix
 	exhaustPool bool
-	// promBin is the Prometheus binary the lab runs (--prometheus), "" for none; promAddr its listen
-	// address; alertFor the `for` of every alert rule, negative for the shipped ones (--alert-for).
+	// promMode is --prometheus (yes, no, auto); promBin the Prometheus binary the lab runs, "" for
+	// none; promAddr its listen address; alertFor the `for` of every alert rule, negative for the
+	// shipped ones (--alert-for).
 	promMode string
 	promBin  string
 	promAddr string
@@ -88,7 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"or auto (yes with --keep-running when installed); bare --prometheus means yes")
 	fs.Lookup("prometheus").NoOptDefVal = "yes"
 	fs.StringVar(&o.promAddr, "prometheus-address", "", "listen address of the lab's Prometheus (default: a free loopback port)")
-	alertFor := fs.String("alert-for", "", "replace the `for` of every alert rule the lab's Prometheus loads (0s: alerts fire at once); default: as shipped")
+	alertFor := fs.String("alert-for", "", "replace the 'for' of every alert rule the lab's Prometheus loads (0s: alerts fire at once); default: as shipped")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: vpplab [flags]\n\nRuns etcd, --nodes simulated VPP nodes with one vpp-route-agent each, "+
 			"places pods with block-ipam,\nand plays a scenario checking every FIB. Exit status 1 on any FAIL.\n\nFlags:\n")
