@@ -52,6 +52,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -1039,7 +1040,7 @@ func (a *Agent) parked(p netip.Prefix) bool {
 		return false
 	}
 	for _, pool := range a.snap.Pools {
-		if pool.Disabled && calico.Within(p, pool.CIDR) {
+		if pool.Disabled && netaddr.Covers(pool.CIDR, p) {
 			return true
 		}
 	}
@@ -1072,7 +1073,7 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 }
 
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {
-	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return calico.Within(p, pool) })
+	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return netaddr.Covers(pool, p) })
 }
 
 // applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of
@@ -1218,7 +1219,7 @@ func (a *Agent) held(p netip.Prefix) bool {
 		return false
 	}
 	for cidr := range a.snap.Held {
-		if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+		if netaddr.Covers(cidr, p) {
 			return true
 		}
 	}
@@ -1236,7 +1237,7 @@ func (a *Agent) releaseHeld(prev, snap *blockwatch.Snapshot, dirty map[netip.Pre
 			continue
 		}
 		for p := range a.programmed {
-			if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+			if netaddr.Covers(cidr, p) {
 				dirty[p] = struct{}{}
 			}
 		}
@@ -1320,7 +1321,7 @@ func (a *Agent) withdrawAll() {
 }
 
 func sortRoutes(rs []vppapi.Route) {
-	slices.SortFunc(rs, func(a, b vppapi.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(rs, func(a, b vppapi.Route) int { return netaddr.ComparePrefix(a.Prefix, b.Prefix) })
 }
 
 func stoppedTimer() *time.Timer {

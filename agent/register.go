@@ -16,6 +16,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -95,7 +96,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 			return nil, fmt.Errorf("registrar: peer IP %s given twice", a)
 		}
 		seen[a] = true
-		fam := calico.Family(calico.HostPrefix(a))
+		fam := netaddr.PrefixFamily(calico.HostPrefix(a)).String()
 		index[fam]++
 		if index[fam] > blockwatch.MaxPeerIndex {
 			return nil, fmt.Errorf("registrar: more than %d peer IPs of family %s", blockwatch.MaxPeerIndex, fam)

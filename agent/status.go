@@ -13,6 +13,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -173,8 +174,8 @@ func (a *Agent) debugView(st *debugState) Debug {
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
 		Tunnels: append([]DebugTunnel{}, st.tunnels...),
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
-	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return comparePrefix(x.Prefix, y.Prefix) })
-	slices.SortFunc(d.Foreign, comparePrefix)
+	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return netaddr.ComparePrefix(x.Prefix, y.Prefix) })
+	slices.SortFunc(d.Foreign, netaddr.ComparePrefix)
 	if st.snap != nil {
 		d.Revision = st.snap.Revision
 		opts := a.cfg.options()

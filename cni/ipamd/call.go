@@ -13,6 +13,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Secondary attribute keys block-ipam writes besides Calico's namespace, pod, node and timestamp.
@@ -212,7 +213,7 @@ func (c *call) outsidePools(cidr netip.Prefix) bool {
 		return false
 	}
 	for _, ref := range c.conf.Pools[familyOf(cidr.Addr())] {
-		if ref.CIDR.IsValid() && calico.Within(cidr, ref.CIDR) {
+		if ref.CIDR.IsValid() && netaddr.Covers(ref.CIDR, cidr) {
 			return false
 		}
 	}
@@ -264,7 +265,7 @@ func (c *call) write(ctx context.Context, v *view) error {
 	if err != nil {
 		return err
 	}
-	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), netaddr.ComparePrefix)
 	// The failure branch reads the handles and the keys read that this plan compares or writes, not
 	// everything the operation ever read: GC's chunks share one call, and its reads would add up.
 	var keys []string
@@ -440,7 +441,7 @@ func handleBlocks(h *calico.Handle) []netip.Prefix {
 	var out []netip.Prefix
 	for k := range h.Block {
 		if p, err := netip.ParsePrefix(k); err == nil {
-			out = append(out, calico.Canonical(p))
+			out = append(out, netaddr.Canonical(p))
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // How the node state may lag behind etcd, and why decisions taken on it are still right. The
@@ -136,7 +137,7 @@ func (v *view) recheck(err error) error {
 				n.blocks = append(n.blocks, cidr)
 			}
 		}
-		slices.SortFunc(n.blocks, comparePrefix)
+		slices.SortFunc(n.blocks, netaddr.ComparePrefix)
 		for f := range n.listing {
 			n.listing[f], n.family[f] = v.read.listings[f] != nil, v.read.family[f]
 		}

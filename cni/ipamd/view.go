@@ -9,6 +9,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // maxTxnOps stays under etcd's default --max-txn-ops (128).
@@ -288,7 +289,7 @@ func (v *view) dirtyCIDRs() []netip.Prefix {
 			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netaddr.ComparePrefix)
 	return out
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // RecordPrefix holds one record per release, RecordPrefix+<node>/<time RFC 3339, UTC>, a JSON Record
@@ -478,7 +479,7 @@ func planBlock(node, key string, value []byte, modRev int64) (bp *BlockPlan, why
 	if b.Deleted {
 		return nil, ""
 	}
-	if k, err := calico.ParseKey(key); err != nil || k.Kind != calico.KindBlock || k.CIDR != calico.Canonical(b.CIDR) {
+	if k, err := calico.ParseKey(key); err != nil || k.Kind != calico.KindBlock || k.CIDR != netaddr.Canonical(b.CIDR) {
 		return nil, fmt.Sprintf("key does not match the block's cidr %s", b.CIDR)
 	}
 	owner := calico.OwnerOf(b, false)

@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Allocation is one allocated address found in a block.
@@ -176,12 +177,7 @@ func (s *Snapshot) Check(opts Options) error {
 	}
 	// No two blocks overlap: sorted by first address (shorter prefix first), a block overlaps an
 	// earlier one exactly when it starts at or before the furthest last address seen so far.
-	slices.SortFunc(cidrs, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(cidrs, netaddr.ComparePrefix)
 	var far netip.Addr
 	var farBlock netip.Prefix
 	for _, c := range cidrs {

@@ -31,6 +31,8 @@ import (
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // DefaultInterface is the interface a Sim has when Config.Interfaces is nil.
@@ -447,7 +449,7 @@ func (s *Sim) Routes(tableID uint32, ip6 bool) []Route {
 		src, paths := e.best()
 		out = append(out, t.export(e, src, paths))
 	}
-	slices.SortFunc(out, func(a, b Route) int { return comparePrefixes(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b Route) int { return netaddr.ComparePrefix(a.Prefix, b.Prefix) })
 	return out
 }
 
@@ -469,7 +471,7 @@ func (s *Sim) APIRoutes(tableID uint32) []Route {
 				out = append(out, t.export(e, SourceAPI, e.api))
 			}
 		}
-		slices.SortFunc(out[start:], func(a, b Route) int { return comparePrefixes(a.Prefix, b.Prefix) })
+		slices.SortFunc(out[start:], func(a, b Route) int { return netaddr.ComparePrefix(a.Prefix, b.Prefix) })
 	}
 	return out
 }
