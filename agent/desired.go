@@ -247,12 +247,7 @@ type peerFamily struct {
 	ipv6 bool
 }
 
-func (p peerFamily) String() string {
-	if p.ipv6 {
-		return p.node + "/ipv6"
-	}
-	return p.node + "/ipv4"
-}
+func (p peerFamily) String() string { return p.node + "/" + netaddr.FamilyFor(p.ipv6).String() }
 
 // registered reports whether peers hold a valid address of p's family for p's node.
 func (p peerFamily) registered(peers map[string]blockwatch.Peer) bool {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -88,7 +87,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	}
 	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop(),
 		prefix: cfg.HostsPrefix + cfg.NodeName + "/peerip/"}
-	index := map[string]int{} // per family: the index of the last key
+	var index [2]int // per family: the index of the last key
 	seen := map[netip.Addr]bool{}
 	for _, a := range cfg.PeerIPs {
 		a = a.Unmap()
@@ -96,7 +95,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 			return nil, fmt.Errorf("registrar: peer IP %s given twice", a)
 		}
 		seen[a] = true
-		fam := netaddr.PrefixFamily(calico.HostPrefix(a)).String()
+		fam := netaddr.FamilyOf(a)
 		index[fam]++
 		if index[fam] > blockwatch.MaxPeerIndex {
 			return nil, fmt.Errorf("registrar: more than %d peer IPs of family %s", blockwatch.MaxPeerIndex, fam)

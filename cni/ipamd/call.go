@@ -130,7 +130,7 @@ func (c *call) readOps(n *needs) (ops []op, rest []netip.Prefix) {
 			ops = append(ops, getOp(k))
 		}
 	}
-	for _, f := range []Family{V4, V6} {
+	for _, f := range []netaddr.Family{netaddr.V4, netaddr.V6} {
 		if n.listing[f] || n.family[f] {
 			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
 		}
@@ -164,14 +164,14 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 		// Listings are as old as the decision that lost: read them again if needed.
 		c.read.listings, c.read.family, c.read.fresh = [2]*listing{}, [2]bool{}, true
 	}
-	for _, f := range []Family{V4, V6} {
+	for _, f := range []netaddr.Family{netaddr.V4, netaddr.V6} {
 		if !n.listing[f] && !n.family[f] {
 			continue
 		}
 		if n.family[f] {
 			// The family read again: a block of it read before and deleted since is gone.
 			for cidr := range c.read.blocks {
-				if familyOf(cidr.Addr()) == f {
+				if netaddr.FamilyOf(cidr.Addr()) == f {
 					delete(c.read.blocks, cidr)
 					delete(c.read.bad, cidr)
 				}
@@ -212,7 +212,7 @@ func (c *call) outsidePools(cidr netip.Prefix) bool {
 	if inPools(cidr, c.state.pools) {
 		return false
 	}
-	for _, ref := range c.conf.Pools[familyOf(cidr.Addr())] {
+	for _, ref := range c.conf.Pools[netaddr.FamilyOf(cidr.Addr())] {
 		if ref.CIDR.IsValid() && netaddr.Covers(ref.CIDR, cidr) {
 			return false
 		}

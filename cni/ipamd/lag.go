@@ -133,7 +133,7 @@ func (v *view) recheck(err error) error {
 			n.blocks = append(n.blocks, cidr)
 		}
 		for cidr := range v.read.blocks {
-			if _, ok := v.affinity[cidr]; !ok && !v.read.family[familyOf(cidr.Addr())] {
+			if _, ok := v.affinity[cidr]; !ok && !v.read.family[netaddr.FamilyOf(cidr.Addr())] {
 				n.blocks = append(n.blocks, cidr)
 			}
 		}

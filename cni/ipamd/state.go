@@ -171,7 +171,7 @@ func (s *nodeState) decode(src source) {
 	if src == srcPools || src == srcNode {
 		s.workloadErr = nil
 		for f := range s.workload {
-			pools, err := calico.WorkloadPools(s.pools, Family(f) == V6, s.node)
+			pools, err := calico.WorkloadPools(s.pools, netaddr.Family(f) == netaddr.V6, s.node)
 			s.workload[f] = pools
 			s.workloadErr = cmp.Or(s.workloadErr, err)
 		}

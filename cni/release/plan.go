@@ -317,8 +317,8 @@ func NewPlan(ctx context.Context, o Options) (*Plan, error) {
 
 	// Every block: the node's own and those holding its borrowed allocations.
 	seen := map[string]bool{}
-	for _, fam := range []string{"ipv4", "ipv6"} {
-		prefix := calico.BlockPrefix + fam + "/block/"
+	for _, fam := range netaddr.Families {
+		prefix := calico.BlockPrefix + fam.String() + "/block/"
 		from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for {
 			resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(pageSize))
