@@ -153,7 +153,7 @@ const (
 
 // Validate checks the configuration and fills in defaults.
 func (c *Config) Validate() error {
-	if err := CheckNodeName(c.NodeName); err != nil {
+	if err := calico.CheckNodeName(c.NodeName); err != nil {
 		return err
 	}
 	if err := checkUplinks(c.uplinks()); err != nil {
@@ -179,11 +179,6 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
-
-// CheckNodeName reports whether name can name a node in the registration keys
-// (<hosts prefix><name>/peerip/...) and in Calico's "host:<name>" affinities: calico.CheckNodeName,
-// the rule block-ipam applies too.
-func CheckNodeName(name string) error { return calico.CheckNodeName(name) }
 
 // uplinks returns Uplink and MoreUplinks, in order.
 func (c *Config) uplinks() []vppapi.Uplink {

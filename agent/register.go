@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -82,7 +83,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := CheckNodeName(cfg.NodeName); err != nil {
+	if err := calico.CheckNodeName(cfg.NodeName); err != nil {
 		return nil, fmt.Errorf("registrar: %w", err)
 	}
 	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop(),
