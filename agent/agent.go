@@ -1316,7 +1316,7 @@ func (a *Agent) withdrawAll() {
 }
 
 func sortRoutes(rs []vppapi.Route) {
-	slices.SortFunc(rs, func(a, b vppapi.Route) int { return netaddr.ComparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(rs, func(a, b vppapi.Route) int { return a.Prefix.Compare(b.Prefix) })
 }
 
 func stoppedTimer() *time.Timer {

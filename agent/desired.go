@@ -117,7 +117,7 @@ func newEncapView(check peerCheck, pools map[string]calico.IPPool, nodes map[str
 		p.VXLANMode = cmp.Or(p.VXLANMode, calico.EncapNever)
 		e.pools = append(e.pools, encapPool{cidr: p.CIDR, encap: p.Encap(), problem: len(p.EncapProblems()) > 0})
 	}
-	slices.SortFunc(e.pools, func(a, b encapPool) int { return netaddr.ComparePrefix(a.cidr, b.cidr) })
+	slices.SortFunc(e.pools, func(a, b encapPool) int { return a.cidr.Compare(b.cidr) })
 	for _, s := range check.subnets {
 		if s.Addr().Is4() && !e.subnet4.IsValid() {
 			e.subnet4 = s.Masked()
@@ -210,7 +210,7 @@ func managedPools(pools map[string]calico.IPPool, explicit []netip.Prefix) []net
 			out = append(out, p.CIDR)
 		}
 	}
-	slices.SortFunc(out, netaddr.ComparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -222,7 +222,7 @@ func disabledPools(snap *blockwatch.Snapshot) []netip.Prefix {
 			out = append(out, p.CIDR)
 		}
 	}
-	slices.SortFunc(out, netaddr.ComparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -608,7 +608,7 @@ func betterTarget(a, b target) bool {
 	if a.route.Kind != b.route.Kind {
 		return a.route.Kind == KindBlock
 	}
-	return netaddr.ComparePrefix(a.route.Block, b.route.Block) < 0
+	return a.route.Block.Compare(b.route.Block) < 0
 }
 
 // compute derives one block's routes (felix's rule, calico-datastore.md): the block CIDR via its owning
@@ -763,7 +763,7 @@ func (d *desiredSet) routes() []DesiredRoute {
 			out = append(out, *t.route)
 		}
 	}
-	slices.SortFunc(out, func(a, b DesiredRoute) int { return netaddr.ComparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b DesiredRoute) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 
@@ -774,7 +774,7 @@ func (d *desiredSet) unresolvedList() []Unresolved {
 		out = append(out, r.unresolved...)
 	}
 	slices.SortFunc(out, func(a, b Unresolved) int {
-		return cmp.Or(netaddr.ComparePrefix(a.Prefix, b.Prefix), netaddr.ComparePrefix(a.Block, b.Block))
+		return cmp.Or(a.Prefix.Compare(b.Prefix), a.Block.Compare(b.Block))
 	})
 	return out
 }
@@ -796,6 +796,6 @@ func heldBlocks(snap *blockwatch.Snapshot) []HeldBlock {
 	for cidr, h := range snap.Held {
 		out = append(out, HeldBlock{Block: cidr, Reason: h.Reason, Revision: h.Revision, LastGood: h.LastGood})
 	}
-	slices.SortFunc(out, func(a, b HeldBlock) int { return netaddr.ComparePrefix(a.Block, b.Block) })
+	slices.SortFunc(out, func(a, b HeldBlock) int { return a.Block.Compare(b.Block) })
 	return out
 }

@@ -248,7 +248,7 @@ func SortAffinities(cidrs []netip.Prefix, state func(netip.Prefix) string) {
 			}
 			return 1
 		}
-		return netaddr.ComparePrefix(a, b)
+		return a.Compare(b)
 	})
 }
 

@@ -265,7 +265,7 @@ func (c *call) write(ctx context.Context, v *view) error {
 	if err != nil {
 		return err
 	}
-	blocks := slices.SortedFunc(maps.Keys(v.blocks), netaddr.ComparePrefix)
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), netip.Prefix.Compare)
 	// The failure branch reads the handles and the keys read that this plan compares or writes, not
 	// everything the operation ever read: GC's chunks share one call, and its reads would add up.
 	var keys []string

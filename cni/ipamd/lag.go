@@ -137,7 +137,7 @@ func (v *view) recheck(err error) error {
 				n.blocks = append(n.blocks, cidr)
 			}
 		}
-		slices.SortFunc(n.blocks, netaddr.ComparePrefix)
+		slices.SortFunc(n.blocks, netip.Prefix.Compare)
 		for f := range n.listing {
 			n.listing[f], n.family[f] = v.read.listings[f] != nil, v.read.family[f]
 		}

@@ -131,7 +131,7 @@ func (s *nodeState) missingBlocks() []netip.Prefix {
 			out = append(out, cidr)
 		}
 	}
-	slices.SortFunc(out, netaddr.ComparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 

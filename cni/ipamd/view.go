@@ -289,7 +289,7 @@ func (v *view) dirtyCIDRs() []netip.Prefix {
 			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, netaddr.ComparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 

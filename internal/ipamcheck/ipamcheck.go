@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
-	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Allocation is one allocated address found in a block.
@@ -177,7 +176,7 @@ func (s *Snapshot) Check(opts Options) error {
 	}
 	// No two blocks overlap: sorted by first address (shorter prefix first), a block overlaps an
 	// earlier one exactly when it starts at or before the furthest last address seen so far.
-	slices.SortFunc(cidrs, netaddr.ComparePrefix)
+	slices.SortFunc(cidrs, netip.Prefix.Compare)
 	var far netip.Addr
 	var farBlock netip.Prefix
 	for _, c := range cidrs {

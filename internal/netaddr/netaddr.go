@@ -9,16 +9,14 @@
 //   - Canonical(p) is p unmapped (an IPv4-mapped IPv6 prefix of length 96 or more becomes IPv4) and
 //     masked: the form prefixes are compared, keyed and written in. CanonicalAddr(a) is a unmapped
 //     and without zone.
-//   - ComparePrefix orders by address (so IPv4 before IPv6), then by length: the order of a FIB
-//     listing, where a block comes right after the pool that holds it. netip.Prefix.Compare orders by
-//     length before address instead, which lists all /16s before any /26.
+//   - The order of prefixes is netip.Prefix.Compare: IPv4 before IPv6, then by address, then by
+//     length, so that a block comes right after the pool that holds it. On canonical prefixes it is
+//     the "address, then length" order the packages each wrote out before; it differs only on
+//     prefixes with host bits set, which it orders by their masked address first.
 //   - Covers(p, q) reports whether every address of q lies in p.
 package netaddr
 
-import (
-	"cmp"
-	"net/netip"
-)
+import "net/netip"
 
 // Family is an address family.
 type Family int
@@ -91,11 +89,6 @@ func Unmap(p netip.Prefix) netip.Prefix {
 
 // CanonicalAddr returns a unmapped and without zone.
 func CanonicalAddr(a netip.Addr) netip.Addr { return a.Unmap().WithZone("") }
-
-// ComparePrefix orders prefixes by address, then by length (see the package comment).
-func ComparePrefix(a, b netip.Prefix) int {
-	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-}
 
 // Covers reports whether every address of q lies in p (a prefix covers itself; prefixes of different
 // families cover nothing of each other).

@@ -345,7 +345,7 @@ func (v *VPP) Unresolved() []netip.Prefix {
 			}
 		}
 	}
-	slices.SortFunc(out, netaddr.ComparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
