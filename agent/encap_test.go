@@ -550,4 +550,8 @@ func TestIPIPHalfMadeTunnelFinished(t *testing.T) {
 	if n := len(c.tunnelsOf("a")); n != 1 {
 		t.Errorf("%d tunnels, want 1", n)
 	}
+	// The gauge moves by one per creation (putTunnel): finishing an adopted tunnel replaces it, not adds.
+	if n := c.metric("a", "vpp_route_agent_tunnels", "encap", "ipip"); n != 1 {
+		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 1", n)
+	}
 }
