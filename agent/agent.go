@@ -1049,6 +1049,7 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	if len(e.Paths) == 0 {
 		return vppapi.Route{}, false
 	}
+	e = ipipHostPath(e, func(idx uint32) bool { return a.isTunnel(idx) && !a.isVXLAN(idx) })
 	for _, p := range e.Paths {
 		viaUplink := a.isUplink(p.SwIfIndex) && p.NextHop.IsValid()
 		// An IPIP tunnel is point-to-point (no next hop); a route through a VXLAN one names the VTEP.
@@ -1065,6 +1066,19 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 		hops[i] = vppapi.Hop{NextHop: p.NextHop, SwIfIndex: p.SwIfIndex}
 	}
 	return vppapi.NewRoute(e.Prefix, e.TableID, hops), true
+}
+
+// ipipHostPath returns e as it was added when it is a host prefix (/32, /128: an address borrowed in
+// another node's block) through an IPIP tunnel: VPP gives a host prefix's path out of an interface with
+// no next hop the prefix's own address as next hop (fib_table_route_path_fixup), and dumps it so.
+func ipipHostPath(e vppapi.FIBEntry, isIPIP func(swIfIndex uint32) bool) vppapi.FIBEntry {
+	if len(e.Paths) != 1 || !e.Prefix.IsSingleIP() {
+		return e
+	}
+	if p := e.Paths[0]; p.NextHop == e.Prefix.Addr() && isIPIP(p.SwIfIndex) {
+		e.Paths = []vppapi.Path{{SwIfIndex: p.SwIfIndex, Type: p.Type}}
+	}
+	return e
 }
 
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {

@@ -325,6 +325,7 @@ func (ts Tunnels) To(e calico.Encap, peer netip.Addr) (Tunnel, bool) {
 // IPIP). managed are the managed pools (ManagedPools): an entry shaped like the agent's (every path via
 // a next hop or through the agent's tunnel) inside them that the agent should not have is stale.
 func CheckFIB(want NodeRoutes, q netip.Prefix, got vppapi.FIBEntry, managed []netip.Prefix, tunnels Tunnels) (Verdict, string) {
+	got = ipipHostPath(got, func(idx uint32) bool { return tunnels[idx].Encap == calico.EncapIPIP })
 	agentShaped := len(got.Paths) > 0
 	for _, p := range got.Paths {
 		t, isTunnel := tunnels[p.SwIfIndex]

@@ -523,7 +523,8 @@ func (l *lab) fib(n *labNode) []string {
 		}
 		var nhs []string
 		for _, p := range r.Paths {
-			if dst, ok := tunnels[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
+			// A host prefix added through a tunnel dumps its own address as next hop (as VPP does).
+			if dst, ok := tunnels[p.SwIfIndex]; ok && (!p.NextHop.IsValid() || r.Prefix.IsSingleIP() && p.NextHop == r.Prefix.Addr()) {
 				nhs = append(nhs, "ipip "+dst.String())
 			} else {
 				nhs = append(nhs, p.NextHop.String())
