@@ -78,6 +78,13 @@ type Dataplane interface {
 	EnsureNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr, mac vppapi.MAC) error
 	DeleteNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr) error
 	DumpNeighbors(ctx context.Context, swIfIndex uint32) ([]vppapi.Neighbor, error)
+	HasBFD() bool
+	AddBFDSession(ctx context.Context, s vppapi.BFDSession) error
+	ModifyBFDSession(ctx context.Context, s vppapi.BFDSession) error
+	DeleteBFDSession(ctx context.Context, k vppapi.BFDKey) error
+	DumpBFDSessions(ctx context.Context) ([]vppapi.BFDSessionState, error)
+	BFDEvents() <-chan vppapi.BFDEvent
+	BFDResync() <-chan struct{}
 }
 
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
@@ -133,6 +140,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// EtcdHealth, when set, says why etcd cannot serve ("" when it can); Ready reports it.
 	EtcdHealth EtcdHealth
+	// BFD configures the BFD sessions to the other nodes (see bfd.go); off by default.
+	BFD BFDConfig
 }
 
 // Defaults of Config.
@@ -172,6 +181,9 @@ func (c *Config) Validate() error {
 	if c.ResyncInterval < 50*time.Millisecond || c.PeerLossGrace < 0 || c.SyncTimeout < time.Second {
 		return fmt.Errorf("resync interval %s, peer-loss grace %s, sync timeout %s: out of range",
 			c.ResyncInterval, c.PeerLossGrace, c.SyncTimeout)
+	}
+	if err := c.BFD.validate(); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -299,6 +311,8 @@ type Agent struct {
 	offUplink map[netip.Addr]struct{}
 	// gapLogged are the nodes whose registration has a gap in its indexes, as logged (see trackPeers).
 	gapLogged map[string]struct{}
+	// bfd are the agent's BFD sessions (bfd.go).
+	bfd bfdState
 
 	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.
@@ -320,6 +334,8 @@ type readiness struct {
 	etcdSynced      bool
 	// noVXLAN counts the routes that need VXLAN while VPP has no vxlan plugin.
 	noVXLAN int
+	// bfdNotes are Notes.
+	bfdNotes []string
 }
 
 // New returns an agent; reg may be nil when nothing is registered (dry runs, tests).
@@ -340,6 +356,7 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		encapLogged:  map[string]string{},
 		offUplink:    map[netip.Addr]struct{}{},
 		gapLogged:    map[string]struct{}{},
+		bfd:          newBFDState(),
 		m:            m.orNop(),
 	}
 	for _, u := range cfg.uplinks() {
@@ -372,6 +389,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.onListed(ctx, part)
 		case ev := <-a.dp.Events():
 			a.onVPPEvent(ctx, ev)
+		case ev := <-a.dp.BFDEvents():
+			a.onBFDEvent(ev)
+		case <-a.dp.BFDResync():
+			a.bfd.dumpDue = true
+			a.withBusy(ctx, func(ctx context.Context) { a.syncBFD(ctx, true) })
 		case <-resync.C:
 			a.fullSync(ctx, "periodic")
 		case <-a.retry.C:
@@ -459,6 +481,16 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if ops > 0 && !snap.ReceivedAt.IsZero() {
 		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
 	}
+	if len(snap.ChangedPeers) > 0 {
+		a.syncBFD(ctx, false) // sessions follow the peers
+	}
+}
+
+// withBusy runs f with the loop marked busy on VPP (see busy).
+func (a *Agent) withBusy(ctx context.Context, f func(ctx context.Context)) {
+	ctx, done := a.busy(ctx)
+	defer done()
+	f(ctx)
 }
 
 // onListed takes a part of the first list, before its Full snapshot: its blocks go into the desired
@@ -539,8 +571,10 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.vxlanMissingLogged = false // this VPP may have the plugin, or lack it
 		a.forgetUplinks()
 		a.programmedValid = false
+		a.bfd.read = false // read again by the full resync below, and adopted
 		clear(a.deleted)
 		if ev.Restarted {
+			clear(a.bfd.sessions) // a restarted VPP has none: the full resync creates them again
 			clear(a.programmed) // a restarted VPP has an empty FIB, and no tunnels
 			clear(a.undeletable)
 			refused := a.tun.refused
@@ -556,6 +590,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		}
 	case vppapi.Disconnected, vppapi.Incompatible:
 		a.vppUp = false
+		a.bfd.read = false
 		a.forgetUplinks()
 		a.programmedValid = false
 		for _, u := range a.uplinks {
@@ -565,6 +600,12 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		for _, u := range a.uplinks {
 			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
 				a.uplinkLost(u, "VPP deleted it")
+			}
+		}
+	case vppapi.InterfaceUp:
+		for _, u := range a.uplinks {
+			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+				a.withBusy(ctx, func(ctx context.Context) { a.reassertBFD(ctx, u.index) })
 			}
 		}
 	}
@@ -772,7 +813,11 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
-	return a.reconcileAll(ctx)
+	err = a.reconcileAll(ctx)
+	// Routes first, then the sessions (VPP's state read back on every full resync: after a (re)connect,
+	// periodically): a session that is new counts as down until the peer answers.
+	a.syncBFD(ctx, true)
+	return err
 }
 
 // rebindRoutes deletes every route of the agent in the table through a lost uplink (through the index
@@ -848,7 +893,9 @@ func (a *Agent) rebindRoutes(ctx context.Context) error {
 	for _, u := range a.uplinks {
 		u.stale, u.lostKnown = false, false
 	}
-	return a.reconcileAll(ctx)
+	err = a.reconcileAll(ctx)
+	a.syncBFD(ctx, true)
+	return err
 }
 
 // staleUplinks names the uplinks whose routes are being re-added.
