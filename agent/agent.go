@@ -575,7 +575,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		clear(a.deleted)
 		if ev.Restarted {
 			clear(a.bfd.sessions) // a restarted VPP has none: the full resync creates them again
-			clear(a.programmed) // a restarted VPP has an empty FIB, and no tunnels
+			clear(a.programmed)   // a restarted VPP has an empty FIB, and no tunnels
 			clear(a.undeletable)
 			refused := a.tun.refused
 			a.tun = newTunnelState()
