@@ -761,6 +761,9 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 		a.scheduleRetry()
 		return
 	}
+	// Routes first, then the BFD sessions, read back from VPP on every full resync (after a (re)connect,
+	// periodically): a new session counts as down until the peer answers.
+	a.syncBFD(ctx, true)
 	a.log.Debug("full resync done", "kind", kind, "took", time.Since(start), "programmed", len(a.programmed))
 	if strings.HasPrefix(kind, "relist-") {
 		// A (re)list decoded every value and built the view and the routes anew: garbage of several
@@ -813,11 +816,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	}
 	a.programmed, a.foreign = owned, foreign
 	a.programmedValid = true
-	err = a.reconcileAll(ctx)
-	// Routes first, then the sessions (VPP's state read back on every full resync: after a (re)connect,
-	// periodically): a session that is new counts as down until the peer answers.
-	a.syncBFD(ctx, true)
-	return err
+	return a.reconcileAll(ctx)
 }
 
 // rebindRoutes deletes every route of the agent in the table through a lost uplink (through the index
@@ -893,9 +892,7 @@ func (a *Agent) rebindRoutes(ctx context.Context) error {
 	for _, u := range a.uplinks {
 		u.stale, u.lostKnown = false, false
 	}
-	err = a.reconcileAll(ctx)
-	a.syncBFD(ctx, true)
-	return err
+	return a.reconcileAll(ctx)
 }
 
 // staleUplinks names the uplinks whose routes are being re-added.

@@ -158,7 +158,8 @@ func (a *Agent) syncBFD(ctx context.Context, readBack bool) {
 	a.m.bfdUnsupported.Set(0)
 	if readBack || !a.bfd.read || a.bfd.dumpDue {
 		if err := a.readBFD(ctx); err != nil {
-			a.log.Warn("cannot read VPP's BFD sessions; retrying at the next resync", "err", err)
+			a.log.Warn("cannot read VPP's BFD sessions; retrying", "err", err)
+			a.scheduleRetry()
 			return
 		}
 	}
@@ -174,7 +175,8 @@ func (a *Agent) syncBFD(ctx context.Context, readBack bool) {
 			}
 			a.m.bfdOps.WithLabelValues("add", result(err)).Inc()
 			if err != nil {
-				a.log.Warn("cannot create a BFD session", "node", a.bfd.nodeOf[k.Peer], "err", err)
+				a.log.Warn("cannot create a BFD session; retrying", "node", a.bfd.nodeOf[k.Peer], "err", err)
+				a.scheduleRetry()
 				continue
 			}
 			a.log.Info("BFD session created", "node", a.bfd.nodeOf[k.Peer], "peer", k.Peer, "local", k.Local, "sw_if_index", k.SwIfIndex)

@@ -295,3 +295,16 @@ func TestBFDConfigRanges(t *testing.T) {
 	}
 }
 
+
+// TestBFDAgentStartsAfterPeers: an agent that starts when its peers are already registered (its first
+// full resync is the one after the first list) opens their sessions at once, not at the periodic resync.
+func TestBFDAgentStartsAfterPeers(t *testing.T) {
+	c := newCluster(t, clusterOpts{bfd: fastBFD}, "a", "b")
+	c.waitFor("a's sessions", settle, func() bool { return len(c.bfdSessions("a")) == 2 })
+	c.stop("a")
+	if err := c.nodes["a"].sim.Restart(); err != nil { // no sessions left
+		t.Fatal(err)
+	}
+	c.start("a")
+	c.waitFor("a's sessions made again", settle, func() bool { return len(c.bfdSessions("a")) == 2 })
+}
