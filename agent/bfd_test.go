@@ -295,7 +295,6 @@ func TestBFDConfigRanges(t *testing.T) {
 	}
 }
 
-
 // TestBFDAgentStartsAfterPeers: an agent that starts when its peers are already registered (its first
 // full resync is the one after the first list) opens their sessions at once, not at the periodic resync.
 func TestBFDAgentStartsAfterPeers(t *testing.T) {
