@@ -307,3 +307,35 @@ func TestBFDAgentStartsAfterPeers(t *testing.T) {
 	c.start("a")
 	c.waitFor("a's sessions made again", settle, func() bool { return len(c.bfdSessions("a")) == 2 })
 }
+
+// TestBFDBadPeers: peers written by hand, each advertising BFD: one off every uplink subnet gets no
+// session (logged once, counted with the off-uplink peer IPs); an address a second node registers too is
+// refused for that node (the holder, registered first, keeps it: one session, to the holder's address);
+// a node advertising BFD on an address it did not register as a peer IP gets none.
+func TestBFDBadPeers(t *testing.T) {
+	c := newCluster(t, clusterOpts{bfd: fastBFD}, "a")
+	key := func(node string) string { return blockwatch.PeerKeyAt(hosts, node, blockwatch.FamilyIPv4, 1) }
+	bfdKey := func(node string) string { return blockwatch.PeerBFDKeyAt(hosts, node, blockwatch.FamilyIPv4, 1) }
+	c.put(key("far"), "203.0.113.20")
+	c.put(bfdKey("far"), "203.0.113.20")
+	c.put(key("holder"), "192.168.100.30")
+	c.put(bfdKey("holder"), "192.168.100.30")
+	c.put(key("dup"), "192.168.100.30")
+	c.put(bfdKey("dup"), "192.168.100.30")
+	c.put(key("odd"), "192.168.100.31")
+	c.put(bfdKey("odd"), "192.168.100.99")
+	want := []string{fmt.Sprintf("%s->192.168.100.30@1 down", c.nodes["a"].peerV4)}
+	c.waitFor("one session, to the holder", settle, func() bool { return slices.Equal(c.bfdSessions("a"), want) })
+	c.waitFor("the off-uplink peer IP counted", settle, func() bool {
+		return c.metric("a", "vpp_route_agent_peer_ips_off_uplinks_total") == 1
+	})
+	c.put(key("other"), "192.168.100.32") // another snapshot: nothing logged or counted again
+	c.waitFor("settled", settle, func() bool { return c.debug("a").Revision > 0 })
+	time.Sleep(200 * time.Millisecond)
+	if n := c.nodes["a"].logs.count("203.0.113.20"); n != 1 {
+		t.Errorf("the off-uplink peer IP was logged %d times, want once", n)
+	}
+	if d := c.debug("a"); len(d.BFD) != 1 || d.BFD[0].Node != "holder" {
+		t.Errorf("/debug/routes BFD: %+v", d.BFD)
+	}
+}
