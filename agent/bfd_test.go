@@ -10,6 +10,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -338,4 +339,26 @@ func TestBFDBadPeers(t *testing.T) {
 	if d := c.debug("a"); len(d.BFD) != 1 || d.BFD[0].Node != "holder" {
 		t.Errorf("/debug/routes BFD: %+v", d.BFD)
 	}
+}
+
+// TestBFDLostEventsReadBack: VPP's events are lost (the simulator sends none, as when GoVPP's buffer is
+// full: only logged there): b's sessions go down unheard, and the periodic full resync's read of the
+// sessions brings the agent's picture to VPP's (transitions counted, b noted down); likewise back up.
+func TestBFDLostEventsReadBack(t *testing.T) {
+	c := newCluster(t, clusterOpts{bfd: fastBFD, resync: 300 * time.Millisecond}, "a", "b")
+	a := c.nodes["a"]
+	c.answer("a", "b", true)
+	c.waitFor("sessions up", settle, func() bool {
+		return c.metric("a", "vpp_route_agent_bfd_sessions", "state", "up") == 2
+	})
+	a.sim.SetFaults(vppsim.Faults{DropBFDEvents: true})
+	c.answer("a", "b", false)
+	c.waitFor("b read back as down", settle, func() bool {
+		return slices.ContainsFunc(a.agent.Notes(), func(n string) bool { return strings.Contains(n, "b") })
+	})
+	if v := c.metric("a", "vpp_route_agent_bfd_transitions_total", "state", "down"); v != 2 {
+		t.Errorf("transitions to down = %v, want 2 (found by the read)", v)
+	}
+	c.answer("a", "b", true)
+	c.waitFor("b read back as up", settle, func() bool { return len(a.agent.Notes()) == 0 })
 }
