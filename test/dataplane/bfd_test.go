@@ -201,7 +201,8 @@ func killAndTimeDrop(t testing.TB, topo *vpptopo.Topology, gone *vpptopo.Node, w
 
 // TestBFDKilledVPPLeavesForwarding: three nodes, --bfd at 200 ms x 3 on each. node-3's VPP is killed
 // (kill -9): node-1 and node-2 drop both its blocks within 1 s (VPP's BFD, no agent action; its registration
-// stays), and its pod answers neither. Its VPP restarts: its agent reconnects and programs it again, the
+// stays). node-1's uplink goes down and up: its agent re-creates the sessions that are not up, so VPP does
+// not forward to the dead node again (VPP's defect). node-3's VPP restarts: its agent reconnects and programs it again, the
 // sessions come up, and the pods answer again.
 func TestBFDKilledVPPLeavesForwarding(t *testing.T) {
 	requireLab(t)
@@ -212,6 +213,23 @@ func TestBFDKilledVPPLeavesForwarding(t *testing.T) {
 	}
 	took := killAndTimeDrop(t, topo, gone, time.Second)
 	t.Logf("%s's VPP killed: the other nodes drop both its blocks after %s", gone.Name, took.Round(time.Millisecond))
+
+	// node-1's uplink down and up: VPP 26.06 would forward over the BFD-down path again (its defect); the
+	// agent re-creates the sessions that are not up, and the block drops again.
+	n1 := topo.Nodes[0]
+	for _, cmd := range []string{"set interface state " + vpptopo.UplinkInterface + " down", "set interface state " + vpptopo.UplinkInterface + " up"} {
+		if out, err := n1.VPP.CLI(context.Background(), cmd); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !fibDrops(t, n1, gone.Block4) || !fibDrops(t, n1, gone.Block6) {
+		if time.Now().After(deadline) {
+			out, _ := n1.VPP.CLI(context.Background(), "show ip fib "+gone.Block4.String())
+			t.Fatalf("after its uplink went down and up, %s forwards to the dead %s again:\n%s", n1.Name, gone.Name, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := gone.VPP.Restart(ctx); err != nil {
