@@ -23,11 +23,13 @@ import (
 // configured timers. A peer that does not advertise gets none (VPP counts a session that was never Up as
 // down: it would black-hole the peer). A refused peer IP (a duplicate, CheckNextHop) gets none either.
 //
-// Owned: a session in VPP is the agent's when its interface is one of the ready uplinks and its local
-// address one of that uplink's addresses (--uplink-address). Those it does not want are deleted (a peer
-// gone, or --bfd off); those it wants are adopted as they are when their timers match (an agent restart
-// flaps nothing), modified in place when they do not (never deleted and added again for a timer change),
-// and added when missing. Sessions of others (another local address, another interface) are left alone.
+// Owned: a session in VPP is the agent's when its interface is one of the ready uplinks, its local address
+// one of that uplink's addresses (--uplink-address), and its peer a peer IP another node registers (or
+// one this agent made or adopted since it started). Those it does not want are deleted (a peer gone, or
+// --bfd off); those it wants are adopted as they are when their timers match (an agent restart flaps
+// nothing), modified in place when they do not (never deleted and added again for a timer change), and
+// added when missing. Sessions of others (another local address, another interface, a peer no node
+// registers: an operator's session to the top-of-rack router) are left alone.
 
 // BFDConfig configures the BFD sessions to the other nodes.
 type BFDConfig struct {
@@ -86,8 +88,14 @@ func newBFDState() bfdState {
 		noLocalLogged: map[string]struct{}{}}
 }
 
-// ownsBFD reports whether session key k is the agent's (see the top of the file).
-func (a *Agent) ownsBFD(k vppapi.BFDKey) bool {
+// ownsBFD reports whether session key k is the agent's (see the top of the file); known are the peer IPs
+// the other nodes register, had the sessions the agent knew before this read.
+func (a *Agent) ownsBFD(k vppapi.BFDKey, known map[netip.Addr]struct{}, had map[vppapi.BFDKey]vppapi.BFDSessionState) bool {
+	_, isPeer := known[k.Peer]
+	_, mine := had[k]
+	if !isPeer && !mine {
+		return false
+	}
 	for _, u := range a.uplinks {
 		if u.phase == uplinkReady && u.index == k.SwIfIndex &&
 			slices.ContainsFunc(u.cfg.Addresses, func(p netip.Prefix) bool { return p.Addr() == k.Local }) {
@@ -218,9 +226,10 @@ func (a *Agent) readBFD(ctx context.Context) error {
 		return err
 	}
 	old := a.bfd.sessions
+	known := a.knownPeerIPs()
 	a.bfd.sessions = map[vppapi.BFDKey]vppapi.BFDSessionState{}
 	for _, s := range all {
-		if !a.ownsBFD(s.BFDKey) {
+		if !a.ownsBFD(s.BFDKey, known, old) {
 			continue
 		}
 		if prev, ok := old[s.BFDKey]; ok && prev.State != s.State && a.bfd.read {
@@ -230,6 +239,25 @@ func (a *Agent) readBFD(ctx context.Context) error {
 	}
 	a.bfd.read, a.bfd.dumpDue = true, false
 	return nil
+}
+
+// knownPeerIPs are every address another node registers (refused ones too), from the latest snapshot
+// (or, while the first list goes on, the peers it brought).
+func (a *Agent) knownPeerIPs() map[netip.Addr]struct{} {
+	peers := a.desired.peers
+	if a.snap != nil {
+		peers = a.snap.Peers
+	}
+	out := map[netip.Addr]struct{}{}
+	for node, p := range peers {
+		if node == a.cfg.NodeName {
+			continue
+		}
+		for _, ip := range append(p.IPv4s(), p.IPv6s()...) {
+			out[ip] = struct{}{}
+		}
+	}
+	return out
 }
 
 // onBFDEvent records a state change VPP reported. It changes no route: VPP itself takes the paths via a

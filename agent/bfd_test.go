@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -181,15 +182,47 @@ func TestBFDSessionsFollowPeers(t *testing.T) {
 }
 
 // TestBFDOffDeletesOwnSessions: an agent restarted without --bfd deletes the sessions it made (the peers
-// no longer see it advertise, so they would go down and drop its routes), not a session of another
-// local address.
+// no longer see it advertise, so they would go down and drop its routes), not an operator's session from
+// the same uplink address to an address no node registers (its top-of-rack router, say).
 func TestBFDOffDeletesOwnSessions(t *testing.T) {
 	c := newCluster(t, clusterOpts{bfd: fastBFD}, "a", "b")
+	a := c.nodes["a"]
 	c.waitFor("a's sessions", settle, func() bool { return len(c.bfdSessions("a")) == 2 })
+	tor := vppapi.BFDSession{BFDKey: vppapi.BFDKey{SwIfIndex: 1, Local: a.peerV4, Peer: netip.MustParseAddr("192.168.100.254")},
+		DesiredMinTx: time.Second, RequiredMinRx: time.Second, DetectMult: 3}
+	operatorSession(t, a.sock, tor)
 	c.stop("a")
 	c.opts.noBFD = []string{"a"}
 	c.start("a")
-	c.waitFor("a's sessions deleted", settle, func() bool { return len(c.bfdSessions("a")) == 0 })
+	want := []string{fmt.Sprintf("%s->192.168.100.254@1 down", a.peerV4)}
+	c.waitFor("a's sessions deleted, the operator's kept", settle, func() bool { return slices.Equal(c.bfdSessions("a"), want) })
+	c.waitFor("a resynced", settle, func() bool { return a.agent.Resynced() })
+	if got := c.bfdSessions("a"); !slices.Equal(got, want) {
+		t.Errorf("sessions %v, want the operator's %v", got, want)
+	}
+}
+
+// operatorSession creates session s in the VPP at sock through a client of its own, as an operator would.
+func operatorSession(t *testing.T, sock string, s vppapi.BFDSession) {
+	t.Helper()
+	cl, err := vppapi.New(vppapi.Config{Socket: sock, ReplyTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cl.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !cl.Status().Connected {
+		if ctx.Err() != nil {
+			t.Fatal("operator's client: not connected")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cl.AddBFDSession(ctx, s); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestBFDUplinkDownUpReasserts: b is dead (its session on a is Down, its block drops). a's uplink goes
