@@ -562,6 +562,15 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 }
 
 func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
+	if ev.Kind == vppapi.InterfaceUp {
+		// Changes no route nor the table (a dump taken while listing stays good): only the BFD sessions.
+		for _, u := range a.uplinks {
+			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+				a.withBusy(ctx, func(ctx context.Context) { a.reassertBFD(ctx, u.index) })
+			}
+		}
+		return
+	}
 	a.dumpedListing = false
 	switch ev.Kind {
 	// vppapi logs connection changes; the agent only reacts to them.
@@ -600,12 +609,6 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		for _, u := range a.uplinks {
 			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
 				a.uplinkLost(u, "VPP deleted it")
-			}
-		}
-	case vppapi.InterfaceUp:
-		for _, u := range a.uplinks {
-			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
-				a.withBusy(ctx, func(ctx context.Context) { a.reassertBFD(ctx, u.index) })
 			}
 		}
 	}
