@@ -395,3 +395,29 @@ func TestBFDLostEventsReadBack(t *testing.T) {
 	c.answer("a", "b", true)
 	c.waitFor("b read back as up", settle, func() bool { return len(a.agent.Notes()) == 0 })
 }
+
+// TestBFDWithoutVPPSupport: a VPP without (compatible) BFD messages: the agent says so in /readyz's notes
+// and the metric, opens no session, and routes as without --bfd; the node stays ready.
+func TestBFDWithoutVPPSupport(t *testing.T) {
+	c := newCluster(t, clusterOpts{bfd: fastBFD, sim: func(cfg *vppsim.Config) {
+		cfg.CRCOverrides = map[string]string{"bfd_udp_add": "deadbeef"}
+	}}, "a", "b")
+	c.putBlock("10.244.2.0/26", "b", nil)
+	c.eventually("a", c.want(map[string]string{"10.244.2.0/26": "b"}), settle)
+	a := c.nodes["a"]
+	c.waitFor("the missing BFD API noted", settle, func() bool {
+		return slices.ContainsFunc(a.agent.Notes(), func(n string) bool { return strings.Contains(n, "no BFD API") })
+	})
+	if v := c.metric("a", "vpp_route_agent_bfd_unsupported"); v != 1 {
+		t.Errorf("bfd_unsupported = %v", v)
+	}
+	if ok, missing := a.agent.Ready(); !ok {
+		t.Errorf("not ready: %v", missing)
+	}
+	if s := c.bfdSessions("a"); len(s) != 0 {
+		t.Errorf("sessions %v", s)
+	}
+	if got := c.forwards("a", "10.244.2.1"); len(got) != 1 {
+		t.Errorf("b's block forwards via %v", got)
+	}
+}
