@@ -281,11 +281,15 @@ func (a *Agent) onBFDEvent(ev vppapi.BFDEvent) {
 // bfdTransition logs and counts a session's change of state.
 func (a *Agent) bfdTransition(k vppapi.BFDKey, from, to vppapi.BFDState) {
 	a.m.bfdTransitions.WithLabelValues(to.String()).Inc()
-	lvl := "BFD session up: VPP forwards via this peer IP again"
-	if to != vppapi.BFDUp {
-		lvl = "BFD session not up: VPP takes the paths via this peer IP out of forwarding"
+	attrs := []any{"node", a.bfd.nodeOf[k.Peer], "peer", k.Peer, "sw_if_index", k.SwIfIndex, "from", from.String(), "to", to.String()}
+	switch {
+	case to == vppapi.BFDUp:
+		a.log.Info("BFD session up: VPP forwards via this peer IP", attrs...)
+	case from == vppapi.BFDUp:
+		a.log.Info("BFD session down: VPP takes the paths via this peer IP out of forwarding", attrs...)
+	default:
+		a.log.Debug("BFD session state changed (not up: no forwarding via this peer IP)", attrs...)
 	}
-	a.log.Info(lvl, "node", a.bfd.nodeOf[k.Peer], "peer", k.Peer, "sw_if_index", k.SwIfIndex, "from", from.String(), "to", to.String())
 }
 
 // reassertBFD deletes and adds again every session of the agent on interface swIfIndex that is not Up:
