@@ -200,7 +200,7 @@ func (b *bfdSession) event() bfd.BfdUDPSessionEvent {
 
 // sendBFDEvents sends each event to every client registered with want_bfd_events, outside s.mu.
 func (s *Sim) sendBFDEvents(evs []bfd.BfdUDPSessionEvent) {
-	if len(evs) == 0 {
+	if len(evs) == 0 || s.faults.Load().DropBFDEvents {
 		return
 	}
 	s.mu.Lock()
