@@ -15,7 +15,7 @@ import (
 
 // BFD to the other nodes (--bfd). VPP ties a single-hop session to the adjacency (peer IP, uplink): while
 // the session is not Up, every route path via that adjacency leaves forwarding, at once and without the
-// agent (../shared/bfd-ecmp.md §2). So the agent only keeps the sessions equal to what it wants, and
+// agent (VPP 26.06 src/vnet/adj/adj_bfd.c). So the agent only keeps the sessions equal to what it wants, and
 // never rewrites a route on a BFD transition: a flapping peer costs no FIB write.
 //
 // Wanted: one session per (ready uplink, its address of a family, a valid peer IP of another node of that
@@ -294,7 +294,7 @@ func (a *Agent) bfdTransition(k vppapi.BFDKey, from, to vppapi.BFDState) {
 
 // reassertBFD deletes and adds again every session of the agent on interface swIfIndex that is not Up:
 // after an interface comes up, VPP 26.06 forwards over the paths of such a session until its state next
-// changes (../shared/bfd-ecmp.md §5.3); a new session takes them out of forwarding again.
+// changes (VPP 26.06 fib_path.c: its interface-up back-walk resolves the path without asking the adjacency); a new session takes them out of forwarding again.
 func (a *Agent) reassertBFD(ctx context.Context, swIfIndex uint32) {
 	if !a.vppUp || a.cfg.DryRun || a.vppStalled() || !a.dp.HasBFD() {
 		return

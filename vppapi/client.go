@@ -108,7 +108,7 @@ const (
 	// InterfaceUp: VPP reported the interface SwIfIndex admin and link up (a sw_interface_event with
 	// both flags; VPP sends one per change, the simulator also for an unchanged link). After an
 	// interface comes up VPP forwards again over paths whose BFD session is not Up (a defect of 26.06,
-	// ../shared/bfd-ecmp.md §5.3) until that session changes state: the consumer re-creates those sessions.
+	// VPP 26.06 fib_path.c: an interface-up back-walk resolves the path without asking the adjacency) until that session changes state: the consumer re-creates those sessions.
 	InterfaceUp
 )
 
