@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -46,6 +47,11 @@ type Capacity struct {
 
 	mu   sync.Mutex // guards snap and skipped
 	snap capacitySnap
+	// readMu serialises reads; decoded are the blocks the last read decoded, by key, with the mod
+	// revision they were decoded at: a block unchanged since is not decoded again (at 100,000 blocks
+	// decoding is most of a read: BenchmarkCapacity100k).
+	readMu  sync.Mutex
+	decoded map[string]decodedBlock
 	// skipped are the keys whose values could not be decoded, each logged once.
 	skipped map[string]bool
 
@@ -144,6 +150,8 @@ func (c *Capacity) Run(ctx context.Context) error {
 
 // Refresh reads the capacity once: the whole cluster's when full, else the node's own.
 func (c *Capacity) Refresh(ctx context.Context, full bool) error {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
 	in, alive, rev, err := c.read(ctx, full)
 	if err != nil {
 		return err
@@ -180,6 +188,12 @@ func (c *Capacity) Refresh(ctx context.Context, full bool) error {
 	return nil
 }
 
+// decodedBlock is a block value as decoded at mod revision rev.
+type decodedBlock struct {
+	rev   int64
+	block *calico.Block
+}
+
 // capacityRead is what one read found.
 type capacityRead struct {
 	calico.CapacityInput
@@ -205,7 +219,7 @@ func (c *Capacity) read(ctx context.Context, full bool) (capacityRead, map[strin
 		}
 	}
 	each := func(prefix string, keysOnly bool, fn func(key string, value []byte)) error {
-		return c.list(ctx, prefix, rev, keysOnly, fn)
+		return c.list(ctx, prefix, rev, keysOnly, func(kv *mvccpb.KeyValue) { fn(string(kv.Key), kv.Value) })
 	}
 	if err := each(calico.IPPoolPrefix, false, func(key string, v []byte) {
 		if p, err := calico.DecodeIPPool(v); err != nil {
@@ -225,10 +239,18 @@ func (c *Capacity) read(ctx context.Context, full bool) (capacityRead, map[strin
 	}); err != nil {
 		return in, nil, 0, err
 	}
-	block := func(key string, v []byte) {
-		if b, err := calico.DecodeBlock(v); err != nil {
+	decoded := make(map[string]decodedBlock, len(c.decoded))
+	block := func(kv *mvccpb.KeyValue) {
+		key := string(kv.Key)
+		if d, ok := c.decoded[key]; ok && d.rev == kv.ModRevision {
+			decoded[key] = d
+			in.Blocks = append(in.Blocks, d.block)
+			return
+		}
+		if b, err := calico.DecodeBlock(kv.Value); err != nil {
 			c.skip(&in, key, err)
 		} else {
+			decoded[key] = decodedBlock{rev: kv.ModRevision, block: b}
 			in.Blocks = append(in.Blocks, b)
 		}
 	}
@@ -255,15 +277,17 @@ func (c *Capacity) read(ctx context.Context, full bool) (capacityRead, map[strin
 			}
 			for _, r := range tr.Responses {
 				for _, kv := range r.GetResponseRange().Kvs {
-					block(string(kv.Key), kv.Value)
+					block(kv)
 				}
 			}
 		}
+		c.decoded = decoded
 		return in, nil, rev, nil
 	}
-	if err := each(calico.BlockPrefix, false, block); err != nil {
+	if err := c.list(ctx, calico.BlockPrefix, rev, false, block); err != nil {
 		return in, nil, 0, err
 	}
+	c.decoded = decoded
 	alive := map[string]bool{}
 	for _, prefix := range []string{AlivePrefix, c.cfg.HostsPrefix} {
 		if err := each(prefix, true, func(key string, _ []byte) {
@@ -276,11 +300,13 @@ func (c *Capacity) read(ctx context.Context, full bool) (capacityRead, map[strin
 	return in, alive, rev, nil
 }
 
-// listPage is how many keys one range read returns.
-const listPage = 500
+// listPage is how many keys one range read returns. etcd counts every key left in the range for each
+// page, so small pages cost the square of the blocks: at 100,000 blocks pages of 500 spent 4.5 s of the
+// read in etcd's index, pages of 5,000 a tenth of that (BenchmarkCapacity100k).
+const listPage = 5000
 
 // list calls fn for every key under prefix at revision rev, reading it in pages.
-func (c *Capacity) list(ctx context.Context, prefix string, rev int64, keysOnly bool, fn func(key string, value []byte)) error {
+func (c *Capacity) list(ctx context.Context, prefix string, rev int64, keysOnly bool, fn func(kv *mvccpb.KeyValue)) error {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	from := prefix
 	for {
@@ -295,7 +321,7 @@ func (c *Capacity) list(ctx context.Context, prefix string, rev int64, keysOnly 
 			return fmt.Errorf("list %s at revision %d: %w", prefix, rev, err)
 		}
 		for _, kv := range resp.Kvs {
-			fn(string(kv.Key), kv.Value)
+			fn(kv)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return nil
