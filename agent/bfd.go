@@ -77,7 +77,7 @@ type bfdState struct {
 	// dumpDue asks for a read at the next sync (VPP's BFDResync: an event may be lost); whether sessions
 	// were read since VPP (re)connected is vppConn.bfdRead.
 	dumpDue bool
-	// unsupported says the connected VPP has no BFD API (logged once per connection).
+	// unsupported says the VPP last asked has no BFD API (logged when it becomes so).
 	unsupported bool
 	// noLocalLogged are the uplinks without an address of a family a BFD peer needs, as logged.
 	noLocalLogged map[string]struct{}
