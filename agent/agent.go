@@ -258,7 +258,8 @@ type Agent struct {
 	programmed map[netip.Prefix]vppapi.Route
 	// listedRev is the revision of the first list's parts in desired (0: none); dumpedListing says that
 	// the table was dumped while that list went on (programmed and foreign are that dump and this
-	// agent's acknowledged adds since), for the first full resync to use.
+	// agent's acknowledged adds since), for the first full resync to use. It is the first list's, not
+	// vppConn's: the first snapshot that builds the routes anew drops it, and the first full resync uses it up.
 	listedRev     int64
 	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool

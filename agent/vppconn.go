@@ -3,16 +3,17 @@ package agent
 // vppConn is what the agent knows of the VPP it is connected to. All of it holds since VPP last
 // (re)connected, so a connect or a disconnect sets all of it at once; owned by Run. Its states:
 //
-//	state          fields                    entered by
-//	down           zero                      start; Disconnected or Incompatible, from any state (vppDisconnected)
-//	up, unread     up                        Connected, from any state: a reconnect or a restarted VPP (vppConnected)
-//	up, reading    up, some of the *Read     a read: routesRead a dump of the table (doFullSync, rebindRoutes,
-//	                                         programListed), tunnelsRead refreshTunnels, bfdRead readBFD
-//	up, synced     up, every *Read           the first full resync after a connect, which reads the routes,
-//	                                         the tunnels and the BFD sessions in that order
+//	state          fields                  entered by
+//	down           zero                    start; Disconnected or Incompatible, from any state (vppDisconnected)
+//	up, unread     up                      Connected, from any state: a reconnect or a restarted VPP (vppConnected)
+//	up, reading    up, some *Read          dumpTable reads the tunnels (tunnelsRead) and then the routes, which
+//	                                       its callers take (routesRead: doFullSync, rebindRoutes, programListed);
+//	                                       readBFD the BFD sessions (bfdRead)
+//	up, synced     up, every *Read         the first full resync after a connect, which reads the tunnels and
+//	                                       routes, then the sessions (when VPP has BFD's API; not in a dry run)
 //
 // onVPPEvent alone moves it down or up, from vppapi's events, and only that clears a *Read flag. The
-// reads may come in another order: programListed dumps the table while the first list goes on, and VPP's
+// reads may come earlier: programListed dumps the table while the first list goes on, and VPP's
 // BFDResync has the sessions read. Down, the agent asks nothing of VPP: every path to a VPP call checks up.
 type vppConn struct {
 	up bool
