@@ -250,14 +250,16 @@ type Agent struct {
 	m   *Metrics
 
 	// Owned by Run.
-	snap            *blockwatch.Snapshot
-	desired         *desiredSet
-	pools           []netip.Prefix
-	programmed      map[netip.Prefix]vppapi.Route
-	programmedValid bool // programmed was read from VPP since the last (re)connect
+	snap    *blockwatch.Snapshot
+	desired *desiredSet
+	pools   []netip.Prefix
+	// vpp is what the agent knows of the VPP it is connected to (vppconn.go).
+	vpp        vppConn
+	programmed map[netip.Prefix]vppapi.Route
 	// listedRev is the revision of the first list's parts in desired (0: none); dumpedListing says that
 	// the table was dumped while that list went on (programmed and foreign are that dump and this
-	// agent's acknowledged adds since), for the first full resync to use.
+	// agent's acknowledged adds since), for the first full resync to use. It is the first list's, not
+	// vppConn's: the first snapshot that builds the routes anew drops it, and the first full resync uses it up.
 	listedRev     int64
 	listedTotal   int // the blocks etcd counted for that list: room to make in programmed
 	dumpedListing bool
@@ -274,10 +276,8 @@ type Agent struct {
 	undeletable map[netip.Prefix]struct{}
 	// uplinks are the uplinks' states, Config.Uplink first; the first is the one tunnels use.
 	uplinks []*uplinkState
-	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump;
-	// tunnelsRead says they were read since VPP (re)connected.
-	tun         tunnelState
-	tunnelsRead bool
+	// tun are the agent's tunnels (and others' it must leave alone), read from VPP with each dump.
+	tun tunnelState
 	// tunPending are the tunnels this process asked VPP for whose set-up did not finish (the reply or a
 	// later step lost with the connection): VPP may have made one, untagged. Such a tunnel is the
 	// agent's, not another's, and the next creation finishes it (VPP answers with the existing index).
@@ -292,11 +292,8 @@ type Agent struct {
 	mtuWarned string
 	// ownNode is this node's Calico Node resource (its VTEP MAC), from the latest snapshot.
 	ownNode calico.Node
-	// vxlanMissingLogged says that the missing vxlan plugin was logged since VPP (re)connected.
-	vxlanMissingLogged bool
 	// encapCountAt is when the routes-by-encapsulation gauge was last computed.
 	encapCountAt time.Time
-	vppUp        bool
 	needFull     string                   // reason of a full resync that is due as soon as it can run
 	missingSince map[peerFamily]time.Time // registrations seen missing, for the peer-loss grace
 	retry        *time.Timer
@@ -462,7 +459,7 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if slices.Contains(snap.ChangedNodes, a.cfg.NodeName) && a.desired.enc.hasVXLAN() {
 		a.needFull = "vtep-mac" // this node's VTEP MAC, the MAC of its VXLAN tunnels (the resync sets it)
 	}
-	if !a.vppUp || !a.uplinksReady() || a.rebinding() {
+	if !a.vpp.up || !a.uplinksReady() || a.rebinding() {
 		return // the full resync after (re)connect picks it up
 	}
 	if a.vppStalled() {
@@ -515,7 +512,7 @@ func (a *Agent) onListed(ctx context.Context, part *blockwatch.Listed) {
 // programListed adds, while the first list goes on, the listed routes of the prefixes in dirty (nil:
 // all) that VPP has no route for, dumping the table first if it has not been since VPP connected.
 func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct{}) {
-	if !a.vppUp || a.cfg.DryRun || a.vppStalled() {
+	if !a.vpp.up || a.cfg.DryRun || a.vppStalled() {
 		return // the first full resync adds what is missing
 	}
 	ctx, done := a.busy(ctx)
@@ -523,7 +520,7 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 	if !a.uplinksReady() && a.setupUplinks(ctx) != nil || a.rebinding() {
 		return // the full resync reports it, or re-adds every route
 	}
-	if !a.programmedValid {
+	if !a.vpp.routesRead {
 		entries, err := a.dumpTable(ctx)
 		if err != nil {
 			return // the full resync reports it
@@ -531,7 +528,7 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 		owned, foreign := a.classify(entries)
 		a.noteUndeletable(owned, foreign)
 		a.programmed, a.foreign = owned, foreign
-		a.programmedValid, a.dumpedListing = true, true
+		a.vpp.routesRead, a.dumpedListing = true, true
 		dirty = nil // the routes of earlier parts too
 	}
 	var adds []vppapi.Route
@@ -561,7 +558,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	if ev.Kind == vppapi.InterfaceUp {
 		// Changes no route nor the table (a dump taken while listing stays good): only the BFD sessions.
 		for _, u := range a.uplinks {
-			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+			if a.vpp.up && u.phase == uplinkReady && ev.SwIfIndex == u.index {
 				a.withBusy(ctx, func(ctx context.Context) { a.reassertBFD(ctx, u.index) })
 			}
 		}
@@ -571,21 +568,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 	switch ev.Kind {
 	// vppapi logs connection changes; the agent only reacts to them.
 	case vppapi.Connected:
-		a.vppUp = true
-		a.tunnelsRead = false
-		a.vxlanMissingLogged = false // this VPP may have the plugin, or lack it
-		a.forgetUplinks()
-		a.programmedValid = false
-		a.bfd.read = false // read again by the full resync below, and adopted
-		clear(a.deleted)
-		if ev.Restarted {
-			clear(a.bfd.sessions) // a restarted VPP has none: the full resync creates them again
-			clear(a.programmed)   // a restarted VPP has an empty FIB, and no tunnels
-			clear(a.undeletable)
-			refused := a.tun.refused
-			a.tun = newTunnelState()
-			a.tun.refused = refused
-		}
+		a.vppConnected(ev.Restarted)
 		a.needFull = "vpp-connect"
 		if ev.Restarted {
 			a.needFull = "vpp-restart"
@@ -594,27 +577,12 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 			a.programListed(ctx, nil) // what the first list has brought so far
 		}
 	case vppapi.Disconnected, vppapi.Incompatible:
-		a.vppUp = false
-		a.bfd.read = false
-		a.forgetUplinks()
-		a.programmedValid = false
-		for _, u := range a.uplinks {
-			a.setWaitingUplink(u, false)
-		}
+		a.vppDisconnected()
 	case vppapi.InterfaceDeleted:
 		for _, u := range a.uplinks {
-			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+			if a.vpp.up && u.phase == uplinkReady && ev.SwIfIndex == u.index {
 				a.uplinkLost(u, "VPP deleted it")
 			}
-		}
-	}
-}
-
-// forgetUplinks marks every uplink as not set up since VPP (re)connected.
-func (a *Agent) forgetUplinks() {
-	for _, u := range a.uplinks {
-		if u.phase == uplinkReady {
-			u.phase = uplinkUnknown
 		}
 	}
 }
@@ -719,7 +687,7 @@ func (a *Agent) setWaitingUplink(u *uplinkState, waiting bool) {
 	if !slices.ContainsFunc(a.uplinks, func(u *uplinkState) bool { return u.phase == uplinkWaiting }) {
 		a.m.uplinkWaiting.Set(0)
 	}
-	if a.vppUp {
+	if a.vpp.up {
 		a.log.Info("uplink interface appeared", "uplink", u.cfg.String())
 	}
 }
@@ -739,7 +707,7 @@ func (a *Agent) busy(ctx context.Context) (context.Context, func()) {
 
 // fullSync reads the table from VPP and makes the owned routes equal the desired ones.
 func (a *Agent) fullSync(ctx context.Context, kind string) {
-	if a.snap == nil || !a.vppUp || a.vppStalled() {
+	if a.snap == nil || !a.vpp.up || a.vppStalled() {
 		a.needFull = kind // runs as soon as there is a snapshot and a connection that answers
 		return
 	}
@@ -782,7 +750,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	if a.rebinding() {
 		return a.rebindRoutes(ctx)
 	}
-	if a.dumpedListing && a.programmedValid {
+	if a.dumpedListing && a.vpp.routesRead {
 		// The first full resync after the first list: the table was dumped while listing.
 		a.dumpedListing = false
 		return a.reconcileAll(ctx)
@@ -794,7 +762,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 	owned, foreign := a.classify(entries)
 	a.noteUndeletable(owned, foreign)
 	a.findShadowed(ctx, owned, foreign)
-	if a.programmedValid {
+	if a.vpp.routesRead {
 		drift := 0
 		for p, r := range owned {
 			if have, ok := a.programmed[p]; !ok || have != r {
@@ -814,7 +782,7 @@ func (a *Agent) doFullSync(ctx context.Context, kind string) error {
 		}
 	}
 	a.programmed, a.foreign = owned, foreign
-	a.programmedValid = true
+	a.vpp.routesRead = true
 	return a.reconcileAll(ctx)
 }
 
@@ -831,7 +799,7 @@ func (a *Agent) rebindRoutes(ctx context.Context) error {
 	owned, foreign := a.classify(entries) // the lost indexes count as the uplinks' while stale
 	a.noteUndeletable(owned, foreign)
 	a.programmed, a.foreign = owned, foreign
-	a.programmedValid = true
+	a.vpp.routesRead = true
 	a.dumpedListing = false
 	// moved maps the indexes of stale uplinks, old and new, to the uplink's index now.
 	moved := map[uint32]uint32{}
@@ -1324,7 +1292,7 @@ func (a *Agent) expireGrace(ctx context.Context) {
 		}
 		return
 	}
-	if a.vppUp && a.uplinksReady() && !a.rebinding() && len(dirty) > 0 {
+	if a.vpp.up && a.uplinksReady() && !a.rebinding() && len(dirty) > 0 {
 		ctx, done := a.busy(ctx)
 		defer done()
 		a.applyDirty(ctx, maps.Keys(dirty), a.src.Status().Synced)
@@ -1347,7 +1315,7 @@ func (a *Agent) scheduleRetry() {
 
 // withdrawAll removes every owned route (--withdraw-on-exit), with its own deadline.
 func (a *Agent) withdrawAll() {
-	if !a.vppUp || !a.uplinksReady() || a.cfg.DryRun {
+	if !a.vpp.up || !a.uplinksReady() || a.cfg.DryRun {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), WithdrawTimeout)

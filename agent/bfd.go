@@ -74,10 +74,10 @@ type bfdState struct {
 	sessions map[vppapi.BFDKey]vppapi.BFDSessionState
 	// nodeOf names the node of each wanted peer IP (for logs and /debug/routes).
 	nodeOf map[netip.Addr]string
-	// read says sessions were read from VPP since it (re)connected; dumpDue asks for a read at the next
-	// sync (VPP's BFDResync: an event may be lost).
-	read, dumpDue bool
-	// unsupported says the connected VPP has no BFD API (logged once per connection).
+	// dumpDue asks for a read at the next sync (VPP's BFDResync: an event may be lost); whether sessions
+	// were read since VPP (re)connected is vppConn.bfdRead.
+	dumpDue bool
+	// unsupported says the VPP last asked has no BFD API (logged when it becomes so).
 	unsupported bool
 	// noLocalLogged are the uplinks without an address of a family a BFD peer needs, as logged.
 	noLocalLogged map[string]struct{}
@@ -148,10 +148,10 @@ func (a *Agent) wantedBFD() map[vppapi.BFDKey]vppapi.BFDSession {
 // syncBFD brings the agent's sessions to those it wants, reading them from VPP first when they were not
 // read since VPP connected or when asked (readBack, or a lost event). It writes nothing to routes.
 func (a *Agent) syncBFD(ctx context.Context, readBack bool) {
-	if !a.vppUp || a.cfg.DryRun || a.vppStalled() || !a.uplinksReady() || a.rebinding() {
+	if !a.vpp.up || a.cfg.DryRun || a.vppStalled() || !a.uplinksReady() || a.rebinding() {
 		return
 	}
-	if !a.cfg.BFD.Enabled && a.bfd.read && len(a.bfd.sessions) == 0 && !readBack {
+	if !a.cfg.BFD.Enabled && a.vpp.bfdRead && len(a.bfd.sessions) == 0 && !readBack {
 		return // nothing to do until the next read (a resync) finds sessions left by an earlier run
 	}
 	if !a.dp.HasBFD() {
@@ -164,7 +164,7 @@ func (a *Agent) syncBFD(ctx context.Context, readBack bool) {
 	}
 	a.bfd.unsupported = false
 	a.m.bfdUnsupported.Set(0)
-	if readBack || !a.bfd.read || a.bfd.dumpDue {
+	if readBack || !a.vpp.bfdRead || a.bfd.dumpDue {
 		if err := a.readBFD(ctx); err != nil {
 			a.log.Warn("cannot read VPP's BFD sessions; retrying", "err", err)
 			a.scheduleRetry()
@@ -232,12 +232,12 @@ func (a *Agent) readBFD(ctx context.Context) error {
 		if !a.ownsBFD(s.BFDKey, known, old) {
 			continue
 		}
-		if prev, ok := old[s.BFDKey]; ok && prev.State != s.State && a.bfd.read {
+		if prev, ok := old[s.BFDKey]; ok && prev.State != s.State && a.vpp.bfdRead {
 			a.bfdTransition(s.BFDKey, prev.State, s.State) // an event lost, or missed while not subscribed
 		}
 		a.bfd.sessions[s.BFDKey] = s
 	}
-	a.bfd.read, a.bfd.dumpDue = true, false
+	a.vpp.bfdRead, a.bfd.dumpDue = true, false
 	return nil
 }
 
@@ -263,7 +263,7 @@ func (a *Agent) knownPeerIPs() map[netip.Addr]struct{} {
 // onBFDEvent records a state change VPP reported. It changes no route: VPP itself takes the paths via a
 // session that is not Up out of forwarding, and puts them back when it is Up.
 func (a *Agent) onBFDEvent(ev vppapi.BFDEvent) {
-	if st := a.dp.Status(); !a.vppUp || ev.PID != st.PID {
+	if st := a.dp.Status(); !a.vpp.up || ev.PID != st.PID {
 		return // from a VPP before a restart: the read after the connect tells the truth
 	}
 	have, ok := a.bfd.sessions[ev.BFDKey]
@@ -296,7 +296,7 @@ func (a *Agent) bfdTransition(k vppapi.BFDKey, from, to vppapi.BFDState) {
 // after an interface comes up, VPP 26.06 forwards over the paths of such a session until its state next
 // changes (VPP 26.06 fib_path.c: its interface-up back-walk resolves the path without asking the adjacency); a new session takes them out of forwarding again.
 func (a *Agent) reassertBFD(ctx context.Context, swIfIndex uint32) {
-	if !a.vppUp || a.cfg.DryRun || a.vppStalled() || !a.dp.HasBFD() {
+	if !a.vpp.up || a.cfg.DryRun || a.vppStalled() || !a.dp.HasBFD() {
 		return
 	}
 	n := 0

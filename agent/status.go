@@ -204,7 +204,7 @@ func (a *Agent) publish() {
 	synced := a.src.Status().Synced
 	a.setView(func(v *readiness) {
 		v.snapshotApplied = a.snap != nil
-		v.vppConnected = a.vppUp
+		v.vppConnected = a.vpp.up
 		v.uplinkReady = a.uplinksReady()
 		v.waitingUplink = a.waitingUplinks()
 		v.etcdSynced = synced

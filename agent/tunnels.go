@@ -246,10 +246,10 @@ func (a *Agent) refreshTunnels(ctx context.Context) error {
 		return err
 	}
 	a.countTunnels()
-	if !a.tunnelsRead && len(a.tun.byIndex) > 0 {
+	if !a.vpp.tunnelsRead && len(a.tun.byIndex) > 0 {
 		a.log.Info("adopted the agent's tunnels VPP has", "tunnels", len(a.tun.byIndex), "usable", len(a.tun.byKey))
 	}
-	a.tunnelsRead = true
+	a.vpp.tunnelsRead = true
 	return nil
 }
 
@@ -348,10 +348,10 @@ func (a *Agent) tunnelFor(ctx context.Context, e calico.Encap, peer netip.Addr) 
 // noVXLANPlugin logs, once while VPP lacks it, that routes need VXLAN and VPP has no vxlan plugin; the
 // gauge and /readyz count those routes (publish).
 func (a *Agent) noVXLANPlugin() {
-	if a.vxlanMissingLogged {
+	if a.vpp.vxlanMissingLogged {
 		return
 	}
-	a.vxlanMissingLogged = true
+	a.vpp.vxlanMissingLogged = true
 	a.log.Error("IP pools need VXLAN but VPP has no vxlan plugin (vxlan_plugin.so): their routes are not programmed "+
 		"(those VPP has are kept); every other route is", "pools", a.vxlanPools())
 }
@@ -430,7 +430,7 @@ func (a *Agent) tunnelMTU() uint32 {
 // programmed route goes through: after the routes through them are deleted or moved, in the same
 // reconcile (VPP keeps a route through a deleted tunnel dead until it is deleted and added again).
 func (a *Agent) gcTunnels(ctx context.Context) {
-	if len(a.tun.unusedMaybe) == 0 || !a.programmedValid || a.cfg.DryRun {
+	if len(a.tun.unusedMaybe) == 0 || !a.vpp.routesRead || a.cfg.DryRun {
 		return
 	}
 	used := map[uint32]map[netip.Addr]struct{}{} // tunnel -> the next hops of the routes through it
