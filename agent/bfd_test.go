@@ -289,10 +289,9 @@ func TestBFDECMPSurvivingPath(t *testing.T) {
 	c.answer("a", "b", true)
 	c.putBlock("10.244.2.0/26", "b", nil)
 	both := []string{b.peerV4.String() + "@1", b.peer2V4.String() + "@2"}
+	// A path with no session yet forwards too: wait for the sessions (one per uplink and family) first.
+	c.waitFor("a's sessions, one per uplink and family", settle, func() bool { return len(c.bfdSessions("a")) == 4 })
 	c.waitFor("both paths forward", settle, func() bool { return slices.Equal(c.forwards("a", "10.244.2.1"), both) })
-	if n := len(c.bfdSessions("a")); n != 4 {
-		t.Errorf("a has %d sessions, want one per uplink and family", n)
-	}
 	writes := c.fibWrites("a")
 	c.nodes["a"].sim.SetBFDPeerAnswering(b.peer2V4, false)
 	c.waitFor("only the first path forwards", settle, func() bool { return slices.Equal(c.forwards("a", "10.244.2.1"), both[:1]) })
