@@ -188,4 +188,3 @@ func TestDualHomed(t *testing.T) {
 	}
 	mustLinked("node-2's VPP restarted")
 }
-
