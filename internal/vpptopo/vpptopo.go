@@ -402,7 +402,28 @@ func waitLinkUp(ctx context.Context, v *vppproc.VPP, name string, within time.Du
 }
 
 func linkUp(ctx context.Context, v *vppproc.VPP, name string) (bool, error) {
-	up := false
+	d, err := findInterface(ctx, v, name)
+	if err != nil || d == nil {
+		return false, err
+	}
+	return d.Flags&interface_types.IF_STATUS_API_FLAG_LINK_UP != 0, nil
+}
+
+// InterfaceIndex returns the sw_if_index of node n's interface name.
+func (n *Node) InterfaceIndex(ctx context.Context, name string) (uint32, error) {
+	d, err := findInterface(ctx, n.VPP, name)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%s: %w", n.Name, err)
+	case d == nil:
+		return 0, fmt.Errorf("%s has no interface %s", n.Name, name)
+	}
+	return uint32(d.SwIfIndex), nil
+}
+
+// findInterface returns the details of v's interface name, nil if there is none.
+func findInterface(ctx context.Context, v *vppproc.VPP, name string) (*interfaces.SwInterfaceDetails, error) {
+	var found *interfaces.SwInterfaceDetails
 	err := v.Call(ctx, func(ch api.Channel) error {
 		req := ch.SendMultiRequest(&interfaces.SwInterfaceDump{SwIfIndex: ^interface_types.InterfaceIndex(0)})
 		for {
@@ -412,11 +433,11 @@ func linkUp(ctx context.Context, v *vppproc.VPP, name string) (bool, error) {
 				return err
 			}
 			if d.InterfaceName == name {
-				up = d.Flags&interface_types.IF_STATUS_API_FLAG_LINK_UP != 0
+				found = d
 			}
 		}
 	})
-	return up, err
+	return found, err
 }
 
 // PingResult is what one run of VPP's ping reported.

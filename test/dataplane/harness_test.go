@@ -179,6 +179,17 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 // startAgentOn is startAgent for node name on VPP vpp, its uplink interface uplink with addresses addrs.
 func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink string, addrs ...netip.Prefix) (stop func()) {
 	t.Helper()
+	args := []string{"--uplink-interface", uplink}
+	for _, a := range addrs {
+		args = append(args, "--uplink-address", a.String())
+	}
+	return startAgentArgs(t, etcd, name, vpp, args...)
+}
+
+// startAgentArgs is startAgentOn with the uplink flags, and any others (a later flag overrides an
+// earlier one), given as args.
+func startAgentArgs(t *testing.T, etcd, name string, vpp *vppproc.VPP, args ...string) (stop func()) {
+	t.Helper()
 	n := struct {
 		Name string
 		VPP  *vppproc.VPP
@@ -193,14 +204,11 @@ func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink stri
 		"--etcd-endpoints", etcd,
 		"--etcd-dial-timeout", "2s",
 		"--vpp-api-socket", n.VPP.Socket(),
-		"--uplink-interface", uplink,
 		"--metrics-address", "",
 		"--log-format", "json",
 		"--log-level", "debug", // the tests wait for "full resync done"
 		"--registration-ttl", "10s")
-	for _, a := range addrs {
-		cmd.Args = append(cmd.Args, "--uplink-address", a.String())
-	}
+	cmd.Args = append(cmd.Args, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()} // no ETCD_ENDPOINTS, NODENAME leak in
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
