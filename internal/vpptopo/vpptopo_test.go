@@ -1,8 +1,11 @@
 package vpptopo
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 )
 
 func TestParsePing(t *testing.T) {
@@ -22,6 +25,39 @@ func TestParsePing(t *testing.T) {
 		if (err == nil) != tc.ok || got != tc.want {
 			t.Errorf("ParsePing(%q) = %v, %v; want %v, ok %v", tc.out, got, err, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestParseEchoes: the replies' sequence numbers come out sorted and once each, and the longest run of
+// unanswered echoes counts the ones lost at the start and at the end.
+func TestParseEchoes(t *testing.T) {
+	reply := func(seq int) string {
+		return fmt.Sprintf("116 bytes from 10.244.2.1: icmp_seq=%d ttl=64 time=2.2624 ms\n", seq)
+	}
+	for _, tc := range []struct {
+		name     string
+		out      string
+		answered []int
+		longest  int
+		from3    int
+	}{
+		{"a gap in the middle", reply(1) + reply(2) + reply(6) + reply(7) + "\nStatistics: 7 sent, 4 received, 42% packet loss\n", []int{1, 2, 6, 7}, 3, 2},
+		{"lost at the start", reply(4) + reply(5) + "\nStatistics: 5 sent, 2 received, 60% packet loss\n", []int{4, 5}, 3, 2},
+		{"lost at the end, a reply twice", reply(2) + reply(1) + reply(1) + "\nStatistics: 6 sent, 2 received, 66% packet loss\n", []int{1, 2}, 4, 0},
+		{"none answered", "\nStatistics: 4 sent, 0 received, 100% packet loss\n", nil, 4, 0},
+		{"all answered", reply(1) + reply(2) + "\nStatistics: 2 sent, 2 received, 0% packet loss\n", []int{1, 2}, 0, 0},
+	} {
+		e, err := ParseEchoes(tc.out, 10*time.Millisecond)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.Equal(e.Answered, tc.answered) || e.LongestLoss() != tc.longest || e.AnsweredFrom(3) != tc.from3 ||
+			e.Outage() != time.Duration(tc.longest)*10*time.Millisecond {
+			t.Errorf("%s: answered %v, longest loss %d, answered from 3 %d; want %v, %d, %d", tc.name, e.Answered, e.LongestLoss(), e.AnsweredFrom(3), tc.answered, tc.longest, tc.from3)
+		}
+	}
+	if _, err := ParseEchoes("ping: unknown input", time.Millisecond); err == nil {
+		t.Error("ParseEchoes of output without statistics: no error")
 	}
 }
 
