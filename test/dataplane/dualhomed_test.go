@@ -20,7 +20,7 @@ const dualHomedPods = 4
 
 // startDualHomed starts n dual-homed nodes (vpptopo.DualHomed, dualHomedPods pods each) and a cluster
 // holding their blocks.
-func startDualHomed(t *testing.T, n int) (*vpptopo.Topology, *cluster) {
+func startDualHomed(t testing.TB, n int) (*vpptopo.Topology, *cluster) {
 	t.Helper()
 	topo := startTopologyWith(t, vpptopo.Config{Kind: vpptopo.DualHomed, Nodes: n, Pods: dualHomedPods})
 	return topo, newCluster(t, topo)
@@ -29,7 +29,7 @@ func startDualHomed(t *testing.T, n int) (*vpptopo.Topology, *cluster) {
 // startDualHomedAgent runs node n's agent with both its uplinks (--uplink-interface and --uplink-address
 // once per uplink, in fabric order, so that it registers peerip/<family>/1 on fabric A and /2 on fabric
 // B) and the flags extra.
-func startDualHomedAgent(t *testing.T, etcd string, n *vpptopo.Node, extra ...string) (stop func()) {
+func startDualHomedAgent(t testing.TB, etcd string, n *vpptopo.Node, extra ...string) (stop func()) {
 	t.Helper()
 	var args []string
 	for _, u := range n.Uplinks {
@@ -64,7 +64,7 @@ func wantECMP(topo *vpptopo.Topology, n *vpptopo.Node) pathsOf {
 }
 
 // ecmpRoutes returns node n's API routes inside the pools with their paths, as VPP dumps them.
-func ecmpRoutes(t *testing.T, n *vpptopo.Node) pathsOf {
+func ecmpRoutes(t testing.TB, n *vpptopo.Node) pathsOf {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -98,7 +98,7 @@ func ecmpRoutes(t *testing.T, n *vpptopo.Node) pathsOf {
 }
 
 // waitECMP waits until every node's API routes in the pools, with their paths, are exactly want(node).
-func waitECMP(t *testing.T, topo *vpptopo.Topology, want func(*vpptopo.Node) pathsOf) {
+func waitECMP(t testing.TB, topo *vpptopo.Topology, want func(*vpptopo.Node) pathsOf) {
 	t.Helper()
 	start := time.Now()
 	for _, n := range topo.Nodes {
@@ -119,7 +119,7 @@ func waitECMP(t *testing.T, topo *vpptopo.Topology, want func(*vpptopo.Node) pat
 }
 
 // forwarding returns the next hops node n forwards block by (show ip fib: the data plane's view).
-func forwarding(t *testing.T, n *vpptopo.Node, block netip.Prefix) []netip.Addr {
+func forwarding(t testing.TB, n *vpptopo.Node, block netip.Prefix) []netip.Addr {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -142,7 +142,7 @@ func peerAddrs(m *vpptopo.Node, ipv6 bool) []netip.Addr {
 
 // checkForwardsOverBoth fails t unless every node forwards every other node's blocks over both of that
 // node's addresses.
-func checkForwardsOverBoth(t *testing.T, topo *vpptopo.Topology, what string) {
+func checkForwardsOverBoth(t testing.TB, topo *vpptopo.Topology, what string) {
 	t.Helper()
 	for _, n := range topo.Nodes {
 		for _, m := range topo.Nodes {
@@ -172,7 +172,7 @@ func podAddrs(m *vpptopo.Node, ipv6 bool) []netip.Addr {
 
 // checkAllPodsAnswer fails t unless every pod of to answers from's pod, both families (waiting out
 // ARP and ND like checkPairs).
-func checkAllPodsAnswer(t *testing.T, from, to *vpptopo.Node, what string) {
+func checkAllPodsAnswer(t testing.TB, from, to *vpptopo.Node, what string) {
 	t.Helper()
 	for _, ipv6 := range []bool{false, true} {
 		for _, pod := range podAddrs(to, ipv6) {
