@@ -80,6 +80,12 @@ lab:
 		echo "make lab: the local lab (cmd/vpplab) is not built yet; see README.md and issue 6." >&2; exit 2; \
 	fi
 
+# The README's screenshot (docs/lab-prometheus-alerts.png): the lab's Prometheus alerts page with a pool
+# exhausted; needs Debian's prometheus (make promtool) and chromium (apt-get install -y chromium).
+.PHONY: lab-screenshot
+lab-screenshot: build
+	BIN=$(BIN) deploy/monitoring/lab-screenshot.sh docs/lab-prometheus-alerts.png
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null; git ls-files -o --exclude-standard '*.go' 2>/dev/null)); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

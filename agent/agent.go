@@ -52,6 +52,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/liveness"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -152,7 +153,7 @@ const (
 
 // Validate checks the configuration and fills in defaults.
 func (c *Config) Validate() error {
-	if err := CheckNodeName(c.NodeName); err != nil {
+	if err := calico.CheckNodeName(c.NodeName); err != nil {
 		return err
 	}
 	if err := checkUplinks(c.uplinks()); err != nil {
@@ -178,11 +179,6 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
-
-// CheckNodeName reports whether name can name a node in the registration keys
-// (<hosts prefix><name>/peerip/...) and in Calico's "host:<name>" affinities: calico.CheckNodeName,
-// the rule block-ipam applies too.
-func CheckNodeName(name string) error { return calico.CheckNodeName(name) }
 
 // uplinks returns Uplink and MoreUplinks, in order.
 func (c *Config) uplinks() []vppapi.Uplink {
@@ -1039,7 +1035,7 @@ func (a *Agent) parked(p netip.Prefix) bool {
 		return false
 	}
 	for _, pool := range a.snap.Pools {
-		if pool.Disabled && calico.Within(p, pool.CIDR) {
+		if pool.Disabled && netaddr.Covers(pool.CIDR, p) {
 			return true
 		}
 	}
@@ -1053,6 +1049,7 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	if len(e.Paths) == 0 {
 		return vppapi.Route{}, false
 	}
+	e = ipipHostPath(e, func(idx uint32) bool { return a.isTunnel(idx) && !a.isVXLAN(idx) })
 	for _, p := range e.Paths {
 		viaUplink := a.isUplink(p.SwIfIndex) && p.NextHop.IsValid()
 		// An IPIP tunnel is point-to-point (no next hop); a route through a VXLAN one names the VTEP.
@@ -1071,8 +1068,21 @@ func (a *Agent) ownedRoute(e vppapi.FIBEntry) (vppapi.Route, bool) {
 	return vppapi.NewRoute(e.Prefix, e.TableID, hops), true
 }
 
+// ipipHostPath returns e as it was added when it is a host prefix (/32, /128: an address borrowed in
+// another node's block) through an IPIP tunnel: VPP gives a host prefix's path out of an interface with
+// no next hop the prefix's own address as next hop (fib_table_route_path_fixup), and dumps it so.
+func ipipHostPath(e vppapi.FIBEntry, isIPIP func(swIfIndex uint32) bool) vppapi.FIBEntry {
+	if len(e.Paths) != 1 || !e.Prefix.IsSingleIP() {
+		return e
+	}
+	if p := e.Paths[0]; p.NextHop == e.Prefix.Addr() && isIPIP(p.SwIfIndex) {
+		e.Paths = []vppapi.Path{{SwIfIndex: p.SwIfIndex, Type: p.Type}}
+	}
+	return e
+}
+
 func inPools(pools []netip.Prefix, p netip.Prefix) bool {
-	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return calico.Within(p, pool) })
+	return slices.ContainsFunc(pools, func(pool netip.Prefix) bool { return netaddr.Covers(pool, p) })
 }
 
 // applyDirty brings the given prefixes, each yielded once, to their targets and returns the number of
@@ -1218,7 +1228,7 @@ func (a *Agent) held(p netip.Prefix) bool {
 		return false
 	}
 	for cidr := range a.snap.Held {
-		if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+		if netaddr.Covers(cidr, p) {
 			return true
 		}
 	}
@@ -1236,7 +1246,7 @@ func (a *Agent) releaseHeld(prev, snap *blockwatch.Snapshot, dirty map[netip.Pre
 			continue
 		}
 		for p := range a.programmed {
-			if cidr.Bits() <= p.Bits() && cidr.Contains(p.Addr()) {
+			if netaddr.Covers(cidr, p) {
 				dirty[p] = struct{}{}
 			}
 		}
@@ -1320,7 +1330,7 @@ func (a *Agent) withdrawAll() {
 }
 
 func sortRoutes(rs []vppapi.Route) {
-	slices.SortFunc(rs, func(a, b vppapi.Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(rs, func(a, b vppapi.Route) int { return a.Prefix.Compare(b.Prefix) })
 }
 
 func stoppedTimer() *time.Timer {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // RouteKind says why a route exists.
@@ -116,7 +117,7 @@ func newEncapView(check peerCheck, pools map[string]calico.IPPool, nodes map[str
 		p.VXLANMode = cmp.Or(p.VXLANMode, calico.EncapNever)
 		e.pools = append(e.pools, encapPool{cidr: p.CIDR, encap: p.Encap(), problem: len(p.EncapProblems()) > 0})
 	}
-	slices.SortFunc(e.pools, func(a, b encapPool) int { return comparePrefix(a.cidr, b.cidr) })
+	slices.SortFunc(e.pools, func(a, b encapPool) int { return a.cidr.Compare(b.cidr) })
 	for _, s := range check.subnets {
 		if s.Addr().Is4() && !e.subnet4.IsValid() {
 			e.subnet4 = s.Masked()
@@ -138,7 +139,7 @@ func newEncapView(check peerCheck, pools map[string]calico.IPPool, nodes map[str
 
 // poolOf returns the pool block lies in.
 func (e encapView) poolOf(block netip.Prefix) (encapPool, bool) {
-	i := slices.IndexFunc(e.pools, func(p encapPool) bool { return calico.Within(block, p.cidr) })
+	i := slices.IndexFunc(e.pools, func(p encapPool) bool { return netaddr.Covers(p.cidr, block) })
 	if i < 0 {
 		return encapPool{}, false
 	}
@@ -209,7 +210,7 @@ func managedPools(pools map[string]calico.IPPool, explicit []netip.Prefix) []net
 			out = append(out, p.CIDR)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -221,7 +222,7 @@ func disabledPools(snap *blockwatch.Snapshot) []netip.Prefix {
 			out = append(out, p.CIDR)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -246,12 +247,7 @@ type peerFamily struct {
 	ipv6 bool
 }
 
-func (p peerFamily) String() string {
-	if p.ipv6 {
-		return p.node + "/ipv6"
-	}
-	return p.node + "/ipv4"
-}
+func (p peerFamily) String() string { return p.node + "/" + netaddr.FamilyFor(p.ipv6).String() }
 
 // registered reports whether peers hold a valid address of p's family for p's node.
 func (p peerFamily) registered(peers map[string]blockwatch.Peer) bool {
@@ -612,7 +608,7 @@ func betterTarget(a, b target) bool {
 	if a.route.Kind != b.route.Kind {
 		return a.route.Kind == KindBlock
 	}
-	return comparePrefix(a.route.Block, b.route.Block) < 0
+	return a.route.Block.Compare(b.route.Block) < 0
 }
 
 // compute derives one block's routes (felix's rule, calico-datastore.md): the block CIDR via its owning
@@ -767,7 +763,7 @@ func (d *desiredSet) routes() []DesiredRoute {
 			out = append(out, *t.route)
 		}
 	}
-	slices.SortFunc(out, func(a, b DesiredRoute) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b DesiredRoute) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 
@@ -778,14 +774,9 @@ func (d *desiredSet) unresolvedList() []Unresolved {
 		out = append(out, r.unresolved...)
 	}
 	slices.SortFunc(out, func(a, b Unresolved) int {
-		return cmp.Or(comparePrefix(a.Prefix, b.Prefix), comparePrefix(a.Block, b.Block))
+		return cmp.Or(a.Prefix.Compare(b.Prefix), a.Block.Compare(b.Block))
 	})
 	return out
-}
-
-// comparePrefix orders prefixes IPv4 first, then by address, then by length.
-func comparePrefix(a, b netip.Prefix) int {
-	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // HeldBlock is a block whose value cannot be read: the routes in the FIB inside its CIDR are kept as
@@ -805,6 +796,6 @@ func heldBlocks(snap *blockwatch.Snapshot) []HeldBlock {
 	for cidr, h := range snap.Held {
 		out = append(out, HeldBlock{Block: cidr, Reason: h.Reason, Revision: h.Revision, LastGood: h.LastGood})
 	}
-	slices.SortFunc(out, func(a, b HeldBlock) int { return comparePrefix(a.Block, b.Block) })
+	slices.SortFunc(out, func(a, b HeldBlock) int { return a.Block.Compare(b.Block) })
 	return out
 }

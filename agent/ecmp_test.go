@@ -9,6 +9,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
 
@@ -43,7 +44,7 @@ func TestECMPOverTwoUplinks(t *testing.T) {
 // with a gap (/1 and /3) is logged once, counted, and routed over what it has.
 func TestECMPPathSetChanges(t *testing.T) {
 	c := newCluster(t, clusterOpts{twoUplinks: true}, "a")
-	key := func(node string, i int) string { return blockwatch.PeerKeyAt(hosts, node, blockwatch.FamilyIPv4, i) }
+	key := func(node string, i int) string { return blockwatch.PeerKeyAt(hosts, node, netaddr.V4, i) }
 	c.put(key("p", 1), "192.168.100.20")
 	c.put(key("p", 2), "192.168.101.20")
 	c.put(key("old", 1), "192.168.100.21")
@@ -86,7 +87,7 @@ func TestECMPPathSetChanges(t *testing.T) {
 // one uplink (never withdrawn).
 func TestECMPPeerIPOffUplinks(t *testing.T) {
 	c := newCluster(t, clusterOpts{twoUplinks: true}, "a")
-	key := func(node string, i int) string { return blockwatch.PeerKeyAt(hosts, node, blockwatch.FamilyIPv4, i) }
+	key := func(node string, i int) string { return blockwatch.PeerKeyAt(hosts, node, netaddr.V4, i) }
 	c.put(key("p", 1), "192.168.100.20")
 	c.put(key("p", 2), "203.0.113.20")
 	c.put(key("far", 1), "198.51.100.9")

@@ -50,7 +50,8 @@ func (c *cluster) encapFIB(name string) []string {
 		}
 		var paths []string
 		for _, p := range r.Paths {
-			if d, ok := dst[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
+			// A host prefix through a tunnel is dumped with its own address as next hop (as VPP does).
+			if d, ok := dst[p.SwIfIndex]; ok && (!p.NextHop.IsValid() || r.Prefix.IsSingleIP() && p.NextHop == r.Prefix.Addr()) {
 				paths = append(paths, "tunnel "+d.String())
 			} else if d, ok := vxDst[p.SwIfIndex]; ok {
 				paths = append(paths, "vxlan "+d.String()+" via "+p.NextHop.String())
@@ -162,6 +163,35 @@ func TestIPIPAlways(t *testing.T) {
 	}
 	if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "delete", "result", "error"); n != 0 {
 		t.Errorf("route delete errors %v, want 0", n)
+	}
+}
+
+// TestIPIPBorrowedAddress: an address c borrowed in b's block is routed as a /32 through the tunnel to
+// c, which VPP dumps with the address itself as next hop; the full resyncs that follow read it as the
+// agent's own route (before, they took it for another's: routes_conflicting rose and the route was
+// never the agent's again).
+func TestIPIPBorrowedAddress(t *testing.T) {
+	c := newCluster(t, clusterOpts{resync: 200 * time.Millisecond}, "a", "b", "c")
+	c.putPoolModes(calico.EncapAlways, calico.EncapNever)
+	c.putBlock("10.244.2.0/26", "b", map[int]string{5: "c"})
+	b, cc := c.nodes["b"], c.nodes["c"]
+	c.eventuallyEncap("a", []string{
+		"10.244.2.0/26 tunnel " + b.peerV4.String(),
+		"10.244.2.5/32 tunnel " + cc.peerV4.String(),
+	})
+	periodic := func() float64 {
+		return c.metric("a", "vpp_route_agent_syncs_total", "kind", "periodic", "result", "ok")
+	}
+	resyncs := periodic()
+	c.waitFor("three more full resyncs", settle, func() bool { return periodic() >= resyncs+3 })
+	if n := c.metric("a", "vpp_route_agent_routes_conflicting"); n != 0 {
+		t.Errorf("vpp_route_agent_routes_conflicting = %v, want 0: the borrowed /32 through the tunnel taken for another's", n)
+	}
+	if n := c.metric("a", "vpp_route_agent_routes_programmed"); n != 2 {
+		t.Errorf("vpp_route_agent_routes_programmed = %v, want 2", n)
+	}
+	if n := c.metric("a", "vpp_route_agent_route_operations_total", "op", "add", "result", "ok"); n != 2 {
+		t.Errorf("route adds %v, want 2 (none re-added by the resyncs)", n)
 	}
 }
 
@@ -549,5 +579,9 @@ func TestIPIPHalfMadeTunnelFinished(t *testing.T) {
 	})
 	if n := len(c.tunnelsOf("a")); n != 1 {
 		t.Errorf("%d tunnels, want 1", n)
+	}
+	// The gauge moves by one per creation (putTunnel): finishing an adopted tunnel replaces it, not adds.
+	if n := c.metric("a", "vpp_route_agent_tunnels", "encap", "ipip"); n != 1 {
+		t.Errorf("vpp_route_agent_tunnels{encap=ipip} = %v, want 1", n)
 	}
 }

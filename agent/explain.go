@@ -11,6 +11,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 )
 
@@ -126,7 +127,7 @@ func nodeRoutes(snap *blockwatch.Snapshot, q netip.Prefix, opts Options) NodeRou
 	}
 	if !nr.Local {
 		for i := range nr.Routes {
-			if r := &nr.Routes[i]; covers(r.Prefix, q) && (nr.Forwarding == nil || r.Prefix.Bits() > nr.Forwarding.Prefix.Bits()) {
+			if r := &nr.Routes[i]; netaddr.Covers(r.Prefix, q) && (nr.Forwarding == nil || r.Prefix.Bits() > nr.Forwarding.Prefix.Bits()) {
 				nr.Forwarding = r
 			}
 		}
@@ -143,7 +144,7 @@ func nodeRoutes(snap *blockwatch.Snapshot, q netip.Prefix, opts Options) NodeRou
 func encapWhy(snap *blockwatch.Snapshot, e encapView, r DesiredRoute) string {
 	var pool *calico.IPPool
 	for _, name := range slices.Sorted(maps.Keys(snap.Pools)) {
-		if p := snap.Pools[name]; calico.Within(r.Block, p.CIDR) {
+		if p := snap.Pools[name]; netaddr.Covers(p.CIDR, r.Block) {
 			pool = &p
 			break
 		}
@@ -188,15 +189,12 @@ func encapWhy(snap *blockwatch.Snapshot, e encapView, r DesiredRoute) string {
 	return why
 }
 
-// covers reports whether p contains all of q.
-func covers(p, q netip.Prefix) bool { return p.Bits() <= q.Bits() && p.Contains(q.Addr()) }
-
 // containing returns the block that contains q, preferring the longest (blocks do not overlap unless
 // a writer erred), nil if none does.
 func containing(snap *blockwatch.Snapshot, q netip.Prefix) *blockwatch.Block {
 	var best *blockwatch.Block
 	for cidr, b := range snap.Blocks.All() {
-		if covers(cidr, q) && (best == nil || cidr.Bits() > best.CIDR.Bits()) {
+		if netaddr.Covers(cidr, q) && (best == nil || cidr.Bits() > best.CIDR.Bits()) {
 			best = b
 		}
 	}
@@ -226,7 +224,7 @@ func localTo(b *blockwatch.Block, q netip.Prefix, node string) (bool, string) {
 func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Block, unresolved []Unresolved, opts Options) (why string, held bool) {
 	var best *Unresolved
 	for i := range unresolved {
-		if u := &unresolved[i]; covers(u.Prefix, q) && (best == nil || u.Prefix.Bits() > best.Prefix.Bits()) {
+		if u := &unresolved[i]; netaddr.Covers(u.Prefix, q) && (best == nil || u.Prefix.Bits() > best.Prefix.Bits()) {
 			best = u
 		}
 	}
@@ -234,7 +232,7 @@ func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Blo
 		return fmt.Sprintf("%s (%s of %s) is unresolved: %s", best.Prefix, best.Kind, best.Owner, best.Reason), false
 	}
 	for cidr, h := range snap.Held {
-		if covers(cidr, q) {
+		if netaddr.Covers(cidr, q) {
 			return fmt.Sprintf("block %s is held (its value cannot be read: %s): the routes inside it stay as they are", cidr, h.Reason), true
 		}
 	}
@@ -250,7 +248,7 @@ func whyNoRoute(snap *blockwatch.Snapshot, q netip.Prefix, block *blockwatch.Blo
 	pools := ManagedPools(snap, opts.Pools)
 	if !inPools(pools, q) {
 		for _, p := range snap.Pools {
-			if covers(p.CIDR, q) {
+			if netaddr.Covers(p.CIDR, q) {
 				return fmt.Sprintf("pool %s (%s) is not managed (disabled, or not in --pool-cidr)", p.Name, p.CIDR), false
 			}
 		}
@@ -327,6 +325,7 @@ func (ts Tunnels) To(e calico.Encap, peer netip.Addr) (Tunnel, bool) {
 // IPIP). managed are the managed pools (ManagedPools): an entry shaped like the agent's (every path via
 // a next hop or through the agent's tunnel) inside them that the agent should not have is stale.
 func CheckFIB(want NodeRoutes, q netip.Prefix, got vppapi.FIBEntry, managed []netip.Prefix, tunnels Tunnels) (Verdict, string) {
+	got = ipipHostPath(got, func(idx uint32) bool { return tunnels[idx].Encap == calico.EncapIPIP })
 	agentShaped := len(got.Paths) > 0
 	for _, p := range got.Paths {
 		t, isTunnel := tunnels[p.SwIfIndex]
@@ -357,7 +356,7 @@ func CheckFIB(want NodeRoutes, q netip.Prefix, got vppapi.FIBEntry, managed []ne
 		return VerdictNotJudged, fmt.Sprintf("the node's own: VPP forwards it by %s (%s), which the agent does not program", got.Prefix, paths)
 	}
 	for _, u := range want.Unresolved {
-		if covers(u.Prefix, q) && u.MissingPeer {
+		if netaddr.Covers(u.Prefix, q) && u.MissingPeer {
 			return VerdictNotJudged, fmt.Sprintf("VPP forwards it by %s (%s); a route to an unregistered node is kept for the peer-loss grace period, then deleted", got.Prefix, paths)
 		}
 	}

@@ -125,6 +125,13 @@ func TestCheckFIBEncap(t *testing.T) {
 			t.Errorf("%s: %s %q, want %s %q", tc.name, v, why, tc.v, tc.why)
 		}
 	}
+	// A borrowed address's /32 through the agent's tunnel, as VPP dumps it: its own address as next hop.
+	borrowed := &ExplainedRoute{DesiredRoute: DesiredRoute{Prefix: q, NextHop: addr("198.51.100.2"), Owner: "node-b",
+		Kind: KindBorrowed, Block: pfx("10.244.1.0/26"), Encap: calico.EncapIPIP}}
+	host := vppapi.FIBEntry{Prefix: q, Paths: []vppapi.Path{{NextHop: q.Addr(), SwIfIndex: 3}}}
+	if v, why := CheckFIB(NodeRoutes{Forwarding: borrowed}, q, host, managed, tunnels); v != VerdictAgrees {
+		t.Errorf("a borrowed /32 through the agent's tunnel, dumped via itself: %s %q, want agrees", v, why)
+	}
 	// Without the tunnels (the dump failed), a route through a tunnel cannot be told from a foreign one.
 	if v, _ := CheckFIB(NodeRoutes{Forwarding: route(calico.EncapIPIP, false)}, q, through(3, ""), managed, nil); v != VerdictDisagrees {
 		t.Errorf("without tunnels: %s, want disagrees", v)

@@ -16,6 +16,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -82,12 +83,12 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := CheckNodeName(cfg.NodeName); err != nil {
+	if err := calico.CheckNodeName(cfg.NodeName); err != nil {
 		return nil, fmt.Errorf("registrar: %w", err)
 	}
 	r := &Registrar{cfg: cfg, kvs: map[string]string{}, m: cfg.Metrics.orNop(),
 		prefix: cfg.HostsPrefix + cfg.NodeName + "/peerip/"}
-	index := map[string]int{} // per family: the index of the last key
+	var index [2]int // per family: the index of the last key
 	seen := map[netip.Addr]bool{}
 	for _, a := range cfg.PeerIPs {
 		a = a.Unmap()
@@ -95,7 +96,7 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 			return nil, fmt.Errorf("registrar: peer IP %s given twice", a)
 		}
 		seen[a] = true
-		fam := calico.Family(calico.HostPrefix(a))
+		fam := netaddr.FamilyOf(a)
 		index[fam]++
 		if index[fam] > blockwatch.MaxPeerIndex {
 			return nil, fmt.Errorf("registrar: more than %d peer IPs of family %s", blockwatch.MaxPeerIndex, fam)

@@ -173,8 +173,8 @@ func (a *Agent) debugView(st *debugState) Debug {
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
 		Tunnels: append([]DebugTunnel{}, st.tunnels...),
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
-	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return comparePrefix(x.Prefix, y.Prefix) })
-	slices.SortFunc(d.Foreign, comparePrefix)
+	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return x.Prefix.Compare(y.Prefix) })
+	slices.SortFunc(d.Foreign, netip.Prefix.Compare)
 	if st.snap != nil {
 		d.Revision = st.snap.Revision
 		opts := a.cfg.options()

@@ -276,8 +276,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case ReasonCompacted:
 			// Every watcher behind one gRPC proxy learns of a compaction at the same moment: spread
 			// the relists, and read at the compaction revision, so that the proxy can answer most of
-			// them from its cache (see Config.CompactedRelistSpread).
-			at = w.compactRev
+			// them from its cache (see Config.CompactedRelistSpread). Never below the view's revision:
+			// another prefix's watch or a progress notification may have taken the view past the
+			// compaction, and a Full snapshot from before it would undo changes already emitted.
+			at = max(w.compactRev, w.view.rev)
 			if spread := w.relistSpread(); spread > 0 && !w.sleep(ctx, rand.N(spread)) {
 				return nil
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // TestInitialList lists Calico's real values of both families, peers and pools.
@@ -197,12 +198,12 @@ func TestEvents(t *testing.T) {
 		t.Fatalf("peer v6: %+v", s.Peers)
 	}
 	// Same value again: no change.
-	h.settled(put(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6), "2001:db8::3"))
-	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv4))
+	h.settled(put(t, cli, PeerKey(DefaultHostsPrefix, "node-c", netaddr.V6), "2001:db8::3"))
+	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", netaddr.V4))
 	if s = h.next(); addrs(s.Peers["node-c"]) != (Peer{IPv6: mustAddr("2001:db8::3")}) {
 		t.Fatalf("peer v4 unregistered: %+v", s.Peers)
 	}
-	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", FamilyIPv6))
+	del(t, cli, PeerKey(DefaultHostsPrefix, "node-c", netaddr.V6))
 	if s = h.next(); len(s.Peers) != 0 || !slices.Equal(s.ChangedPeers, []string{"node-c"}) {
 		t.Fatalf("peer gone: %+v", s)
 	}
@@ -262,8 +263,8 @@ func TestMalformedValues(t *testing.T) {
 	put(t, cli, calico.BlockKey(mustPrefix("10.244.2.0/26")), "{not json")                  // new key, bad JSON
 	put(t, cli, calico.BlockPrefix+"ipv4/block/10.244.3.1-26", `{}`)                        // non-canonical key
 	put(t, cli, calico.BlockPrefix+"ipv4/other", `{}`)                                      // foreign key
-	put(t, cli, PeerKey(DefaultHostsPrefix, "node-x", FamilyIPv4), "2001:db8::1")           // v6 under ipv4
-	put(t, cli, PeerKey(DefaultHostsPrefix, "node-y", FamilyIPv4), "not-an-ip")             // bad IP
+	put(t, cli, PeerKey(DefaultHostsPrefix, "node-x", netaddr.V4), "2001:db8::1")           // v6 under ipv4
+	put(t, cli, PeerKey(DefaultHostsPrefix, "node-y", netaddr.V4), "not-an-ip")             // bad IP
 	put(t, cli, calico.IPPoolKey("bad"), `{"metadata":{"name":"bad"},"spec":{"cidr":"x"}}`) // bad pool
 	h := newHarness(t, cli, nil)
 	h.run()
@@ -293,12 +294,12 @@ func TestMalformedValues(t *testing.T) {
 		t.Errorf("malformed = %v, want 8", n)
 	}
 	// The watch goes on: a peer with a good address arrives, a bad rewrite of it keeps it.
-	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", FamilyIPv4), "192.0.2.1")
+	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", netaddr.V4), "192.0.2.1")
 	s = h.next()
 	if s.Peers["node-a"].IPv4 != mustAddr("192.0.2.1") || s.Blocks.Get(good) == nil || s.Blocks.Get(good).Owner.Node != "node-a" {
 		t.Fatalf("after bad writes: blocks %v peers %v", s.Blocks, s.Peers)
 	}
-	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", FamilyIPv4), "fe80::1%eth0")
+	put(t, cli, PeerKey(DefaultHostsPrefix, "node-a", netaddr.V4), "fe80::1%eth0")
 	p := calico.IPPool{Name: "p", CIDR: mustPrefix("10.244.0.0/16"), BlockSize: 26}
 	pv, _ := calico.EncodeIPPool(p)
 	put(t, cli, calico.IPPoolKey("p"), string(pv))
@@ -523,7 +524,7 @@ func TestCoalescing(t *testing.T) {
 	before := time.Now()
 	putBlock(t, cli, calicotest.Block(z, "node-b", 3))
 	del(t, cli, calico.BlockKey(x))
-	waitRevision(t, h.w, put(t, cli, PeerKey(DefaultHostsPrefix, "node-b", FamilyIPv4), "192.0.2.2"))
+	waitRevision(t, h.w, put(t, cli, PeerKey(DefaultHostsPrefix, "node-b", netaddr.V4), "192.0.2.2"))
 	s = h.next()
 	if s.Full || s.Blocks.Len() != 2 || !slices.Equal(s.ChangedBlocks, []netip.Prefix{x, z}) || !slices.Equal(s.ChangedPeers, []string{"node-b"}) {
 		t.Fatalf("coalesced incremental: full %v blocks %d changed %v %v", s.Full, s.Blocks.Len(), s.ChangedBlocks, s.ChangedPeers)
@@ -686,10 +687,10 @@ func TestPeerLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", FamilyIPv4), "192.0.2.7", clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", netaddr.V4), "192.0.2.7", clientv3.WithLease(lease.ID)); err != nil {
 		t.Fatal(err)
 	}
-	put(t, cli, PeerKey(DefaultHostsPrefix, "leftover", FamilyIPv4), "192.0.2.7")
+	put(t, cli, PeerKey(DefaultHostsPrefix, "leftover", netaddr.V4), "192.0.2.7")
 	h := newHarness(t, cli, nil)
 	h.run()
 	s := h.next()
@@ -699,7 +700,7 @@ func TestPeerLeases(t *testing.T) {
 	if p := s.Peers["leftover"]; p.IPv4Leased || p.IPv4 != mustAddr("192.0.2.7") {
 		t.Errorf("listed peer without a lease: %+v", p)
 	}
-	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", FamilyIPv6), "2001:db8::7", clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := cli.Put(ctx, PeerKey(DefaultHostsPrefix, "live", netaddr.V6), "2001:db8::7", clientv3.WithLease(lease.ID)); err != nil {
 		t.Fatal(err)
 	}
 	if s = h.next(); !s.Peers["live"].IPv6Leased || !s.Peers["live"].IPv4Leased {
@@ -759,13 +760,15 @@ func TestLegacyHostAffinityLoggedOncePerBlock(t *testing.T) {
 // agent's /1 alone reads as before; a gap is flagged and what is there is used; deleting /2 leaves /1.
 func TestPeerIndexes(t *testing.T) {
 	_, cli := startEtcd(t)
-	key := func(node, fam string, i int) string { return PeerKeyAt(DefaultHostsPrefix, node, fam, i) }
-	put(t, cli, key("two", FamilyIPv4, 1), "192.0.2.7")
-	put(t, cli, key("two", FamilyIPv4, 2), "198.51.100.7")
-	put(t, cli, key("two", FamilyIPv6, 1), "2001:db8::7")
-	put(t, cli, key("old", FamilyIPv4, 1), "192.0.2.8")
-	put(t, cli, key("gap", FamilyIPv4, 1), "192.0.2.9")
-	put(t, cli, key("gap", FamilyIPv4, 3), "198.51.100.9")
+	key := func(node string, fam netaddr.Family, i int) string {
+		return PeerKeyAt(DefaultHostsPrefix, node, fam, i)
+	}
+	put(t, cli, key("two", netaddr.V4, 1), "192.0.2.7")
+	put(t, cli, key("two", netaddr.V4, 2), "198.51.100.7")
+	put(t, cli, key("two", netaddr.V6, 1), "2001:db8::7")
+	put(t, cli, key("old", netaddr.V4, 1), "192.0.2.8")
+	put(t, cli, key("gap", netaddr.V4, 1), "192.0.2.9")
+	put(t, cli, key("gap", netaddr.V4, 3), "198.51.100.9")
 	h := newHarness(t, cli, nil)
 	h.run()
 	s := h.next()
@@ -781,7 +784,7 @@ func TestPeerIndexes(t *testing.T) {
 	if p := s.Peers["gap"]; !p.Gap || !slices.Equal(p.IPv4s(), []netip.Addr{mustAddr("192.0.2.9"), mustAddr("198.51.100.9")}) {
 		t.Errorf("/1 and /3: %+v, IPv4s %v", p, p.IPv4s())
 	}
-	if _, err := cli.Delete(testCtx(t), key("two", FamilyIPv4, 2)); err != nil {
+	if _, err := cli.Delete(testCtx(t), key("two", netaddr.V4, 2)); err != nil {
 		t.Fatal(err)
 	}
 	s, _ = h.waitFor("/2 deleted", func(s *Snapshot) bool { return s.Peers["two"].MoreIPv4.Len() == 0 })

@@ -8,24 +8,18 @@ import (
 	"strings"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
-// Peer address families as they appear in peer keys (Calico's words, see calico.Family).
-const (
-	FamilyIPv4 = "ipv4"
-	FamilyIPv6 = "ipv6"
-)
-
-// PeerKey returns the key under which node registers its first uplink's peer IP of family (FamilyIPv4
-// or FamilyIPv6): <hostsPrefix><node>/peerip/<family>/1. The value is the bare address.
-func PeerKey(hostsPrefix, node, family string) string {
+// PeerKey returns the key under which node registers its first uplink's peer IP of family: <hostsPrefix><node>/peerip/<family>/1. The value is the bare address.
+func PeerKey(hostsPrefix, node string, family netaddr.Family) string {
 	return PeerKeyAt(hostsPrefix, node, family, 1)
 }
 
 // PeerKeyAt returns the key of node's peer IP of family for its index-th uplink (1-based, in the order
 // of --uplink-interface): <hostsPrefix><node>/peerip/<family>/<index>.
-func PeerKeyAt(hostsPrefix, node, family string, index int) string {
-	return hostsPrefix + node + "/peerip/" + family + "/" + strconv.Itoa(index)
+func PeerKeyAt(hostsPrefix, node string, family netaddr.Family, index int) string {
+	return hostsPrefix + node + "/peerip/" + family.String() + "/" + strconv.Itoa(index)
 }
 
 // MaxPeerIndex is the highest peer key index read (and the most uplinks an agent registers): a key with
@@ -112,10 +106,11 @@ func (d decoder) peerKey(key string) (peerID, error) {
 		return peerID{}, fmt.Errorf("peer key %q: bad node name %q", key, node)
 	}
 	fam, idx, _ := strings.Cut(strings.TrimPrefix(tail, "peerip/"), "/")
+	family, known := netaddr.ParseFamily(fam)
 	n, err := strconv.Atoi(idx)
-	if strings.HasPrefix(tail, "peerip/") && (fam == FamilyIPv4 || fam == FamilyIPv6) && err == nil &&
+	if strings.HasPrefix(tail, "peerip/") && known && err == nil &&
 		n >= 1 && n <= MaxPeerIndex && idx == strconv.Itoa(n) {
-		return peerID{node: node, v6: fam == FamilyIPv6, index: n}, nil
+		return peerID{node: node, v6: family == netaddr.V6, index: n}, nil
 	}
 	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/<1..%d>", key, d.hostsPrefix, MaxPeerIndex)
 }

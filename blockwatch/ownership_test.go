@@ -14,6 +14,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 func affinityValue(t testing.TB, state string) string {
@@ -200,7 +201,7 @@ func TestAffinityOwnership(t *testing.T) {
 	b := calicotest.Block(calicotest.BlockCIDR(3), "n3", 3)
 	calicotest.Allocate(b, "k8s-pod-network.extra", calicotest.PodAttrs("n3", "default", "extra", time.Now()))
 	putBlock(t, cli, b)
-	mark := put(t, cli, PeerKey(DefaultHostsPrefix, "n1", FamilyIPv4), "192.0.2.101")
+	mark := put(t, cli, PeerKey(DefaultHostsPrefix, "n1", netaddr.V4), "192.0.2.101")
 	s := ah.next()
 	if len(s.ChangedBlocks) != 0 || !slices.Equal(s.ChangedPeers, []string{"n1"}) || s.Revision != mark {
 		t.Fatalf("after a pod ADD: rev %d (want %d) changed blocks %v peers %v", s.Revision, mark, s.ChangedBlocks, s.ChangedPeers)

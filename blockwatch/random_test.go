@@ -14,6 +14,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // keyModel is what the randomized test knows of one key: its last write, and the good values of its
@@ -170,11 +171,11 @@ func TestRandomized(t *testing.T) {
 			blocks[cidr].gone(true)
 		case r < 75: // peers
 			node := nodes[rng.IntN(len(nodes))]
-			fam, v6 := FamilyIPv4, rng.IntN(2) == 0
+			fam, v6 := netaddr.V4, rng.IntN(2) == 0
 			m := peers[peerID{node: node, v6: v6}]
 			addr := netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(250) + 1)})
 			if v6 {
-				fam, addr = FamilyIPv6, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(rng.IntN(250) + 1)})
+				fam, addr = netaddr.V6, netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(rng.IntN(250) + 1)})
 			}
 			key := PeerKey(DefaultHostsPrefix, node, fam)
 			switch rng.IntN(4) {
@@ -231,7 +232,7 @@ func TestRandomized(t *testing.T) {
 		}
 	}
 	putBlock(t, cli, calicotest.Block(marker, "n0", 0))
-	put(t, cli, PeerKey(DefaultHostsPrefix, "final", FamilyIPv4), "198.51.100.1")
+	put(t, cli, PeerKey(DefaultHostsPrefix, "final", netaddr.V4), "198.51.100.1")
 	peers[peerID{node: "final"}].good(mustAddr("198.51.100.1"))
 	fp := calico.IPPool{Name: "final", CIDR: mustPrefix("10.201.0.0/16"), BlockSize: 26, NodeSelector: "all()"}
 	fv, _ := calico.EncodeIPPool(fp)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -48,15 +49,15 @@ func TestConfigValidate(t *testing.T) {
 func TestPeerKeyFormats(t *testing.T) {
 	for _, a := range []string{"192.0.2.1", "2001:db8::1"} {
 		addr := mustAddr(a)
-		fam := FamilyIPv4
+		fam := netaddr.V4
 		if addr.Is6() {
-			fam = FamilyIPv6
+			fam = netaddr.V6
 		}
 		if got, want := calicotest.PeerKey(DefaultHostsPrefix, "n1", addr), PeerKey(DefaultHostsPrefix, "n1", fam); got != want {
 			t.Errorf("calicotest.PeerKey = %q, PeerKey = %q", got, want)
 		}
 	}
-	if got := PeerKey(DefaultHostsPrefix, "node-1", FamilyIPv6); got != "/vpp-calico/hosts/node-1/peerip/ipv6/1" {
+	if got := PeerKey(DefaultHostsPrefix, "node-1", netaddr.V6); got != "/vpp-calico/hosts/node-1/peerip/ipv6/1" {
 		t.Errorf("PeerKey = %q", got)
 	}
 }

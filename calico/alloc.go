@@ -6,6 +6,8 @@ import (
 	"maps"
 	"net/netip"
 	"strconv"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // This file holds the pure allocation operations on a block and a handle, as Calico's libcalico-go
@@ -209,14 +211,14 @@ func (h *Handle) Add(cidr netip.Prefix, n int) {
 	if h.Block == nil {
 		h.Block = map[string]int{}
 	}
-	h.Block[Canonical(cidr).String()] += n
+	h.Block[netaddr.Canonical(cidr).String()] += n
 }
 
 // Remove records that the handle no longer holds n addresses of the block cidr, dropping the block
 // from the handle when none remain. A count that would go negative becomes zero: the handle is
 // corrected to what the blocks hold rather than refused.
 func (h *Handle) Remove(cidr netip.Prefix, n int) {
-	k := Canonical(cidr).String()
+	k := netaddr.Canonical(cidr).String()
 	if h.Block[k] <= n {
 		delete(h.Block, k)
 		return

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Block is Calico's AllocationBlock value (key BlockKey(CIDR)). The JSON field order and names are those
@@ -213,7 +215,7 @@ func appendString(buf []byte, s string) []byte {
 // NewBlock returns an empty block for cidr with the given affinity ("host:<node>" or "" for none), in the
 // state Calico creates: every ordinal free in order, sequence number seq (Calico uses time.Now().UnixNano()).
 func NewBlock(cidr netip.Prefix, affinity string, seq uint64) *Block {
-	cidr = Canonical(cidr)
+	cidr = netaddr.Canonical(cidr)
 	n := Size(cidr)
 	b := &Block{
 		CIDR:                        cidr,
@@ -257,7 +259,7 @@ func (b *Block) Validate() error {
 	fail := func(format string, args ...any) error {
 		return &InvariantError{CIDR: b.CIDR, Invariant: fmt.Sprintf(format, args...)}
 	}
-	if b.CIDR != Canonical(b.CIDR) {
+	if b.CIDR != netaddr.Canonical(b.CIDR) {
 		return fail("cidr is not canonical (host bits set or IPv4-mapped)")
 	}
 	n := Size(b.CIDR)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // CapacityInput is what the capacity of the cluster's IPAM is computed from: every IP pool, every
@@ -73,7 +75,7 @@ func Capacity(in CapacityInput) CapacityReport {
 	perPool := make([][]netip.Prefix, len(in.Pools))
 	for _, p := range in.Pools {
 		rep.Pools = append(rep.Pools, PoolCapacity{
-			Pool: p.Name, Family: Family(p.CIDR),
+			Pool: p.Name, Family: netaddr.PrefixFamily(p.CIDR).String(),
 			Addresses: math.Ldexp(1, p.CIDR.Addr().BitLen()-p.CIDR.Bits()),
 			Reserved:  reserved.countWithin(p.CIDR),
 		})
@@ -138,11 +140,11 @@ func Capacity(in CapacityInput) CapacityReport {
 func (r Reservations) countWithin(outer netip.Prefix) float64 {
 	var inside []netip.Prefix
 	for _, q := range r {
-		q = Canonical(q)
+		q = netaddr.Canonical(q)
 		if q.Addr().Is4() != outer.Addr().Is4() || !q.Overlaps(outer) {
 			continue
 		}
-		if q.Bits() <= outer.Bits() {
+		if netaddr.Covers(q, outer) {
 			return math.Ldexp(1, outer.Addr().BitLen()-outer.Bits())
 		}
 		inside = append(inside, q)
@@ -177,7 +179,7 @@ func claimable(p IPPool, blocks []netip.Prefix, reserved Reservations) float64 {
 	// Reservations: large ones by arithmetic, less the taken subnets inside them.
 	var large []netip.Prefix
 	for _, q := range reserved {
-		q = Canonical(q)
+		q = netaddr.Canonical(q)
 		if q.Addr().Is4() != p.CIDR.Addr().Is4() || !q.Overlaps(p.CIDR) {
 			continue
 		}
@@ -194,7 +196,7 @@ func claimable(p IPPool, blocks []netip.Prefix, reserved Reservations) float64 {
 			continue
 		}
 		// Subnets a block already took are not subtracted twice.
-		if slices.ContainsFunc(blocks, func(b netip.Prefix) bool { return b.Bits() <= q.Bits() && b.Contains(q.Addr()) }) {
+		if slices.ContainsFunc(blocks, func(b netip.Prefix) bool { return netaddr.Covers(b, q) }) {
 			continue
 		}
 		total -= math.Ldexp(1, p.BlockSize-q.Bits())
@@ -204,7 +206,7 @@ func claimable(p IPPool, blocks []netip.Prefix, reserved Reservations) float64 {
 			}
 		}
 		for _, b := range blocks {
-			if b.Bits() < p.BlockSize && q.Bits() <= b.Bits() && q.Contains(b.Addr()) {
+			if b.Bits() < p.BlockSize && netaddr.Covers(q, b) {
 				total += math.Ldexp(1, p.BlockSize-b.Bits())
 			}
 		}
@@ -212,7 +214,7 @@ func claimable(p IPPool, blocks []netip.Prefix, reserved Reservations) float64 {
 	// Smaller reservations: the subnet around each, when together they cover it whole.
 	seen := map[netip.Prefix]bool{}
 	for _, q := range reserved {
-		q = Canonical(q)
+		q = netaddr.Canonical(q)
 		if q.Addr().Is4() != p.CIDR.Addr().Is4() || !p.CIDR.Contains(q.Addr()) || q.Bits() <= p.BlockSize {
 			continue
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Affinity states Calico writes in affinity values.
@@ -171,7 +173,7 @@ func DecodeIPPool(data []byte) (IPPool, error) {
 	if err != nil {
 		return IPPool{}, fmt.Errorf("decode ippool %q: spec.cidr: %w", p.Name, err)
 	}
-	p.CIDR = Canonical(cidr)
+	p.CIDR = netaddr.Canonical(cidr)
 	if p.BlockSize == 0 {
 		p.BlockSize = DefaultBlockSizeV4
 		if p.CIDR.Addr().Is6() {
@@ -258,13 +260,7 @@ func (p IPPool) AllowsWorkloads() bool {
 }
 
 // Contains reports whether the prefix lies inside the pool.
-func (p IPPool) Contains(cidr netip.Prefix) bool { return Within(cidr, p.CIDR) }
-
-// Within reports whether every address of prefix p lies in outer: the one definition of "a pool
-// contains a block" (a block as large as its pool is inside it; one that holds the pool is not).
-func Within(p, outer netip.Prefix) bool {
-	return outer.Bits() <= p.Bits() && outer.Contains(p.Addr())
-}
+func (p IPPool) Contains(cidr netip.Prefix) bool { return netaddr.Covers(p.CIDR, cidr) }
 
 // Automatic reports whether the pool may be chosen without being asked for by name (assignmentMode).
 func (p IPPool) Automatic() bool { return p.AssignmentMode == "" || p.AssignmentMode == "Automatic" }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Key prefixes of the Calico etcd v3 datastore. Every prefix ends in "/" so that a listing of one node or
@@ -81,32 +83,10 @@ func keyErr(key, format string, args ...any) error {
 	return &KeyError{Key: key, Reason: fmt.Sprintf(format, args...)}
 }
 
-// Family returns "ipv4" or "ipv6" for a prefix, the word Calico uses in its keys.
-func Family(p netip.Prefix) string {
-	if p.Addr().Is4() {
-		return "ipv4"
-	}
-	return "ipv6"
-}
-
 // EncodeCIDR returns the key form of a prefix: the masked prefix in Go's canonical text with "/" replaced
 // by "-". IPv4-mapped IPv6 addresses are unmapped first.
 func EncodeCIDR(p netip.Prefix) string {
-	return strings.Replace(Canonical(p).String(), "/", "-", 1)
-}
-
-// Canonical returns p unmapped (an IPv4-mapped IPv6 prefix becomes IPv4) and masked.
-func Canonical(p netip.Prefix) netip.Prefix {
-	a := p.Addr()
-	bits := p.Bits()
-	if a.Is4In6() {
-		a = a.Unmap()
-		bits -= 96
-		if bits < 0 {
-			bits = 0
-		}
-	}
-	return netip.PrefixFrom(a, bits).Masked()
+	return strings.Replace(netaddr.Canonical(p).String(), "/", "-", 1)
 }
 
 // DecodeCIDR parses the key form of a prefix and insists that it is canonical, so that a key read from
@@ -131,12 +111,12 @@ func DecodeCIDR(s string) (netip.Prefix, error) {
 
 // BlockKey returns the etcd key of the block with the given CIDR.
 func BlockKey(cidr netip.Prefix) string {
-	return BlockPrefix + Family(Canonical(cidr)) + "/block/" + EncodeCIDR(cidr)
+	return BlockPrefix + netaddr.PrefixFamily(cidr).String() + "/block/" + EncodeCIDR(cidr)
 }
 
 // HostAffinityKey returns the etcd key of node's affinity to the block cidr.
 func HostAffinityKey(node string, cidr netip.Prefix) string {
-	return HostAffinityPrefix + node + "/" + Family(Canonical(cidr)) + "/block/" + EncodeCIDR(cidr)
+	return HostAffinityPrefix + node + "/" + netaddr.PrefixFamily(cidr).String() + "/block/" + EncodeCIDR(cidr)
 }
 
 // HostAffinityNodePrefix returns the prefix under which all of node's affinities are stored.
@@ -144,7 +124,7 @@ func HostAffinityNodePrefix(node string) string { return HostAffinityPrefix + no
 
 // VirtualAffinityKey returns the etcd key of a virtual owner's affinity to the block cidr (Calico v3.30+).
 func VirtualAffinityKey(name string, cidr netip.Prefix) string {
-	return VirtualAffinityPrefix + name + "/" + Family(Canonical(cidr)) + "/block/" + EncodeCIDR(cidr)
+	return VirtualAffinityPrefix + name + "/" + netaddr.PrefixFamily(cidr).String() + "/block/" + EncodeCIDR(cidr)
 }
 
 // HandleKey returns the etcd key of an IPAM handle.
@@ -222,7 +202,7 @@ func ParseKey(s string) (Key, error) {
 // parseFamilyBlock parses "<ipv4|ipv6>/block/<cidr>" (the tail of block and affinity keys).
 func parseFamilyBlock(full, rest string, kind KeyKind, name string) (Key, error) {
 	fam, rest, ok := strings.Cut(rest, "/")
-	if !ok || (fam != "ipv4" && fam != "ipv6") {
+	if _, known := netaddr.ParseFamily(fam); !ok || !known {
 		return Key{}, keyErr(full, "family must be ipv4 or ipv6")
 	}
 	enc, ok := strings.CutPrefix(rest, "block/")
@@ -233,8 +213,8 @@ func parseFamilyBlock(full, rest string, kind KeyKind, name string) (Key, error)
 	if err != nil {
 		return Key{}, keyErr(full, "%v", err)
 	}
-	if Family(p) != fam {
-		return Key{}, keyErr(full, "%s prefix under %s", Family(p), fam)
+	if got := netaddr.PrefixFamily(p).String(); got != fam {
+		return Key{}, keyErr(full, "%s prefix under %s", got, fam)
 	}
 	return Key{Kind: kind, CIDR: p, Name: name}, nil
 }

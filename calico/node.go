@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // NodeFamily is what routing reads of a Calico Node resource in one address family (libcalico-go
@@ -113,7 +115,7 @@ func (n Node) VTEP(v6 bool) (VTEP, error) {
 		return VTEP{}, err
 	}
 	if !f.VXLANTunnelAddr.IsValid() || !f.Addr.IsValid() || !f.FromBGP {
-		return VTEP{}, fmt.Errorf("node %q (%s): %w", n.Name, familyName(v6), ErrNoVTEP)
+		return VTEP{}, fmt.Errorf("node %q (%s): %w", n.Name, netaddr.FamilyFor(v6).String(), ErrNoVTEP)
 	}
 	mac := f.VXLANTunnelMAC
 	if mac == (MAC{}) {
@@ -129,13 +131,6 @@ func (f NodeFamily) problem(match func(field string) bool) error {
 		}
 	}
 	return nil
-}
-
-func familyName(v6 bool) string {
-	if v6 {
-		return "ipv6"
-	}
-	return "ipv4"
 }
 
 // MAC is an Ethernet (EUI-48) address.
@@ -260,7 +255,7 @@ func (f *NodeFamily) setBGPAddr(node, field, s string, v6 bool) {
 	case err != nil:
 		f.bad(node, field, s, err.Error())
 	case a.Is6() != v6:
-		f.bad(node, field, s, "not an "+familyName(v6)+" address")
+		f.bad(node, field, s, "not an "+netaddr.FamilyFor(v6).String()+" address")
 	default:
 		f.Addr, f.Subnet, f.FromBGP = a, p, true
 	}
@@ -275,7 +270,7 @@ func (f *NodeFamily) addr(node, field, s string, v6 bool) netip.Addr {
 	case a.Zone() != "":
 		f.bad(node, field, s, "zones are not allowed")
 	case a.Unmap().Is6() != v6:
-		f.bad(node, field, s, "not an "+familyName(v6)+" address")
+		f.bad(node, field, s, "not an "+netaddr.FamilyFor(v6).String()+" address")
 	default:
 		return a.Unmap()
 	}

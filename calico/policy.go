@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // This file holds the allocation decisions Calico's IPAM takes beyond one block (libcalico-go lib/ipam
@@ -138,7 +140,7 @@ func NextFreeBlock(pool IPPool, node string, used []netip.Prefix, reserved Reser
 // upwards, wrapping around (autoAssign in ipam.go walks randomBlockGenerator again); blocks of
 // another size are not visited. The first with a free address that is not reserved serves.
 func BorrowOrder(pool IPPool, node string, cidrs []netip.Prefix) []netip.Prefix {
-	p := Canonical(pool.CIDR)
+	p := netaddr.Canonical(pool.CIDR)
 	n := pool.BlockSize - p.Bits()
 	if n < 0 || n > 127 {
 		return nil
@@ -151,7 +153,7 @@ func BorrowOrder(pool IPPool, node string, cidrs []netip.Prefix) []netip.Prefix 
 	}
 	var vs []visit
 	for _, c := range cidrs {
-		c = Canonical(c)
+		c = netaddr.Canonical(c)
 		if c.Bits() != pool.BlockSize || !p.Contains(c.Addr()) {
 			continue
 		}
@@ -246,10 +248,7 @@ func SortAffinities(cidrs []netip.Prefix, state func(netip.Prefix) string) {
 			}
 			return 1
 		}
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
+		return a.Compare(b)
 	})
 }
 

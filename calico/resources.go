@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Key prefixes of the Calico v3 resources an allocator reads besides IP pools.
@@ -102,7 +104,7 @@ func ParseCIDROrIP(s string) (netip.Addr, netip.Prefix, error) {
 		if p.Addr().Zone() != "" {
 			return netip.Addr{}, netip.Prefix{}, fmt.Errorf("%q: zones are not allowed", s)
 		}
-		return p.Addr().Unmap(), Canonical(p), nil
+		return p.Addr().Unmap(), netaddr.Canonical(p), nil
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
@@ -132,13 +134,13 @@ func (r Reservations) Contains(a netip.Addr) bool {
 // CoversWhole reports whether every address of p is reserved, by one range or by several together
 // (Calico's cidrSliceFilter.MatchesWholeCIDR).
 func (r Reservations) CoversWhole(p netip.Prefix) bool {
-	p = Canonical(p)
+	p = netaddr.Canonical(p)
 	var inside []netip.Prefix
 	for _, q := range r {
 		if q.Addr().Is4() != p.Addr().Is4() || !q.Overlaps(p) {
 			continue
 		}
-		if q.Bits() <= p.Bits() {
+		if netaddr.Covers(q, p) {
 			return true
 		}
 		inside = append(inside, q)

@@ -8,6 +8,8 @@ import (
 	"math/rand"
 	"net/netip"
 	"slices"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // u128 is an address as a 128-bit unsigned integer (IPv4 in the low 32 bits).
@@ -86,7 +88,7 @@ func (u u128) shl(n int) u128 {
 type span struct{ first, last u128 }
 
 func spanOf(p netip.Prefix) span {
-	p = Canonical(p)
+	p = netaddr.Canonical(p)
 	first := toU128(p.Addr())
 	host := p.Addr().BitLen() - p.Bits()
 	size := pow2(host)
@@ -107,7 +109,7 @@ func boolU64(b bool) uint64 {
 
 // LastAddr returns the last address of the prefix p.
 func LastAddr(p netip.Prefix) netip.Addr {
-	return spanOf(p).last.addr(Canonical(p).Addr().Is4())
+	return spanOf(p).last.addr(netaddr.Canonical(p).Addr().Is4())
 }
 
 // BlockStartIndex returns the index of the block-sized subnet of a pool at which a node starts its
@@ -121,7 +123,7 @@ func BlockStartIndex(node string, pool netip.Prefix, blockSize int) uint64 {
 }
 
 func startIndex(node string, pool netip.Prefix, blockSize int) u128 {
-	n := blockSize - Canonical(pool).Bits()
+	n := blockSize - netaddr.Canonical(pool).Bits()
 	if n < 0 || n > 127 {
 		return u128{}
 	}
@@ -142,7 +144,7 @@ func FreeBlock(pool netip.Prefix, blockSize int, start uint64, used []netip.Pref
 }
 
 func freeBlock(pool netip.Prefix, blockSize int, start u128, used []netip.Prefix) (netip.Prefix, bool) {
-	pool = Canonical(pool)
+	pool = netaddr.Canonical(pool)
 	is4 := pool.Addr().Is4()
 	bitLen := pool.Addr().BitLen()
 	if blockSize < pool.Bits() || blockSize > bitLen {
@@ -152,7 +154,7 @@ func freeBlock(pool netip.Prefix, blockSize int, start u128, used []netip.Prefix
 	// Merge the used ranges that touch the pool into sorted, disjoint spans.
 	var spans []span
 	for _, u := range used {
-		u = Canonical(u)
+		u = netaddr.Canonical(u)
 		if u.Addr().Is4() != is4 || !u.Overlaps(pool) {
 			continue
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // IPAMConf is the "ipam" section of the network configuration. Field names follow calico-ipam where
@@ -93,35 +94,10 @@ func parseBool(raw json.RawMessage, field string, def bool) (bool, *types.Error)
 	return false, configError(field, "want \"true\" or \"false\", got %s", raw)
 }
 
-// Family indexes per-family settings.
-type Family int
-
-// The two address families.
-const (
-	V4 Family = iota
-	V6
-)
-
-// String returns "ipv4" or "ipv6", the word Calico uses in its keys and block-ipam in its settings.
-func (f Family) String() string {
-	if f == V6 {
-		return "ipv6"
-	}
-	return "ipv4"
-}
-
-// FamilyOf returns the family of an address.
-func FamilyOf(a netip.Addr) Family {
-	if a.Unmap().Is4() {
-		return V4
-	}
-	return V6
-}
-
 // Families returns the families ADD assigns.
-func (c *Request) Families() []Family {
-	var out []Family
-	for _, f := range []Family{V4, V6} {
+func (c *Request) Families() []netaddr.Family {
+	var out []netaddr.Family
+	for _, f := range []netaddr.Family{netaddr.V4, netaddr.V6} {
 		if c.Assign[f] {
 			out = append(out, f)
 		}
@@ -210,16 +186,16 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 	}
 
 	// Pools and families.
-	if c.Assign[V4], err = parseBool(im.AssignIPv4, "ipam.assign_ipv4", true); err != nil {
+	if c.Assign[netaddr.V4], err = parseBool(im.AssignIPv4, "ipam.assign_ipv4", true); err != nil {
 		return nil, err
 	}
-	if c.Assign[V6], err = parseBool(im.AssignIPv6, "ipam.assign_ipv6", false); err != nil {
+	if c.Assign[netaddr.V6], err = parseBool(im.AssignIPv6, "ipam.assign_ipv6", false); err != nil {
 		return nil, err
 	}
 	for f, list := range [2][]string{im.IPv4Pools, im.IPv6Pools} {
-		field := "ipam." + Family(f).String() + "_pools"
+		field := "ipam." + netaddr.Family(f).String() + "_pools"
 		for i, s := range list {
-			ref, err := parsePoolRef(s, Family(f))
+			ref, err := parsePoolRef(s, netaddr.Family(f))
 			if err != nil {
 				return nil, configError(fmt.Sprintf("%s[%d]", field, i), "%v", err)
 			}
@@ -268,10 +244,10 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 			return nil, configError(field, "%q is not an IP address", g)
 		}
 		a = a.Unmap()
-		if c.Gateways[FamilyOf(a)].IsValid() {
-			return nil, configError(field, "a second %s gateway", FamilyOf(a))
+		if c.Gateways[netaddr.FamilyOf(a)].IsValid() {
+			return nil, configError(field, "a second %s gateway", netaddr.FamilyOf(a))
 		}
-		c.Gateways[FamilyOf(a)] = a
+		c.Gateways[netaddr.FamilyOf(a)] = a
 	}
 	switch im.ResultPrefix {
 	case "", "host":
@@ -338,7 +314,7 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 		}
 		c.RequestedIPs = append(c.RequestedIPs, a)
 	}
-	if !c.Assign[V4] && !c.Assign[V6] && len(c.RequestedIPs) == 0 {
+	if !c.Assign[netaddr.V4] && !c.Assign[netaddr.V6] && len(c.RequestedIPs) == 0 {
 		return nil, configError("ipam.assign_ipv4", "both assign_ipv4 and assign_ipv6 are false: nothing to assign")
 	}
 
@@ -373,7 +349,7 @@ func loadConfig(verb string, stdin []byte, cniArgs string, resolv func(path stri
 }
 
 // parsePoolRef parses a pool reference of family f: a canonical CIDR of that family, or a pool name.
-func parsePoolRef(s string, f Family) (PoolRef, error) {
+func parsePoolRef(s string, f netaddr.Family) (PoolRef, error) {
 	s = strings.TrimSpace(s)
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
@@ -386,7 +362,7 @@ func parsePoolRef(s string, f Family) (PoolRef, error) {
 		if p != p.Masked() {
 			return PoolRef{}, fmt.Errorf("%q has host bits set (the pool is %s)", s, p.Masked())
 		}
-		if FamilyOf(p.Addr()) != f {
+		if netaddr.FamilyOf(p.Addr()) != f {
 			return PoolRef{}, fmt.Errorf("%q is not an %s prefix", s, f)
 		}
 		return PoolRef{CIDR: p}, nil
@@ -454,7 +430,7 @@ func (c *Config) Result(allocs []Allocation) *current.Result {
 			bits = a.Block.Bits()
 		}
 		ipc := &current.IPConfig{Address: net.IPNet{IP: net.IP(a.Addr.AsSlice()), Mask: net.CIDRMask(bits, a.Addr.BitLen())}}
-		if gw := c.Gateways[FamilyOf(a.Addr)]; gw.IsValid() {
+		if gw := c.Gateways[netaddr.FamilyOf(a.Addr)]; gw.IsValid() {
 			ipc.Gateway = net.IP(gw.AsSlice())
 		}
 		res.IPs = append(res.IPs, ipc)

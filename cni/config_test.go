@@ -16,6 +16,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // confJSON builds a network configuration: the ipam section gets etcd and the node unless the test
@@ -124,7 +125,7 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !c.Assign[cni.V4] || c.Assign[cni.V6] || c.Timeout != shim.DefaultTimeout || c.Request.Timeout != shim.DefaultTimeout ||
+	if !c.Assign[netaddr.V4] || c.Assign[netaddr.V6] || c.Timeout != shim.DefaultTimeout || c.Request.Timeout != shim.DefaultTimeout ||
 		c.ResultBlock || c.MaxBlocks != 0 || c.Socket != cni.DefaultSocket || c.Node != "" || c.LogLevel != "info" ||
 		c.HaveAttachments || c.Pools[0] != nil {
 		t.Errorf("defaults: %+v", c)
@@ -153,8 +154,8 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Assign != [2]bool{false, true} || len(c.Pools[cni.V6]) != 2 || c.Pools[cni.V6][1].Name != "my-pool" ||
-		c.Pools[cni.V6][0].CIDR != netip.MustParsePrefix("fd00:10::/64") {
+	if c.Assign != [2]bool{false, true} || len(c.Pools[netaddr.V6]) != 2 || c.Pools[netaddr.V6][1].Name != "my-pool" ||
+		c.Pools[netaddr.V6][0].CIDR != netip.MustParsePrefix("fd00:10::/64") {
 		t.Errorf("assign %v pools %+v", c.Assign, c.Pools)
 	}
 	if !slices.Equal(c.Exclude, []netip.Prefix{netip.MustParsePrefix("fd00:10::/126"), netip.MustParsePrefix("fd00:10::9/128")}) {
@@ -164,7 +165,7 @@ func TestConfigDefaultsAndFallbacks(t *testing.T) {
 		!slices.Equal(c.DNS.Search, []string{"a.svc", "b.svc"}) || !slices.Equal(c.DNS.Options, []string{"ndots:5"}) {
 		t.Errorf("dns %+v", c.DNS)
 	}
-	if c.Gateways[cni.V4] != netip.MustParseAddr("10.0.0.1") || c.Gateways[cni.V6] != netip.MustParseAddr("fd00:10::1") {
+	if c.Gateways[netaddr.V4] != netip.MustParseAddr("10.0.0.1") || c.Gateways[netaddr.V6] != netip.MustParseAddr("fd00:10::1") {
 		t.Errorf("gateways %v", c.Gateways)
 	}
 	if !c.ResultBlock || c.MaxBlocks != 3 || c.Timeout != 3*time.Second {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // outcome is what a runtime sees of one plugin call.
@@ -148,7 +149,7 @@ func TestDecodeChecksEachRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := call.Request(); r.Verb != "STATUS" || r.Network != "n" || r.Timeout != shim.StatusTimeout || !r.Assign[cni.V4] {
+	if r := call.Request(); r.Verb != "STATUS" || r.Network != "n" || r.Timeout != shim.StatusTimeout || !r.Assign[netaddr.V4] {
 		t.Errorf("STATUS decoded into %+v", r)
 	}
 	call, err = cni.Decode(requestFrame(env("ADD", "CNI_CONTAINERID", "c-7", "CNI_IFNAME", "net1"), conf("1.1.0", `,"timeout":"7s"`)))

@@ -15,6 +15,8 @@ import (
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/core"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Single-hop BFD (RFC 5880/5881) sessions in VPP (vnet core: every build has them). VPP ties a session to
@@ -100,7 +102,7 @@ func (k BFDKey) validate() error {
 	switch {
 	case !k.Local.IsValid() || !k.Peer.IsValid():
 		return errors.New("local and peer addresses needed")
-	case canonicalAddr(k.Local).Is4() != canonicalAddr(k.Peer).Is4():
+	case netaddr.CanonicalAddr(k.Local).Is4() != netaddr.CanonicalAddr(k.Peer).Is4():
 		return errors.New("local and peer addresses of different families")
 	case k.SwIfIndex == noInterface:
 		return errors.New("a single-hop session needs an interface")
@@ -331,7 +333,7 @@ func bfdStateFromAPI(swIfIndex uint32, local, peer ip_types.Address, tx, rx uint
 
 // mustAPIAddress converts an address already validated.
 func mustAPIAddress(a netip.Addr) (out ip_types.Address) {
-	out, _ = toAPIAddress(canonicalAddr(a))
+	out, _ = toAPIAddress(netaddr.CanonicalAddr(a))
 	return out
 }
 

@@ -12,36 +12,19 @@ import (
 	"go.fd.io/govpp/binapi/fib_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // noInterface is the sw_if_index VPP uses for "no interface" (~0).
 const noInterface = ^uint32(0)
 
-// canonicalAddr returns a without zone, an IPv4-mapped IPv6 address as IPv4.
-func canonicalAddr(a netip.Addr) netip.Addr {
-	return a.Unmap().WithZone("")
-}
-
-// unmapPrefix returns p with an IPv4-mapped IPv6 address turned into IPv4, its length reduced by 96 (so
-// ::ffff:10.0.0.0/104 is 10.0.0.0/8). Host bits are kept. A mapped address with a length below 96 is a real
-// IPv6 prefix and stays one.
-func unmapPrefix(p netip.Prefix) (netip.Prefix, error) {
+// checkPrefix refuses an invalid prefix, which netaddr would pass through unchanged.
+func checkPrefix(p netip.Prefix) error {
 	if !p.IsValid() {
-		return netip.Prefix{}, fmt.Errorf("invalid prefix %q", p)
+		return fmt.Errorf("invalid prefix %q", p)
 	}
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		return netip.PrefixFrom(a.Unmap(), p.Bits()-96), nil
-	}
-	return p, nil
-}
-
-// canonicalPrefix returns p unmapped and masked: the form routes are compared and keyed in.
-func canonicalPrefix(p netip.Prefix) (netip.Prefix, error) {
-	p, err := unmapPrefix(p)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	return p.Masked(), nil
+	return nil
 }
 
 // putAPIAddress writes a into VPP's address union; a must be valid and unmapped when IPv4.
@@ -64,7 +47,7 @@ func toAPIAddress(a netip.Addr) (ip_types.Address, error) {
 		return ip_types.Address{}, fmt.Errorf("invalid address %q", a)
 	}
 	var out ip_types.Address
-	out.Af = putAPIAddress(&out.Un, canonicalAddr(a))
+	out.Af = putAPIAddress(&out.Un, netaddr.CanonicalAddr(a))
 	return out, nil
 }
 
@@ -106,10 +89,10 @@ func prefixFromAPI(a ip_types.Address, length uint8) (netip.Prefix, error) {
 
 // toAPIPrefix converts a route prefix for VPP: unmapped and masked.
 func toAPIPrefix(p netip.Prefix) (ip_types.Prefix, error) {
-	p, err := canonicalPrefix(p)
-	if err != nil {
+	if err := checkPrefix(p); err != nil {
 		return ip_types.Prefix{}, err
 	}
+	p = netaddr.Canonical(p)
 	var out ip_types.Prefix
 	out.Address.Af = putAPIAddress(&out.Address.Un, p.Addr())
 	out.Len = uint8(p.Bits())
@@ -127,10 +110,10 @@ func fromAPIPrefix(p ip_types.Prefix) (netip.Prefix, error) {
 
 // toAPIAddressWithPrefix converts an interface address (host bits kept) for VPP.
 func toAPIAddressWithPrefix(p netip.Prefix) (ip_types.AddressWithPrefix, error) {
-	p, err := unmapPrefix(p)
-	if err != nil {
+	if err := checkPrefix(p); err != nil {
 		return ip_types.AddressWithPrefix{}, err
 	}
+	p = netaddr.Unmap(p)
 	var out ip_types.AddressWithPrefix
 	out.Address.Af = putAPIAddress(&out.Address.Un, p.Addr())
 	out.Len = uint8(p.Bits())
@@ -148,7 +131,7 @@ func toAPIPath(nextHop netip.Addr, swIfIndex uint32, prefixIs4 bool) fib_types.F
 	path := fib_types.FibPath{SwIfIndex: swIfIndex, Weight: 1, Proto: fib_types.FIB_API_PATH_NH_PROTO_IP6}
 	is4 := prefixIs4
 	if nextHop.IsValid() {
-		nh := canonicalAddr(nextHop)
+		nh := netaddr.CanonicalAddr(nextHop)
 		is4 = nh.Is4()
 		putAPIAddress(&path.Nh.Address, nh)
 	}

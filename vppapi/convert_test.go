@@ -8,6 +8,8 @@ import (
 	"go.fd.io/govpp/binapi/fib_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 func v4union(s string) ip_types.AddressUnion {
@@ -130,7 +132,7 @@ func TestAddress(t *testing.T) {
 		if err != nil {
 			t.Fatalf("fromAPIAddress: %v", err)
 		}
-		if want := canonicalAddr(a); back != want {
+		if want := netaddr.CanonicalAddr(a); back != want {
 			t.Errorf("fromAPIAddress(toAPIAddress(%v)) = %v, want %v", a, back, want)
 		}
 	}

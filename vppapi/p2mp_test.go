@@ -14,6 +14,8 @@ import (
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/teib"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // EnsureIPIPMultipoint makes sure VPP has the point-to-multipoint IPIP tunnel from src in table (mode MP,
@@ -24,7 +26,7 @@ func (c *Client) EnsureIPIPMultipoint(ctx context.Context, src netip.Addr, table
 	if !src.IsValid() {
 		return 0, fmt.Errorf("%s: source needed", what)
 	}
-	src = canonicalAddr(src)
+	src = netaddr.CanonicalAddr(src)
 	sess, err := c.current()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
@@ -90,9 +92,9 @@ func (c *Client) teibAddDel(ctx context.Context, e TEIBEntry, add bool) error {
 	}
 	req := &teib.TeibEntryAddDel{IsAdd: boolU8(add), Entry: teib.TeibEntry{
 		SwIfIndex: interface_types.InterfaceIndex(e.SwIfIndex), NhTableID: e.NextHopTable}}
-	req.Entry.Peer.Af = putAPIAddress(&req.Entry.Peer.Un, canonicalAddr(e.Peer))
+	req.Entry.Peer.Af = putAPIAddress(&req.Entry.Peer.Un, netaddr.CanonicalAddr(e.Peer))
 	if e.NextHop.IsValid() {
-		req.Entry.Nh.Af = putAPIAddress(&req.Entry.Nh.Un, canonicalAddr(e.NextHop))
+		req.Entry.Nh.Af = putAPIAddress(&req.Entry.Nh.Un, netaddr.CanonicalAddr(e.NextHop))
 	}
 	reply, err := c.call(ctx, sess, req)
 	if err != nil {

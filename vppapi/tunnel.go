@@ -12,6 +12,8 @@ import (
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ipip"
 	"go.fd.io/govpp/binapi/tunnel_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // TunnelMode is an IPIP tunnel's mode, as VPP numbers it (tunnel_types.api).
@@ -119,7 +121,7 @@ func (c *Client) ensureIPIP(ctx context.Context, spec IPIPSpec) (uint32, error) 
 	if !spec.Src.IsValid() || !spec.Dst.IsValid() {
 		return 0, errors.New("source and destination needed")
 	}
-	src, dst := canonicalAddr(spec.Src), canonicalAddr(spec.Dst)
+	src, dst := netaddr.CanonicalAddr(spec.Src), netaddr.CanonicalAddr(spec.Dst)
 	if src.Is4() != dst.Is4() {
 		return 0, errors.New("source and destination of different families")
 	}

@@ -9,6 +9,7 @@ import (
 
 	"go.fd.io/govpp/adapter/socketclient"
 	"go.fd.io/govpp/api"
+	"go.fd.io/govpp/binapi/fib_types"
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
@@ -538,4 +539,77 @@ func TestIPIPTunnelTag(t *testing.T) {
 	if _, err := h.c.InterfaceMTU(ctx, 999); !errors.Is(err, vppapi.ErrNoInterface) {
 		t.Errorf("InterfaceMTU(999) = %v, want ErrNoInterface", err)
 	}
+}
+
+// TestIPIPHostRoutes: VPP gives a host prefix's path out of an interface with no next hop the prefix's
+// own address as next hop (a /32 or /128 of a pod borrowed from another node's block, through that
+// node's tunnel, dumps as "via 10.244.0.10 ipip0"), a shorter prefix's path has none. Both families;
+// the client's dump and the raw one agree (the agent reads such a route as its own: agent.ownedRoute).
+func TestIPIPHostRoutes(t *testing.T) {
+	v, h, uplink := tunnelSetup(t)
+	ctx := ctxT(t)
+	ch := rawChannel(t, v)
+	idx, err := h.c.EnsureIPIPTunnel(ctx, vppapi.IPIPSpec{Src: addr(nodeIP), Dst: addr(peerIP), Unnumbered: uplink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := []vppapi.Route{
+		{Prefix: pfx("10.244.0.10/32"), SwIfIndex: idx},
+		{Prefix: pfx("fd10::5/128"), SwIfIndex: idx},
+		{Prefix: pfx("10.244.0.64/26"), SwIfIndex: idx},
+	}
+	if res := h.c.Apply(ctx, routes, nil); res.Err() != nil {
+		t.Fatal(res.Err())
+	}
+	for _, r := range routes {
+		fib, err := h.c.DumpAPIRoutes(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantNH := netip.Addr{}
+		if r.Prefix.IsSingleIP() {
+			wantNH = r.Prefix.Addr()
+		}
+		i := slices.IndexFunc(fib, func(e vppapi.FIBEntry) bool { return e.Prefix == r.Prefix })
+		if want := []vppapi.Path{{NextHop: wantNH, SwIfIndex: idx, Type: vppapi.PathNormal}}; i < 0 || !slices.Equal(fib[i].Paths, want) {
+			t.Errorf("%v read back as %v, want %v", r.Prefix, fib, want)
+		}
+		var raw []fib_types.FibPath
+		req := ch.SendMultiRequest(&ip.IPRouteDump{Table: ip.IPTable{IsIP6: r.Prefix.Addr().Is6()}})
+		for {
+			d := new(ip.IPRouteDetails)
+			last, err := req.ReceiveReply(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last {
+				break
+			}
+			if p, err := netip.ParsePrefix(d.Route.Prefix.String()); err == nil && p == r.Prefix {
+				raw = d.Route.Paths
+			}
+		}
+		var nh netip.Addr
+		if len(raw) == 1 {
+			nh = addrOfPath(raw[0])
+		}
+		if len(raw) != 1 || nh != wantNH {
+			t.Errorf("%v: VPP dumps paths %+v (next hop %v), want one via %v", r.Prefix, raw, nh, wantNH)
+		}
+	}
+}
+
+// addrOfPath is a dumped path's next hop, the zero Addr for all zeros.
+func addrOfPath(p fib_types.FibPath) netip.Addr {
+	var a netip.Addr
+	switch p.Proto {
+	case fib_types.FIB_API_PATH_NH_PROTO_IP4:
+		a = netip.AddrFrom4(p.Nh.Address.GetIP4())
+	case fib_types.FIB_API_PATH_NH_PROTO_IP6:
+		a = netip.AddrFrom16(p.Nh.Address.GetIP6())
+	}
+	if a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a
 }

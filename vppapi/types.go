@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Route is one route the agent programs: Prefix via NextHop on SwIfIndex in TableID, and, for an ECMP
@@ -148,13 +150,12 @@ func (r Route) String() string {
 // Canonical returns r with its prefix unmapped and masked and its next hops unmapped, or an error if the
 // prefix is not valid.
 func (r Route) Canonical() (Route, error) {
-	p, err := canonicalPrefix(r.Prefix)
-	if err != nil {
+	if err := checkPrefix(r.Prefix); err != nil {
 		return Route{}, err
 	}
-	r.Prefix = p
+	r.Prefix = netaddr.Canonical(r.Prefix)
 	if r.NextHop.IsValid() {
-		r.NextHop = canonicalAddr(r.NextHop)
+		r.NextHop = netaddr.CanonicalAddr(r.NextHop)
 	}
 	return r, nil
 }

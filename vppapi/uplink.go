@@ -10,6 +10,8 @@ import (
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Uplink is the interface the node's routes leave by, and the addresses it must have.
@@ -74,10 +76,10 @@ func (c *Client) setupUplink(ctx context.Context, u Uplink) (uint32, error) {
 	want := make([]netip.Prefix, 0, len(u.Addresses))
 	var want4, want6 bool
 	for _, a := range u.Addresses {
-		p, err := unmapPrefix(a)
-		if err != nil {
+		if err := checkPrefix(a); err != nil {
 			return 0, fmt.Errorf("address: %w", err)
 		}
+		p := netaddr.Unmap(a)
 		want = append(want, p)
 		want4 = want4 || p.Addr().Is4()
 		want6 = want6 || p.Addr().Is6()

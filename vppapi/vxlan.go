@@ -17,6 +17,8 @@ import (
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/binapi/vlib"
 	"go.fd.io/govpp/binapi/vxlan"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // VXLAN in the form that talks to a Linux node whose felix made vxlan.calico (measured on VPP 26.06 with
@@ -130,7 +132,7 @@ func (s VXLANSpec) key() (src, dst netip.Addr, err error) {
 	if !s.Src.IsValid() || !s.Dst.IsValid() {
 		return src, dst, errors.New("source and destination needed")
 	}
-	src, dst = canonicalAddr(s.Src), canonicalAddr(s.Dst)
+	src, dst = netaddr.CanonicalAddr(s.Src), netaddr.CanonicalAddr(s.Dst)
 	switch {
 	case src.Is4() != dst.Is4():
 		return src, dst, errors.New("source and destination of different families")
@@ -535,7 +537,7 @@ func (c *Client) neighbor(ctx context.Context, add bool, swIfIndex uint32, ip ne
 		Flags:      ip_neighbor.IP_API_NEIGHBOR_FLAG_STATIC,
 		MacAddress: ethernet_types.MacAddress(mac),
 	}}
-	req.Neighbor.IPAddress.Af = putAPIAddress(&req.Neighbor.IPAddress.Un, canonicalAddr(ip))
+	req.Neighbor.IPAddress.Af = putAPIAddress(&req.Neighbor.IPAddress.Un, netaddr.CanonicalAddr(ip))
 	var tolerated []api.VPPApiError
 	if !add {
 		tolerated = []api.VPPApiError{api.NO_SUCH_ENTRY}

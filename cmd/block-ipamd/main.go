@@ -24,13 +24,13 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/release"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/flagenv"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
@@ -38,7 +38,6 @@ import (
 
 // Defaults of the flags without a library default.
 const (
-	nodenameFile          = "/var/lib/calico/nodename"
 	defaultMetricsAddress = "127.0.0.1:9483"
 	// shutdownLimit bounds how long a stop may take after SIGTERM.
 	shutdownLimit = 10 * time.Second
@@ -91,17 +90,9 @@ type config struct {
 	releaseAfter time.Duration
 }
 
-// envName returns the environment variable a flag falls back to: Calico's name where Calico has one
-// (ETCD_ENDPOINTS, NODENAME...), else BLOCK_IPAM_<FLAG> (--max-connections: BLOCK_IPAM_MAX_CONNECTIONS).
-func envName(flag string) string {
-	if flag == "nodename" {
-		return "NODENAME"
-	}
-	if e, ok := etcdconfig.CalicoEnv[flag]; ok {
-		return e
-	}
-	return "BLOCK_IPAM_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
+// flagEnv names the daemon's environment fall-backs: Calico's names, else BLOCK_IPAM_<FLAG>
+// (--max-connections: BLOCK_IPAM_MAX_CONNECTIONS).
+var flagEnv = flagenv.Env{Prefix: "BLOCK_IPAM_", Calico: etcdconfig.CalicoEnv}
 
 // parseFlags parses and validates the command line and environment; it opens no connection.
 func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bool)) (*config, error) {
@@ -109,7 +100,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	fs.SetOutput(stderr)
 	cfg := &config{}
 	cfg.etcd.BindFlags(fs)
-	nodename := fs.String("nodename", "", "this node's name; else "+nodenameFile+", else the lower-cased hostname")
+	nodename := fs.String("nodename", "", "this node's name; else "+flagenv.NodenameFile+", else the lower-cased hostname")
 	fs.StringVar(&cfg.socket, "socket", cni.DefaultSocket, "unix socket the CNI plugin connects to (the network configuration's ipam.socket)")
 	// Removed: refused with the reason rather than ignored, so that a setting left in an environment
 	// file is not silently dropped.
@@ -124,11 +115,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
 	version := fs.Bool("version", false, "print the version and exit")
-	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name != "version" && f.Deprecated == "" {
-			f.Usage += " (env " + envName(f.Name) + ")"
-		}
-	})
+	flagEnv.Annotate(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, usageError{err}
 	}
@@ -139,7 +126,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))}
 	}
-	if err := applyEnv(fs, lookup); err != nil {
+	if err := flagEnv.Apply(fs, lookup); err != nil {
 		return nil, usageError{err}
 	}
 	bad := func(err error) (*config, error) { return nil, usageError{err} }
@@ -152,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	if err := checkPorts(cfg.etcd.Endpoints); err != nil {
 		return bad(err)
 	}
-	node, err := nodeName(*nodename)
+	node, err := flagenv.NodeName(*nodename, flagenv.NodenameFile)
 	if err != nil {
 		return bad(err)
 	}
@@ -165,7 +152,7 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 	}
 	if *group != "" {
 		return bad(fmt.Errorf("--socket-group (%s) was removed: the socket is 0600, for root (the runtime executing the plugin) only; "+
-			"the shipped unit forbids chown and the DaemonSet's container has no CAP_CHOWN, so no other group could be given it", envName("socket-group")))
+			"the shipped unit forbids chown and the DaemonSet's container has no CAP_CHOWN, so no other group could be given it", flagEnv.Name("socket-group")))
 	}
 	if cfg.metricsAddress != "" {
 		if err := checkListen(cfg.metricsAddress); err != nil {
@@ -190,27 +177,6 @@ func parseFlags(args []string, stderr io.Writer, lookup func(string) (string, bo
 		}
 	}
 	return cfg, nil
-}
-
-// nodeName applies Calico's order: --nodename/NODENAME, the node name file, the lower-cased hostname.
-func nodeName(flag string) (string, error) {
-	name, from := strings.TrimSpace(flag), "--nodename"
-	if name == "" {
-		if b, err := os.ReadFile(nodenameFile); err == nil {
-			name, from = strings.TrimSpace(string(b)), nodenameFile
-		}
-	}
-	if name == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return "", fmt.Errorf("--nodename: not set and the hostname is unknown: %w", err)
-		}
-		name, from = strings.ToLower(strings.TrimSpace(h)), "the hostname"
-	}
-	if err := calico.CheckNodeName(name); err != nil {
-		return "", fmt.Errorf("--nodename (from %s): %w", from, err)
-	}
-	return name, nil
 }
 
 // checkPorts refuses an endpoint whose port is not a number in 1-65535.

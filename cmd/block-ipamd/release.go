@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/user"
-	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -44,7 +43,7 @@ func releaseNodeCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	// Only the connection's settings come from the environment: an exported BLOCK_IPAM_FORCE must
 	// never release a live node.
-	if err := applyEnv(fs, lookup, "yes", "force", "output", "log-level"); err != nil {
+	if err := flagEnv.Apply(fs, lookup, "yes", "force", "output", "log-level"); err != nil {
 		return usageError{err}
 	}
 	if fs.NArg() != 1 {
@@ -116,22 +115,6 @@ func releaseNodeCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		err = fmt.Errorf("%w; run release-node again", err)
 	}
 	return err
-}
-
-// applyEnv sets each flag not given on the command line, except those named, from its environment
-// variable (envName).
-func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool), except ...string) error {
-	var errs []error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if e := envName(f.Name); f.Name != "version" && f.Deprecated == "" && !f.Changed && !slices.Contains(except, f.Name) {
-			if v, ok := lookup(e); ok && v != "" {
-				if err := fs.Set(f.Name, v); err != nil {
-					errs = append(errs, fmt.Errorf("environment %s (for --%s): %w", e, f.Name, err))
-				}
-			}
-		}
-	})
-	return errors.Join(errs...)
 }
 
 // operator names who runs the command, for the release record.

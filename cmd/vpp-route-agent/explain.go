@@ -17,6 +17,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -219,7 +220,7 @@ func parseQuery(s string) (netip.Prefix, bool, error) {
 	if p != p.Masked() {
 		return netip.Prefix{}, false, fmt.Errorf("%s has host bits set: give the address %s or the prefix %s", p, p.Addr(), p.Masked())
 	}
-	p = calico.Canonical(p)
+	p = netaddr.Canonical(p)
 	return p, p.IsSingleIP(), nil
 }
 
@@ -254,7 +255,7 @@ func explain(snap *blockwatch.Snapshot, q netip.Prefix, isAddr bool, node string
 		}
 		e := p.Encap()
 		pi := poolInfo{Name: p.Name, CIDR: p.CIDR.String(), BlockSize: p.BlockSize, Disabled: p.Disabled,
-			Managed:  slices.ContainsFunc(managed, func(m netip.Prefix) bool { return calico.Within(p.CIDR, m) }),
+			Managed:  slices.ContainsFunc(managed, func(m netip.Prefix) bool { return netaddr.Covers(m, p.CIDR) }),
 			IPIPMode: string(p.IPIPMode), VXLANMode: string(p.VXLANMode), Encap: e.Type.String(), CrossSubnet: e.CrossSubnet,
 			NodeSelector: p.NodeSelector, Problems: []string{}}
 		for _, pr := range p.EncapProblems() {
@@ -264,12 +265,12 @@ func explain(snap *blockwatch.Snapshot, q netip.Prefix, isAddr bool, node string
 			pi.BlocksPossible = 1 << (p.BlockSize - p.CIDR.Bits())
 		}
 		for cidr := range snap.Blocks.All() {
-			if calico.Within(cidr, p.CIDR) {
+			if netaddr.Covers(p.CIDR, cidr) {
 				pi.BlocksClaimed++
 			}
 		}
 		for cidr := range snap.Held {
-			if calico.Within(cidr, p.CIDR) && snap.Blocks.Get(cidr) == nil {
+			if netaddr.Covers(p.CIDR, cidr) && snap.Blocks.Get(cidr) == nil {
 				pi.BlocksClaimed++ // a block whose value cannot be read still takes its place
 			}
 		}
@@ -286,13 +287,13 @@ func readAllocation(ctx context.Context, cli *clientv3.Client, ef *etcdFlags, sn
 	var cidr netip.Prefix
 	var routing *blockwatch.Block
 	for c, b := range snap.Blocks.All() {
-		if c.Bits() <= q.Bits() && c.Contains(q.Addr()) && (!cidr.IsValid() || c.Bits() > cidr.Bits()) {
+		if netaddr.Covers(c, q) && (!cidr.IsValid() || c.Bits() > cidr.Bits()) {
 			cidr, routing = c, b
 		}
 	}
 	var held *agent.HeldBlock
 	for c, h := range snap.Held {
-		if c.Bits() <= q.Bits() && c.Contains(q.Addr()) {
+		if netaddr.Covers(c, q) {
 			held = &agent.HeldBlock{Block: c, Reason: h.Reason, Revision: h.Revision, LastGood: h.LastGood}
 			cidr = c
 		}
@@ -322,7 +323,7 @@ func readAllocation(ctx context.Context, cli *clientv3.Client, ef *etcdFlags, sn
 		}
 		return resp, nil
 	}
-	key := ef.blockPrefix + calico.Family(cidr) + "/block/" + calico.EncodeCIDR(cidr)
+	key := ef.blockPrefix + netaddr.PrefixFamily(cidr).String() + "/block/" + calico.EncodeCIDR(cidr)
 	resp, err := get(key)
 	if err != nil {
 		return err

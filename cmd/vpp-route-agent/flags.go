@@ -1,81 +1,32 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/spf13/pflag"
-	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/flagenv"
 )
 
-// envPrefix is the prefix of the environment fall-back of every flag without a Calico name:
-// --table-id falls back to VPP_ROUTE_AGENT_TABLE_ID.
-const envPrefix = "VPP_ROUTE_AGENT_"
-
-// calicoEnv maps flags to the environment names Calico uses for the same setting.
-var calicoEnv = func() map[string]string {
-	m := map[string]string{"nodename": "NODENAME"}
-	for f, e := range etcdconfig.CalicoEnv {
-		m[f] = e
-	}
-	return m
-}()
-
-// envName returns the environment variable a flag falls back to.
-func envName(flag string) string {
-	if e, ok := calicoEnv[flag]; ok {
-		return e
-	}
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
-
-// applyEnv sets every flag not given on the command line from its environment variable, and notes the
-// variable in the flag's usage so that --help documents it. Repeatable flags take a comma-separated list.
-func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
-	var errs []error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" || f.Name == "version" || f.Deprecated != "" {
-			return
-		}
-		name := envName(f.Name)
-		if f.Changed {
-			return
-		}
-		if v, ok := lookup(name); ok && v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("environment %s (for --%s): %w", name, f.Name, err))
-			}
-		}
-	})
-	return errors.Join(errs...)
-}
+// flagEnv names the agent's environment fall-backs: Calico's names, else VPP_ROUTE_AGENT_<FLAG>
+// (--table-id falls back to VPP_ROUTE_AGENT_TABLE_ID).
+var flagEnv = flagenv.Env{Prefix: "VPP_ROUTE_AGENT_", Calico: etcdconfig.CalicoEnv}
 
 // parseWithEnv documents the environment fall-backs in the usage, parses args and applies the
 // environment to the flags not given; errors are usage errors.
 func parseWithEnv(fs *pflag.FlagSet, args []string, lookup func(string) (string, bool)) error {
-	annotateEnv(fs)
+	flagEnv.Annotate(fs)
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	if err := applyEnv(fs, lookup); err != nil {
+	if err := flagEnv.Apply(fs, lookup); err != nil {
 		return usageError{err}
 	}
 	return nil
-}
-
-// annotateEnv adds "(env NAME)" to each flag's usage.
-func annotateEnv(fs *pflag.FlagSet) {
-	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name != "help" && f.Name != "version" && f.Deprecated == "" {
-			f.Usage += " (env " + envName(f.Name) + ")"
-		}
-	})
 }
 
 // etcdFlags are the datastore flags shared by the daemon and the routes subcommand.
@@ -141,34 +92,4 @@ func (e *etcdFlags) pools() ([]netip.Prefix, error) {
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-// resolveNodeName applies Calico's order: --nodename/NODENAME (already merged), the file
-// /var/lib/calico/nodename, then the lower-cased hostname.
-// The name must be usable as one etcd key segment (agent.CheckNodeName).
-func resolveNodeName(flagValue, nodenameFile string) (string, error) {
-	name, from, err := findNodeName(flagValue, nodenameFile)
-	if err != nil {
-		return "", err
-	}
-	if err := agent.CheckNodeName(name); err != nil {
-		return "", fmt.Errorf("--nodename (from %s): %w", from, err)
-	}
-	return name, nil
-}
-
-func findNodeName(flagValue, nodenameFile string) (name, from string, err error) {
-	if v := strings.TrimSpace(flagValue); v != "" {
-		return v, "--nodename or $NODENAME", nil
-	}
-	if b, err := os.ReadFile(nodenameFile); err == nil {
-		if v := strings.TrimSpace(string(b)); v != "" {
-			return v, nodenameFile, nil
-		}
-	}
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "", "", fmt.Errorf("--nodename: not set and the hostname is unknown: %v", err)
-	}
-	return strings.ToLower(h), "the hostname", nil
 }

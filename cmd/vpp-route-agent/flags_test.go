@@ -143,22 +143,6 @@ func TestEtcdCredentialsFromEnvironmentAndFile(t *testing.T) {
 	}
 }
 
-func TestNodeNameOrder(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "nodename")
-	if n, _ := resolveNodeName(" flag-node ", file); n != "flag-node" {
-		t.Errorf("flag: %q", n)
-	}
-	os.WriteFile(file, []byte("file-node\n"), 0o644)
-	if n, _ := resolveNodeName("", file); n != "file-node" {
-		t.Errorf("file: %q", n)
-	}
-	h, _ := os.Hostname()
-	if n, _ := resolveNodeName("", filepath.Join(dir, "missing")); n != strings.ToLower(h) {
-		t.Errorf("hostname: %q, want %q", n, strings.ToLower(h))
-	}
-}
-
 func TestVersionAndHelp(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if err := run(context.Background(), []string{"--version"}, &out, &errOut, env(nil)); err != nil || !strings.HasPrefix(out.String(), "vpp-route-agent ") {

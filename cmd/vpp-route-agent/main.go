@@ -29,15 +29,13 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/buildinfo"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/flagenv"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/httpserve"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/logging"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/sdnotify"
 	"github.com/vpp-route-agent/vpp-route-agent/vppapi"
 	"golang.org/x/sync/errgroup"
 )
-
-// nodenameFile is where calico/node records the node name.
-const nodenameFile = "/var/lib/calico/nodename"
 
 // defaultMetricsAddress is loopback: the server is opened to the network only when told.
 const defaultMetricsAddress = "127.0.0.1:9482"
@@ -149,7 +147,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 			"Every flag falls back to the environment variable named after it.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	annotateEnv(fs)
+	flagEnv.Annotate(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, usageError{err}
 	}
@@ -157,7 +155,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		fmt.Fprintf(stdout, "vpp-route-agent %s (revision %s, %s)\n", buildinfo.Version, buildinfo.Revision(), buildinfo.GoVersion())
 		return nil, nil
 	}
-	if err := applyEnv(fs, getenv); err != nil {
+	if err := flagEnv.Apply(fs, getenv); err != nil {
 		return nil, usageError{err}
 	}
 	if fs.NArg() > 0 {
@@ -171,7 +169,7 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 	if err != nil {
 		return bad(err)
 	}
-	node, err := resolveNodeName(ef.nodename, nodenameFile)
+	node, err := flagenv.NodeName(ef.nodename, flagenv.NodenameFile)
 	if err != nil {
 		return bad(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/flagenv"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -86,7 +87,7 @@ func readEtcd(ctx context.Context, ef *etcdFlags, getenv func(string) (string, b
 	if err := ef.validate(getenv); err != nil {
 		return nil, usageError{err}
 	}
-	node, err := resolveNodeName(ef.nodename, nodenameFile)
+	node, err := flagenv.NodeName(ef.nodename, flagenv.NodenameFile)
 	if err != nil {
 		return nil, usageError{err}
 	}

@@ -30,10 +30,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks. The IPv4
-// pool is IPIP CrossSubnet, as Calico's default pool: blocks of a node in this node's subnet are routed
-// flat, others through an IPIP tunnel (on the wired lab, node-2 sits behind the router). The IPv6 pool has
-// no encapsulation (IPIP is IPv4-only), so its flat routes across the router must fail.
+// The lab's pools: small IPv4 blocks (16 addresses) so that a few pods claim several blocks (the IPv4
+// pool's CIDR is --ipv4-pool's). The IPv4 pool is IPIP CrossSubnet, as Calico's default pool: blocks of a
+// node in this node's subnet are routed flat, others through an IPIP tunnel (on the wired lab, node-2 sits
+// behind the router). The IPv6 pool has no encapsulation (IPIP is IPv4-only), so its flat routes across
+// the router must fail.
 var (
 	labPoolV4 = calico.IPPool{Name: "lab-ipv4", CIDR: netip.MustParsePrefix("10.244.0.0/16"), BlockSize: 28,
 		IPIPMode: calico.EncapCrossSubnet, VXLANMode: calico.EncapNever}
@@ -50,6 +51,10 @@ type lab struct {
 	nodes []*labNode
 	steps []stepResult
 	podN  int
+	// poolV4 and poolV6 are the pools the lab creates (poolV4 with --ipv4-pool's CIDR).
+	poolV4, poolV6 calico.IPPool
+	// prom is the lab's Prometheus (--prometheus), nil when it runs none.
+	prom *promServer
 	// topo is the memif topology of the wired lab (--vpp with a lab build), nil otherwise: only then do
 	// the steps ping pods.
 	topo *vpptopo.Topology
@@ -73,10 +78,12 @@ type labNode struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 
-	// ipamd is the node's block-ipam daemon, answering on ipamSock; it runs for the whole lab.
-	ipamd    *exec.Cmd
-	ipamSock string
-	ipamLog  string
+	// ipamd is the node's block-ipam daemon, answering on ipamSock, its /metrics on ipamMetrics; it
+	// runs for the whole lab.
+	ipamd       *exec.Cmd
+	ipamSock    string
+	ipamMetrics string
+	ipamLog     string
 }
 
 type stepResult struct {
@@ -87,7 +94,8 @@ type stepResult struct {
 }
 
 func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
-	l := &lab{o: o, out: out}
+	l := &lab{o: o, out: out, poolV4: labPoolV4, poolV6: labPoolV6}
+	l.poolV4.CIDR = o.ipv4Pool
 	l.logf("data directory %s", o.dataDir)
 	etcd, err := etcdtest.New(etcdtest.Options{Dir: filepath.Join(o.dataDir, "etcd")})
 	if err != nil {
@@ -99,7 +107,7 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 		return nil, err
 	}
 	l.logf("etcd listening on %s", etcd.Endpoint())
-	for _, p := range []calico.IPPool{labPoolV4, labPoolV6} {
+	for _, p := range []calico.IPPool{l.poolV4, l.poolV6} {
 		v, _ := calico.EncodeIPPool(p)
 		if _, err := l.cli.Put(ctx, calico.IPPoolKey(p.Name), string(v)); err != nil {
 			l.close()
@@ -129,12 +137,14 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			addr6:   netip.MustParsePrefix(fmt.Sprintf("fd00:100::%d/64", i)),
 			logPath: filepath.Join(o.dataDir, fmt.Sprintf("agent-node-%d.log", i)),
 		}
-		port, err := etcdtest.FreePort()
-		if err != nil {
+		if n.metrics, err = freeAddr(); err != nil {
 			l.close()
 			return nil, err
 		}
-		n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
+		if n.ipamMetrics, err = freeAddr(); err != nil {
+			l.close()
+			return nil, err
+		}
 		switch {
 		case l.topo != nil:
 			tn := l.topo.Nodes[i-1]
@@ -158,10 +168,68 @@ func newLab(ctx context.Context, o options, out io.Writer) (*lab, error) {
 			l.logf("%s: VPP pid %d, uplink %s (appears 2s after VPP starts): %s show ip fib", n.name, n.vpp.pid(), n.vpp.uplink(), ctl)
 		}
 	}
+	if err := l.startPrometheus(ctx); err != nil {
+		l.close()
+		return nil, err
+	}
 	return l, nil
 }
 
+// startPrometheus runs the lab's Prometheus when --prometheus asks for it: every agent and block-ipamd
+// scraped (the agents answer once the scenario starts them), the shipped rules loaded, its data under
+// the data directory.
+func (l *lab) startPrometheus(ctx context.Context) error {
+	if l.o.promBin == "" {
+		if l.o.promMode == "auto" && l.o.keepRunning {
+			l.logf("no Prometheus: prometheus is not on PATH (Debian's package: make promtool); the daemons' /metrics are below")
+		}
+		return nil
+	}
+	addr := l.o.promAddr
+	if addr == "" {
+		var err error
+		if addr, err = freeAddr(); err != nil {
+			return err
+		}
+	}
+	var targets []promTarget
+	for _, n := range l.nodes {
+		targets = append(targets, promTarget{job: "vpp-route-agent", node: n.name, addr: n.metrics},
+			promTarget{job: "block-ipamd", node: n.name, addr: n.ipamMetrics})
+	}
+	start := time.Now()
+	p, err := startPrometheus(ctx, l.o.promBin, filepath.Join(l.o.dataDir, "prometheus"), addr, targets, l.o.alertFor)
+	if err != nil {
+		return err
+	}
+	l.prom = p
+	ready := time.Since(start)
+	if err := p.waitScraped(ctx, len(targets)); err != nil {
+		return err
+	}
+	rules := "the shipped alert rules (deploy/monitoring/rules.yml)"
+	if l.o.alertFor >= 0 {
+		rules += fmt.Sprintf(" with every `for` set to %s (--alert-for)", promDuration(l.o.alertFor))
+	}
+	l.logf("Prometheus pid %d ready in %s, first scrape after %s (agents down until they start), scraping %d daemons every %s with %s; data and log in %s",
+		p.cmd.Process.Pid, ready.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), len(targets), promInterval, rules, p.dir)
+	l.logf("Prometheus web UI: %s/alerts  %s/targets", p.ui, p.ui)
+	return nil
+}
+
+// freeAddr returns a loopback address with a free TCP port.
+func freeAddr() (string, error) {
+	port, err := etcdtest.FreePort()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port), nil
+}
+
 func (l *lab) close() {
+	if l.prom != nil {
+		l.prom.stop()
+	}
 	for _, n := range l.nodes {
 		l.stopAgent(n)
 		if n.ipamd != nil {
@@ -229,7 +297,7 @@ func (l *lab) startIPAMD(ctx context.Context, n *labNode) error {
 	}
 	defer logf.Close() // the child has its own descriptor
 	cmd := exec.Command(filepath.Join(l.o.binDir, "block-ipamd"), "--nodename", n.name, "--socket", n.ipamSock,
-		"--etcd-endpoints", l.etcd.Endpoint(), "--metrics-address", "")
+		"--etcd-endpoints", l.etcd.Endpoint(), "--metrics-address", n.ipamMetrics, "--capacity-interval", promInterval.String())
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -437,7 +505,7 @@ func (l *lab) snapshot(ctx context.Context) (*blockwatch.Snapshot, error) {
 
 // fib returns node n's routes inside the lab's pools as "prefix via next-hop", sorted; a failed dump is
 // one line saying so (which never equals a desired FIB).
-func fib(n *labNode) []string {
+func (l *lab) fib(n *labNode) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	routes, err := n.vpp.apiRoutes(ctx)
@@ -450,12 +518,13 @@ func fib(n *labNode) []string {
 	}
 	var out []string
 	for _, r := range routes {
-		if !labPoolV4.CIDR.Contains(r.Prefix.Addr()) && !labPoolV6.CIDR.Contains(r.Prefix.Addr()) {
+		if !l.poolV4.CIDR.Contains(r.Prefix.Addr()) && !l.poolV6.CIDR.Contains(r.Prefix.Addr()) {
 			continue
 		}
 		var nhs []string
 		for _, p := range r.Paths {
-			if dst, ok := tunnels[p.SwIfIndex]; ok && !p.NextHop.IsValid() {
+			// A host prefix added through a tunnel dumps its own address as next hop (as VPP does).
+			if dst, ok := tunnels[p.SwIfIndex]; ok && (!p.NextHop.IsValid() || r.Prefix.IsSingleIP() && p.NextHop == r.Prefix.Addr()) {
 				nhs = append(nhs, "ipip "+dst.String())
 			} else {
 				nhs = append(nhs, p.NextHop.String())
@@ -495,7 +564,7 @@ func (l *lab) converge(ctx context.Context, since time.Time) (time.Duration, err
 		}
 		diff := ""
 		for _, n := range l.nodes {
-			if got, want := fib(n), desired(snap, n); !slices.Equal(got, want) {
+			if got, want := l.fib(n), desired(snap, n); !slices.Equal(got, want) {
 				diff = fmt.Sprintf("%s FIB %q, want %q", n.name, got, want)
 				break
 			}

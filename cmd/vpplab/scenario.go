@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // scenario plays the lab's steps and returns the number that failed. Every step ends with a check of
@@ -19,7 +25,7 @@ func (l *lab) scenario(ctx context.Context) int {
 		second = first
 	}
 	// Enough pods to overflow the lab's /28 IPv4 blocks whatever --pods is.
-	scaleUp := max(3*l.o.pods, 1<<(32-labPoolV4.BlockSize))
+	scaleUp := max(3*l.o.pods, 1<<(32-l.poolV4.BlockSize))
 
 	l.step(ctx, fmt.Sprintf("start %d agents and wait for /readyz", len(l.nodes)), func() (string, error) {
 		for _, n := range l.nodes {
@@ -105,6 +111,10 @@ func (l *lab) scenario(ctx context.Context) int {
 		return "", l.waitReady(ctx, second)
 	})
 
+	if l.o.exhaustPool {
+		l.exhaustPool(ctx, first)
+	}
+
 	failed := 0
 	for _, s := range l.steps {
 		if !s.pass {
@@ -112,6 +122,78 @@ func (l *lab) scenario(ctx context.Context) int {
 		}
 	}
 	return failed
+}
+
+// exhaustPool places pods on n until block-ipam refuses one because the IPv4 pool is full (borrowing
+// from other nodes' blocks at the end); then, with Prometheus, waits for the pool's critical alert.
+func (l *lab) exhaustPool(ctx context.Context, n *labNode) {
+	pool := l.poolV4
+	l.step(ctx, fmt.Sprintf("exhaust %s (%s): pods on %s until refused", pool.Name, pool.CIDR, n.name), func() (string, error) {
+		free, err := l.poolFree(ctx, pool.CIDR)
+		if err != nil {
+			return "", err
+		}
+		// As many pods as the pool has free addresses must be placed (borrowing from other nodes' blocks
+		// at the end), the next refused.
+		if free > 0 {
+			if err := l.addPods(ctx, n, free); err != nil {
+				return "", fmt.Errorf("%d pods for the pool's %d free addresses: %w", free, free, err)
+			}
+		}
+		err = l.addPods(ctx, n, 1)
+		var cniErr *types.Error
+		if err == nil || !errors.As(err, &cniErr) || cniErr.Code != cni.ErrPoolExhausted {
+			return "", fmt.Errorf("%d more pods fill the pool; one more: %v, want a pool-exhausted error (CNI code %d)", free, err, cni.ErrPoolExhausted)
+		}
+		return fmt.Sprintf("%d more pods, one more refused: %s", free, cniErr.Msg), nil
+	})
+	if l.prom == nil {
+		return
+	}
+	// Each gauge is read every promInterval, scraped and evaluated as often: seconds, not settle's.
+	l.step(ctx, fmt.Sprintf("Prometheus: BlockIPAMPoolUsageCritical active for %s", pool.Name), func() (string, error) {
+		wait := max(l.o.settle, 30*time.Second)
+		deadline := time.Now().Add(wait)
+		for {
+			alerts, err := l.prom.alerts(ctx)
+			if err == nil {
+				for _, a := range alerts {
+					if a.Labels["alertname"] == "BlockIPAMPoolUsageCritical" && a.Labels["pool"] == pool.Name {
+						return fmt.Sprintf("%s: %s", a.State, a.Annotations["summary"]), nil
+					}
+				}
+			}
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			if time.Now().After(deadline) {
+				return "", fmt.Errorf("not active within %s (last read: error %v, alerts %v)", wait, err, alerts)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	})
+}
+
+// poolFree counts the addresses of the pool at cidr that no allocation holds, from etcd: the pool's size
+// less what its blocks hold (the lab reserves none).
+func (l *lab) poolFree(ctx context.Context, cidr netip.Prefix) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := l.cli.Get(ctx, calico.BlockPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("list blocks: %w", err)
+	}
+	free := calico.Size(cidr)
+	for _, kv := range resp.Kvs {
+		b, err := calico.DecodeBlock(kv.Value)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", kv.Key, err)
+		}
+		if cidr.Overlaps(b.CIDR) {
+			free -= b.Allocated()
+		}
+	}
+	return free, nil
 }
 
 // step runs action, then waits for convergence, and records PASS or FAIL with the convergence time. On
@@ -197,7 +279,7 @@ func (l *lab) routesTo(n *labNode) int {
 		if o == n {
 			continue
 		}
-		for _, r := range fib(o) {
+		for _, r := range l.fib(o) {
 			if strings.HasSuffix(r, " "+n.addr4.Addr().String()) || strings.HasSuffix(r, " "+n.addr6.Addr().String()) {
 				c++
 			}
@@ -224,9 +306,10 @@ func (l *lab) summary() {
 			}
 		}
 		slices.SortFunc(blocks, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-		fmt.Fprintf(l.out, "%s  peer %s, %s  metrics http://%s/metrics  log %s\n", n.name, n.addr4, n.addr6, n.metrics, n.logPath)
+		fmt.Fprintf(l.out, "%s  peer %s, %s  metrics http://%s/metrics (agent) http://%s/metrics (block-ipamd)  log %s\n",
+			n.name, n.addr4, n.addr6, n.metrics, n.ipamMetrics, n.logPath)
 		fmt.Fprintf(l.out, "  blocks (%d): %s\n", len(blocks), joinPrefixes(blocks))
-		routes := fib(n)
+		routes := l.fib(n)
 		fmt.Fprintf(l.out, "  FIB table 0, routes to other nodes' blocks (%d):\n", len(routes))
 		for _, r := range routes {
 			fmt.Fprintf(l.out, "    %s\n", r)
@@ -246,9 +329,29 @@ func (l *lab) summary() {
 		}
 		fmt.Fprintf(l.out, "%s  %-62s converged in %-8s %s\n", status, s.name, took, s.detail)
 	}
+	l.printAlerts(ctx)
 	fmt.Fprintf(l.out, "\n%d passed, %d failed\n", passed, len(l.steps)-passed)
 	if l.topo == nil {
 		fmt.Fprintln(l.out, "FIBs only: pod-to-pod pings need the lab build (memif and ping plugins): make lab LAB_ARGS=--vpp=/opt/vpp-v26.06-lab")
+	}
+}
+
+// printAlerts lists the alerts active in the lab's Prometheus, if it runs one.
+func (l *lab) printAlerts(ctx context.Context) {
+	if l.prom == nil {
+		return
+	}
+	fmt.Fprintf(l.out, "\n== Prometheus alerts (%s/alerts)\n", l.prom.ui)
+	alerts, err := l.prom.alerts(ctx)
+	if err != nil {
+		fmt.Fprintf(l.out, "cannot read them: %v\n", err)
+		return
+	}
+	if len(alerts) == 0 {
+		fmt.Fprintln(l.out, "none pending or firing")
+	}
+	for _, a := range alerts {
+		fmt.Fprintf(l.out, "%-8s %s  %s\n", a.State, a.name(), a.Annotations["summary"])
 	}
 }
 
@@ -271,8 +374,12 @@ func (l *lab) printHowTo() {
 		fmt.Fprintf(l.out, "router:   %s show ip fib\n", l.topo.Switch.CtlCommand())
 		fmt.Fprintf(l.out, "ping:     %s ping %s source %s\n", l.nodes[0].vpp.ctl(), l.nodes[1].pod.v4, "loop1")
 	}
+	if l.prom != nil {
+		fmt.Fprintf(l.out, "prometheus: %s/alerts  %s/targets  %s/graph (data in %s)\n", l.prom.ui, l.prom.ui, l.prom.ui, l.prom.dir)
+	}
 	for _, n := range l.nodes {
-		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics\n", n.name, n.metrics, n.metrics, n.metrics)
+		fmt.Fprintf(l.out, "%s:   http://%s/debug/routes  http://%s/readyz  http://%s/metrics  block-ipamd http://%s/metrics\n",
+			n.name, n.metrics, n.metrics, n.metrics, n.ipamMetrics)
 		if ctl := n.vpp.ctl(); ctl != "" {
 			fmt.Fprintf(l.out, "%s:   %s show ip fib\n", n.name, ctl)
 		}

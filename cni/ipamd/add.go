@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // add decides an ADD (a decision of a batch, see serve). The leader is decided in full: the
@@ -71,7 +72,7 @@ func (v *view) decideAdd(handle, ifname string, attr calico.AllocationAttribute)
 			return nil, false, err
 		}
 		for _, ip := range v.conf.RequestedIPs {
-			a, err := v.assignSpecific(all[familyOf(ip)], ip, attr)
+			a, err := v.assignSpecific(all[netaddr.FamilyOf(ip)], ip, attr)
 			if err != nil {
 				return nil, false, err
 			}
@@ -146,7 +147,7 @@ func (v *view) writeSize() int {
 
 // roomyAffine returns the first block of the node's affinities in family f of the pools, in ADD's
 // order, that the node owns and has a free address; nil when there is none.
-func (v *view) roomyAffine(f Family, pools [2][]calico.IPPool) *blockEntry {
+func (v *view) roomyAffine(f netaddr.Family, pools [2][]calico.IPPool) *blockEntry {
 	var only [2][]calico.IPPool
 	only[f] = pools[f]
 	for _, cidr := range v.affineCIDRs(only) {
@@ -179,7 +180,7 @@ func handleWith(h *calico.Handle, allocs []allocation) *calico.Handle {
 func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 	var out [2][]calico.IPPool
 	for f := range out {
-		fam := Family(f)
+		fam := netaddr.Family(f)
 		refs := v.conf.Pools[f]
 		if refs == nil {
 			if automatic {
@@ -190,7 +191,7 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 				continue
 			}
 			for _, p := range v.pools {
-				if familyOf(p.CIDR.Addr()) == fam && !p.Disabled && p.AllowsWorkloads() {
+				if netaddr.FamilyOf(p.CIDR.Addr()) == fam && !p.Disabled && p.AllowsWorkloads() {
 					out[f] = append(out[f], p)
 				}
 			}
@@ -211,15 +212,15 @@ func (v *view) selectPools(automatic bool) ([2][]calico.IPPool, error) {
 				return out, configError(field, "no IP pool named %q in etcd", ref.Name)
 			case found == nil:
 				size := calico.DefaultBlockSizeV4
-				if fam == V6 {
+				if fam == netaddr.V6 {
 					size = calico.DefaultBlockSizeV6
 				}
 				size = max(size, ref.CIDR.Bits())
 				out[f] = append(out[f], calico.IPPool{CIDR: ref.CIDR, BlockSize: size})
 			case found.Disabled:
 				return out, configError(field, "IP pool %q (%s) is disabled", found.Name, found.CIDR)
-			case familyOf(found.CIDR.Addr()) != fam:
-				return out, configError(field, "IP pool %q is %s, not %s", found.Name, familyOf(found.CIDR.Addr()), fam)
+			case netaddr.FamilyOf(found.CIDR.Addr()) != fam:
+				return out, configError(field, "IP pool %q is %s, not %s", found.Name, netaddr.FamilyOf(found.CIDR.Addr()), fam)
 			case !found.AllowsWorkloads():
 				return out, configError(field, "IP pool %q (%s) does not allow Workload (allowedUses %v)", found.Name, found.CIDR, found.AllowedUses)
 			default:
@@ -240,7 +241,7 @@ func inPools(p netip.Prefix, pools []calico.IPPool) bool {
 func (v *view) affineCIDRs(pools [2][]calico.IPPool) []netip.Prefix {
 	var out []netip.Prefix
 	for cidr := range v.affinity {
-		if inPools(cidr, pools[familyOf(cidr.Addr())]) {
+		if inPools(cidr, pools[netaddr.FamilyOf(cidr.Addr())]) {
 			out = append(out, cidr)
 		}
 	}
@@ -257,7 +258,7 @@ func (v *view) unselected(using [2][]calico.IPPool) []netip.Prefix {
 	}
 	var out []netip.Prefix
 	for cidr := range v.affinity {
-		f := familyOf(cidr.Addr())
+		f := netaddr.FamilyOf(cidr.Addr())
 		if !v.conf.Assign[f] || inPools(cidr, using[f]) {
 			continue
 		}
@@ -309,7 +310,7 @@ func (v *view) ownedByNode(b *calico.Block) bool {
 // pending affinity confirmed, a stale one deleted); else from a newly claimed block, unless the node
 // holds its block limit (then it fails, without borrowing) or automatic block allocation is off;
 // else, unless strict affinity is on, borrowed from another block of the pools.
-func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
+func (v *view) assignAuto(f netaddr.Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, error) {
 	if len(pools) == 0 {
 		why := ""
 		if v.node == nil && calico.NeedsNode(v.pools) {
@@ -352,7 +353,7 @@ func (v *view) assignAuto(f Family, pools []calico.IPPool, attr calico.Allocatio
 	// Calico's order: pool by pool, each walked from the node's start index (calico.BorrowOrder).
 	var family []netip.Prefix
 	for cidr, e := range v.blocks {
-		if e != nil && familyOf(cidr.Addr()) == f {
+		if e != nil && netaddr.FamilyOf(cidr.Addr()) == f {
 			family = append(family, cidr)
 		}
 	}
@@ -394,7 +395,7 @@ func (v *view) assignAffine(cidr netip.Prefix, attr calico.AllocationAttribute) 
 		return allocation{}, false, nil
 	case calico.AffinityCreate:
 		// The new block must not overlap a block of another size.
-		l, err := v.listing(familyOf(cidr.Addr()))
+		l, err := v.listing(netaddr.FamilyOf(cidr.Addr()))
 		if err != nil || slices.ContainsFunc(l.cidrs, cidr.Overlaps) {
 			return allocation{}, false, err
 		}
@@ -440,7 +441,7 @@ func (v *view) assignFrom(e *blockEntry, attr calico.AllocationAttribute) (alloc
 // index and avoiding every existing block and excluded range, and assigns from it. The block is
 // written by commit together with its confirmed affinity, conditional on no block of the family
 // having been created meanwhile.
-func (v *view) claim(f Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, bool, error) {
+func (v *view) claim(f netaddr.Family, pools []calico.IPPool, attr calico.AllocationAttribute) (allocation, bool, error) {
 	l, err := v.listing(f)
 	if err != nil {
 		return allocation{}, false, err
@@ -469,7 +470,7 @@ func (v *view) claim(f Family, pools []calico.IPPool, attr calico.AllocationAttr
 // assignSpecific assigns the requested address ip: in the block that holds it, claiming that block
 // (the pool's block-sized subnet around ip) when there is none.
 func (v *view) assignSpecific(pools []calico.IPPool, ip netip.Addr, attr calico.AllocationAttribute) (allocation, error) {
-	f := familyOf(ip)
+	f := netaddr.FamilyOf(ip)
 	var pool *calico.IPPool
 	for i := range pools {
 		if pools[i].CIDR.Contains(ip) {
@@ -532,7 +533,7 @@ func (v *view) blockHolding(ip netip.Addr) (*blockEntry, error) {
 			return e, nil
 		}
 	}
-	l, err := v.listing(familyOf(ip))
+	l, err := v.listing(netaddr.FamilyOf(ip))
 	if err != nil {
 		return nil, err
 	}

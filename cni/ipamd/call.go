@@ -13,6 +13,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/backoff"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // Secondary attribute keys block-ipam writes besides Calico's namespace, pod, node and timestamp.
@@ -129,7 +130,7 @@ func (c *call) readOps(n *needs) (ops []op, rest []netip.Prefix) {
 			ops = append(ops, getOp(k))
 		}
 	}
-	for _, f := range []Family{V4, V6} {
+	for _, f := range []netaddr.Family{netaddr.V4, netaddr.V6} {
 		if n.listing[f] || n.family[f] {
 			ops = append(ops, prefixOp(calico.BlockPrefix+f.String()+"/block/", !n.family[f]))
 		}
@@ -163,14 +164,14 @@ func (c *call) applyReads(n *needs, res *txnResult) error {
 		// Listings are as old as the decision that lost: read them again if needed.
 		c.read.listings, c.read.family, c.read.fresh = [2]*listing{}, [2]bool{}, true
 	}
-	for _, f := range []Family{V4, V6} {
+	for _, f := range []netaddr.Family{netaddr.V4, netaddr.V6} {
 		if !n.listing[f] && !n.family[f] {
 			continue
 		}
 		if n.family[f] {
 			// The family read again: a block of it read before and deleted since is gone.
 			for cidr := range c.read.blocks {
-				if familyOf(cidr.Addr()) == f {
+				if netaddr.FamilyOf(cidr.Addr()) == f {
 					delete(c.read.blocks, cidr)
 					delete(c.read.bad, cidr)
 				}
@@ -211,8 +212,8 @@ func (c *call) outsidePools(cidr netip.Prefix) bool {
 	if inPools(cidr, c.state.pools) {
 		return false
 	}
-	for _, ref := range c.conf.Pools[familyOf(cidr.Addr())] {
-		if ref.CIDR.IsValid() && calico.Within(cidr, ref.CIDR) {
+	for _, ref := range c.conf.Pools[netaddr.FamilyOf(cidr.Addr())] {
+		if ref.CIDR.IsValid() && netaddr.Covers(ref.CIDR, cidr) {
 			return false
 		}
 	}
@@ -264,7 +265,7 @@ func (c *call) write(ctx context.Context, v *view) error {
 	if err != nil {
 		return err
 	}
-	blocks := slices.SortedFunc(maps.Keys(v.blocks), comparePrefix)
+	blocks := slices.SortedFunc(maps.Keys(v.blocks), netip.Prefix.Compare)
 	// The failure branch reads the handles and the keys read that this plan compares or writes, not
 	// everything the operation ever read: GC's chunks share one call, and its reads would add up.
 	var keys []string
@@ -440,7 +441,7 @@ func handleBlocks(h *calico.Handle) []netip.Prefix {
 	var out []netip.Prefix
 	for k := range h.Block {
 		if p, err := netip.ParsePrefix(k); err == nil {
-			out = append(out, calico.Canonical(p))
+			out = append(out, netaddr.Canonical(p))
 		}
 	}
 	return out

@@ -1,6 +1,10 @@
 package ipamd
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
+)
 
 // check decides a CHECK (a batch of one, see serve): the handle exists and holds, for this
 // interface, every prevResult address that lies in the pools. It reads the handle; the blocks it
@@ -32,7 +36,7 @@ func (v *view) checkHeld(r *request) error {
 		return err
 	}
 	for _, addr := range v.conf.PrevIPs {
-		if !inPools(netip.PrefixFrom(addr, addr.BitLen()), pools[familyOf(addr)]) {
+		if !inPools(netip.PrefixFrom(addr, addr.BitLen()), pools[netaddr.FamilyOf(addr)]) {
 			continue
 		}
 		found := false

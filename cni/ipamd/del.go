@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // del decides a DEL (a decision of a batch, see serve): it releases the addresses of (container,
@@ -108,7 +109,7 @@ func (v *view) releaseHandle(handle, ifname string) (*calico.Handle, bool, error
 			changed = true
 			continue
 		}
-		cidr := calico.Canonical(p)
+		cidr := netaddr.Canonical(p)
 		if err := v.bad[cidr]; err != nil {
 			return nil, false, fmt.Errorf("release %s from %s: %w", handle, cidr, err)
 		}

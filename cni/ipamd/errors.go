@@ -4,28 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 )
 
-// Aliases of the CNI side's names that the allocator uses throughout.
-type (
-	// Family is cni.Family.
-	Family = cni.Family
-	// allocation is one address held in a block.
-	allocation = cni.Allocation
-)
-
-// The two address families.
-const (
-	V4 = cni.V4
-	V6 = cni.V6
-)
-
-func familyOf(a netip.Addr) Family { return cni.FamilyOf(a) }
+// allocation is one address held in a block (an alias: the allocator uses it throughout).
+type allocation = cni.Allocation
 
 // Error codes of the allocator (see package cni).
 const (

@@ -129,7 +129,7 @@ func (c *call) gc(ctx context.Context, snap *gcSnapshot) (int, error) {
 		// What the previous chunk read is of no use to this one; kept, it would only grow the
 		// failure branch of the writes.
 		c.read = opRead{}
-		cidrs := slices.SortedFunc(maps.Keys(chunk), comparePrefix)
+		cidrs := slices.SortedFunc(maps.Keys(chunk), netip.Prefix.Compare)
 		var got int
 		var bad []error
 		err := c.retry(ctx, "GC", func(ctx context.Context) error {
@@ -171,7 +171,7 @@ const gcChunkKeys = maxTxnOps / 2
 func gcChunks(stale map[netip.Prefix][]gcCandidate) []map[netip.Prefix][]gcCandidate {
 	var out []map[netip.Prefix][]gcCandidate
 	cur, keys := map[netip.Prefix][]gcCandidate{}, 0
-	for _, cidr := range slices.SortedFunc(maps.Keys(stale), comparePrefix) {
+	for _, cidr := range slices.SortedFunc(maps.Keys(stale), netip.Prefix.Compare) {
 		for cands := stale[cidr]; len(cands) > 0; {
 			if keys+2 > gcChunkKeys {
 				out = append(out, cur)

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // How the node state may lag behind etcd, and why decisions taken on it are still right. The
@@ -132,11 +133,11 @@ func (v *view) recheck(err error) error {
 			n.blocks = append(n.blocks, cidr)
 		}
 		for cidr := range v.read.blocks {
-			if _, ok := v.affinity[cidr]; !ok && !v.read.family[familyOf(cidr.Addr())] {
+			if _, ok := v.affinity[cidr]; !ok && !v.read.family[netaddr.FamilyOf(cidr.Addr())] {
 				n.blocks = append(n.blocks, cidr)
 			}
 		}
-		slices.SortFunc(n.blocks, comparePrefix)
+		slices.SortFunc(n.blocks, netip.Prefix.Compare)
 		for f := range n.listing {
 			n.listing[f], n.family[f] = v.read.listings[f] != nil, v.read.family[f]
 		}

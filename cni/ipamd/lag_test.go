@@ -16,6 +16,7 @@ import (
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/ipamcall"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // watchHold holds back what etcd's watch streams deliver to a client while held: each message
@@ -148,7 +149,7 @@ func TestRefusalDecidedAgainOnFreshState(t *testing.T) {
 		want:   "10.9.0.",
 	}, {
 		name: "the named pool created",
-		req:  func(r *cni.Request) { r.Pools[V4] = []cni.PoolRef{{Name: "q"}} },
+		req:  func(r *cni.Request) { r.Pools[netaddr.V4] = []cni.PoolRef{{Name: "q"}} },
 		change: func(t *testing.T, c *clientv3.Client) {
 			v, _ := calico.EncodeIPPool(calico.IPPool{CIDR: netip.MustParsePrefix("10.77.0.0/16"), BlockSize: 26})
 			mustPut(t, c, calico.IPPoolKey("q"), v)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // source is one piece of the datastore the node state follows besides blocks: a key or a prefix.
@@ -130,7 +131,7 @@ func (s *nodeState) missingBlocks() []netip.Prefix {
 			out = append(out, cidr)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -170,7 +171,7 @@ func (s *nodeState) decode(src source) {
 	if src == srcPools || src == srcNode {
 		s.workloadErr = nil
 		for f := range s.workload {
-			pools, err := calico.WorkloadPools(s.pools, Family(f) == V6, s.node)
+			pools, err := calico.WorkloadPools(s.pools, netaddr.Family(f) == netaddr.V6, s.node)
 			s.workload[f] = pools
 			s.workloadErr = cmp.Or(s.workloadErr, err)
 		}
@@ -256,11 +257,4 @@ func (s *nodeState) decodeSource(src source) {
 			}
 		}
 	}
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }

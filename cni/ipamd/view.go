@@ -9,6 +9,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // maxTxnOps stays under etcd's default --max-txn-ops (128).
@@ -241,7 +242,7 @@ func (v *view) keys(keys ...string) ([]*kv, error) {
 }
 
 // listing returns the block CIDRs of family f, or a need for them.
-func (v *view) listing(f Family) (*listing, error) {
+func (v *view) listing(f netaddr.Family) (*listing, error) {
 	if l := v.read.listings[f]; l != nil {
 		return l, nil
 	}
@@ -251,7 +252,7 @@ func (v *view) listing(f Family) (*listing, error) {
 }
 
 // requireFamily returns a need for every block of family f unless the operation read them.
-func (v *view) requireFamily(f Family) error {
+func (v *view) requireFamily(f netaddr.Family) error {
 	if v.read.family[f] {
 		return nil
 	}
@@ -288,7 +289,7 @@ func (v *view) dirtyCIDRs() []netip.Prefix {
 			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -339,7 +340,7 @@ func (v *view) writes() (*plan, error) {
 			p.cmps = append(p.cmps, absent(key))
 			keys, ok := v.overlapKeys(c)
 			overlapping = append(overlapping, keys...)
-			if f := familyOf(c.Addr()); !ok && !ranged[f] && v.read.listings[f] != nil {
+			if f := netaddr.FamilyOf(c.Addr()); !ok && !ranged[f] && v.read.listings[f] != nil {
 				ranged[f] = true
 				p.cmps = append(p.cmps, noneCreatedSince(calico.BlockPrefix+f.String()+"/block/", v.read.listings[f].rev))
 			}
@@ -424,10 +425,10 @@ const maxOverlapKeys = 32
 // inside c. The sizes in use are those of the family's pools and of the blocks listed. Beyond
 // maxOverlapKeys keys it returns false.
 func (v *view) overlapKeys(c netip.Prefix) ([]string, bool) {
-	f := familyOf(c.Addr())
+	f := netaddr.FamilyOf(c.Addr())
 	sizes := map[int]bool{}
 	for _, p := range v.pools {
-		if familyOf(p.CIDR.Addr()) == f {
+		if netaddr.FamilyOf(p.CIDR.Addr()) == f {
 			sizes[p.BlockSize] = true
 		}
 	}

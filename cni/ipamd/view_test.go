@@ -13,6 +13,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // testState is a node state for node1 read at revision 10: pool p (10.244.0.0/16, /30 blocks) and,
@@ -97,14 +98,14 @@ func TestAddDecision(t *testing.T) {
 				for _, p := range tt.listing {
 					l.cidrs = append(l.cidrs, netip.MustParsePrefix(p))
 				}
-				c.read.listings[V4] = l
+				c.read.listings[netaddr.V4] = l
 			}
 			r := &request{handle: "net1.c1", ifname: "eth0", attr: attribute(c.conf, "net1.c1", "eth0")}
 			v, err := decideOn(c, (*view).add, r)
 			got, held := r.allocs, !r.changed
 			var n *needs
 			if tt.needs {
-				if !errors.As(err, &n) || !n.listing[V4] {
+				if !errors.As(err, &n) || !n.listing[netaddr.V4] {
 					t.Fatalf("got %v %v, want a need for the ipv4 listing", got, err)
 				}
 				return
@@ -163,11 +164,11 @@ func TestRefusalNeedsFreshRead(t *testing.T) {
 	cfg, _ := calico.EncodeIPAMConfig(calico.IPAMConfig{AutoAllocateBlocks: false})
 	s.replace(srcConfig, []kv{{Key: calico.IPAMConfigKey, Value: cfg, ModRevision: 11}}, 11)
 	c := testCall(s)
-	c.read.listings[V4] = &listing{rev: 11, cidrs: []netip.Prefix{cidr}}
+	c.read.listings[netaddr.V4] = &listing{rev: 11, cidrs: []netip.Prefix{cidr}}
 	r := &request{handle: "net1.c1", ifname: "eth0", attr: attribute(c.conf, "net1.c1", "eth0")}
 	_, err := decideOn(c, (*view).add, r)
 	var n *needs
-	if !errors.As(err, &n) || !n.sources || !n.listing[V4] || !slices.Equal(n.blocks, []netip.Prefix{cidr}) ||
+	if !errors.As(err, &n) || !n.sources || !n.listing[netaddr.V4] || !slices.Equal(n.blocks, []netip.Prefix{cidr}) ||
 		!slices.Equal(n.keys, []string{calico.HandleKey("net1.c1")}) {
 		t.Fatalf("refusal on the state: %v %+v, want a need for the handle, the sources, block %s and the listing", err, n, cidr)
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/ipamd"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // RecordPrefix holds one record per release, RecordPrefix+<node>/<time RFC 3339, UTC>, a JSON Record
@@ -316,8 +317,8 @@ func NewPlan(ctx context.Context, o Options) (*Plan, error) {
 
 	// Every block: the node's own and those holding its borrowed allocations.
 	seen := map[string]bool{}
-	for _, fam := range []string{"ipv4", "ipv6"} {
-		prefix := calico.BlockPrefix + fam + "/block/"
+	for _, fam := range netaddr.Families {
+		prefix := calico.BlockPrefix + fam.String() + "/block/"
 		from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for {
 			resp, err := get(from, clientv3.WithRange(end), clientv3.WithLimit(pageSize))
@@ -478,7 +479,7 @@ func planBlock(node, key string, value []byte, modRev int64) (bp *BlockPlan, why
 	if b.Deleted {
 		return nil, ""
 	}
-	if k, err := calico.ParseKey(key); err != nil || k.Kind != calico.KindBlock || k.CIDR != calico.Canonical(b.CIDR) {
+	if k, err := calico.ParseKey(key); err != nil || k.Kind != calico.KindBlock || k.CIDR != netaddr.Canonical(b.CIDR) {
 		return nil, fmt.Sprintf("key does not match the block's cidr %s", b.CIDR)
 	}
 	owner := calico.OwnerOf(b, false)

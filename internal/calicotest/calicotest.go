@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // TxnOps is the number of puts PutBlocks sends per transaction (etcd's default limit is 128).
@@ -139,11 +140,7 @@ func PutBlock(ctx context.Context, cli *clientv3.Client, b *calico.Block) error 
 // blockwatch.PeerKey (<prefix><node>/peerip/ipv4/1 or .../ipv6/1), repeated here so that blockwatch's
 // own tests can import this package.
 func PeerKey(prefix, node string, addr netip.Addr) string {
-	fam := "ipv4"
-	if addr.Unmap().Is6() {
-		fam = "ipv6"
-	}
-	return prefix + node + "/peerip/" + fam + "/1"
+	return prefix + node + "/peerip/" + netaddr.FamilyOf(addr).String() + "/1"
 }
 
 // PutPeer registers addr as node's peer IP under prefix (blockwatch.DefaultHostsPrefix in production).

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vpp-route-agent/vpp-route-agent/cni"
 	"github.com/vpp-route-agent/vpp-route-agent/cni/shim"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // ErrUnreachable marks a daemon that could not be asked or did not answer: nothing is known about the
@@ -62,7 +63,7 @@ func Frame(req *cni.Request) (env map[string]string, stdin []byte, err error) {
 	ipam := map[string]any{"type": "block-ipam", "result_prefix": "block"}
 	if req.Verb == "ADD" || req.Assign != [2]bool{} {
 		// Only ADD reads them; a configuration assigning nothing is refused whatever the verb.
-		ipam["assign_ipv4"], ipam["assign_ipv6"] = strconv.FormatBool(req.Assign[cni.V4]), strconv.FormatBool(req.Assign[cni.V6])
+		ipam["assign_ipv4"], ipam["assign_ipv6"] = strconv.FormatBool(req.Assign[netaddr.V4]), strconv.FormatBool(req.Assign[netaddr.V6])
 	}
 	if req.Node != "" {
 		ipam["nodename"] = req.Node

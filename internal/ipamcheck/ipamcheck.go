@@ -176,12 +176,7 @@ func (s *Snapshot) Check(opts Options) error {
 	}
 	// No two blocks overlap: sorted by first address (shorter prefix first), a block overlaps an
 	// earlier one exactly when it starts at or before the furthest last address seen so far.
-	slices.SortFunc(cidrs, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(cidrs, netip.Prefix.Compare)
 	var far netip.Addr
 	var farBlock netip.Prefix
 	for _, c := range cidrs {

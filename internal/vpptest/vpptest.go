@@ -26,6 +26,7 @@ import (
 	"go.fd.io/govpp/binapi/ip_types"
 	"go.fd.io/govpp/binapi/vpe"
 
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vppproc"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
@@ -344,9 +345,7 @@ func (v *VPP) Unresolved() []netip.Prefix {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-	})
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 
@@ -606,7 +605,7 @@ func (v *VPP) APIRoutes(pool netip.Prefix) map[netip.Prefix]netip.Addr {
 	v.t.Helper()
 	out := map[netip.Prefix]netip.Addr{}
 	for _, r := range v.Routes(vppsim.SourceAPI) {
-		if pool.Bits() <= r.Prefix.Bits() && pool.Contains(r.Prefix.Addr()) && len(r.Paths) > 0 {
+		if netaddr.Covers(pool, r.Prefix) && len(r.Paths) > 0 {
 			out[r.Prefix] = r.Paths[0].NextHop
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptest"
 	"github.com/vpp-route-agent/vpp-route-agent/test/vppsim"
 )
@@ -29,7 +30,7 @@ func TestECMPTwoUplinks(t *testing.T) {
 	for i := range nodes {
 		c.putPeer(remoteNode(i), remotePeer(i))
 		if i > 0 { // node 0 is an older agent: /1 only
-			c.put(blockwatch.PeerKeyAt(hostsPrefix, remoteNode(i), blockwatch.FamilyIPv4, 2), peer2(i).String())
+			c.put(blockwatch.PeerKeyAt(hostsPrefix, remoteNode(i), netaddr.V4, 2), peer2(i).String())
 		}
 		blocks = append(blocks, c.putBlock(i, remoteNode(i)))
 	}
@@ -77,7 +78,7 @@ func TestECMPTwoUplinks(t *testing.T) {
 		return ""
 	})
 
-	if _, err := c.cli.Delete(c.ctx(), blockwatch.PeerKeyAt(hostsPrefix, remoteNode(1), blockwatch.FamilyIPv4, 2)); err != nil {
+	if _, err := c.cli.Delete(c.ctx(), blockwatch.PeerKeyAt(hostsPrefix, remoteNode(1), netaddr.V4, 2)); err != nil {
 		t.Fatal(err)
 	}
 	want[blocks[1]] = paths(1, false)

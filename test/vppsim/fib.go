@@ -258,13 +258,6 @@ var (
 	linkLocalV6 = netip.MustParsePrefix("fe80::/10")
 )
 
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Bits(), b.Bits())
-}
-
 // newTable creates a table with the routes VPP puts in every table.
 func (s *Sim) newTable(key tableKey, name string) *fibTable {
 	t := &fibTable{key: key, name: name, entries: make(map[netip.Prefix]*entry), rrRefs: make(map[netip.Addr]int),

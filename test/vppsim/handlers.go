@@ -2,6 +2,7 @@ package vppsim
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -373,6 +374,7 @@ func (s *Sim) routeAddDel(m *ip.IPRouteAddDel) (int32, uint32) {
 	if !ok {
 		return rvInvalidPrefixLength, 0
 	}
+	hostPathFixup(pfx, paths)
 	switch {
 	case m.IsMultipath && len(paths) == 0, !m.IsMultipath && m.IsAdd && len(paths) == 0:
 		return rvNoPathsInRoute, 0
@@ -386,6 +388,21 @@ func (s *Sim) routeAddDel(m *ip.IPRouteAddDel) (int32, uint32) {
 		s.apiDelete(t, pfx.Masked())
 	}
 	return rvOK, ^uint32(0) // a delete's stats_index is ~0 (measured)
+}
+
+// hostPathFixup does what VPP's fib_table_route_path_fixup does to the paths of a host prefix (/32, /128):
+// a path out of an interface with no next hop gets the prefix's address as its next hop (an attached
+// next hop), and is dumped so: "10.244.0.10/32 via ipip0" reads back as "via 10.244.0.10 ipip0"
+// (observed on VPP 26.06, by the API and the CLI alike).
+func hostPathFixup(pfx netip.Prefix, paths []fibPath) {
+	if pfx.Bits() != pfx.Addr().BitLen() {
+		return
+	}
+	for i, p := range paths {
+		if p.typ == fib_types.FIB_API_PATH_TYPE_NORMAL && !p.nh.IsValid() && p.swIfIndex != ^uint32(0) {
+			paths[i].nh = pfx.Addr()
+		}
+	}
 }
 
 // handleIPRouteDump sends one ip_route_details per entry of the table, in no

@@ -31,6 +31,8 @@ import (
 	interfaces "go.fd.io/govpp/binapi/interface"
 	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip_types"
+
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // DefaultInterface is the interface a Sim has when Config.Interfaces is nil.
@@ -447,7 +449,7 @@ func (s *Sim) Routes(tableID uint32, ip6 bool) []Route {
 		src, paths := e.best()
 		out = append(out, t.export(e, src, paths))
 	}
-	slices.SortFunc(out, func(a, b Route) int { return comparePrefixes(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b Route) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 
@@ -469,7 +471,7 @@ func (s *Sim) APIRoutes(tableID uint32) []Route {
 				out = append(out, t.export(e, SourceAPI, e.api))
 			}
 		}
-		slices.SortFunc(out[start:], func(a, b Route) int { return comparePrefixes(a.Prefix, b.Prefix) })
+		slices.SortFunc(out[start:], func(a, b Route) int { return a.Prefix.Compare(b.Prefix) })
 	}
 	return out
 }
@@ -525,11 +527,7 @@ func (s *Sim) AddRoute(r Route) error {
 	if !r.Prefix.IsValid() {
 		return fmt.Errorf("add route: invalid prefix %v", r.Prefix)
 	}
-	a, bits := r.Prefix.Addr().WithZone(""), r.Prefix.Bits()
-	if a.Is4In6() && bits >= 96 {
-		a, bits = a.Unmap(), bits-96
-	}
-	pfx := netip.PrefixFrom(a, bits).Masked()
+	pfx := netaddr.Canonical(r.Prefix)
 	if len(r.Paths) == 0 {
 		return fmt.Errorf("add route %v: no paths", pfx)
 	}

@@ -183,25 +183,12 @@ func (s *Sim) addTunnel(in ipip.IpipTunnel) (uint32, int32) {
 		}
 		used[t.instance] = true
 	}
-	instance := in.Instance
-	if instance == none {
-		for instance = 0; used[instance]; instance++ {
-		}
-	} else if used[instance] {
+	instance, ok := pickInstance(in.Instance, used)
+	if !ok {
 		return none, rvInstanceInUse
 	}
 	name := fmt.Sprintf("ipip%d", instance)
-	// VPP gives the interface a freed index if there is one.
-	var ifc *iface
-	for _, i := range s.ifaces {
-		if i.deleted && (ifc == nil || i.name == name && ifc.name != name) {
-			ifc = i
-		}
-	}
-	if ifc == nil {
-		ifc = &iface{index: uint32(len(s.ifaces))}
-		s.ifaces = append(s.ifaces, ifc)
-	}
+	ifc := s.newIfaceSlot(name)
 	*ifc = iface{index: ifc.index, name: name, carrier: true,
 		tunnel: &ipipTunnel{swIfIndex: ifc.index, instance: instance, src: src, dst: dst, tableID: in.TableID, mode: in.Mode}}
 	return ifc.index, rvOK
@@ -280,6 +267,36 @@ func (s *Sim) trackTunnels(paths []fibPath) {
 		t.rrRefs[tun.dst]++
 		s.syncRRAfter(t, netip.Prefix{})
 	}
+}
+
+// pickInstance returns want, or the lowest instance not used when want is ~0 (VPP's "any"); false when
+// want is used.
+func pickInstance(want uint32, used map[uint32]bool) (uint32, bool) {
+	if want != ^uint32(0) {
+		return want, !used[want]
+	}
+	var i uint32
+	for used[i] {
+		i++
+	}
+	return i, true
+}
+
+// newIfaceSlot returns the interface a new tunnel takes: a freed index if there is one (VPP reuses them),
+// preferring one named name (IPIP, measured; "" takes the first freed: VXLAN), else
+// a new index. Call with s.mu held.
+func (s *Sim) newIfaceSlot(name string) *iface {
+	var ifc *iface
+	for _, i := range s.ifaces {
+		if i.deleted && (ifc == nil || name != "" && i.name == name && ifc.name != name) {
+			ifc = i
+		}
+	}
+	if ifc == nil {
+		ifc = &iface{index: uint32(len(s.ifaces))}
+		s.ifaces = append(s.ifaces, ifc)
+	}
+	return ifc
 }
 
 // hasTEIB reports whether a TEIB entry of tunnel idx holds p (its peer/32): a stale entry keeps it.

@@ -284,24 +284,11 @@ func (s *Sim) addVXLAN(m *vxlan.VxlanAddDelTunnelV3) (uint32, int32) {
 			used[ifc.vxlan.instance] = true
 		}
 	}
-	k.instance = m.Instance
-	if k.instance == none {
-		for k.instance = 0; used[k.instance]; k.instance++ {
-		}
-	} else if used[k.instance] {
+	var ok bool
+	if k.instance, ok = pickInstance(m.Instance, used); !ok {
 		return none, rvInstanceInUse
 	}
-	var ifc *iface
-	for _, i := range s.ifaces {
-		if i.deleted {
-			ifc = i
-			break
-		}
-	}
-	if ifc == nil {
-		ifc = &iface{index: uint32(len(s.ifaces))}
-		s.ifaces = append(s.ifaces, ifc)
-	}
+	ifc := s.newIfaceSlot("")
 	var mac [6]byte
 	_, _ = rand.Read(mac[2:])
 	mac[0], mac[1] = 0x02, 0xfe
