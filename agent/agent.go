@@ -79,6 +79,13 @@ type Dataplane interface {
 	EnsureNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr, mac vppapi.MAC) error
 	DeleteNeighbor(ctx context.Context, swIfIndex uint32, ip netip.Addr) error
 	DumpNeighbors(ctx context.Context, swIfIndex uint32) ([]vppapi.Neighbor, error)
+	HasBFD() bool
+	AddBFDSession(ctx context.Context, s vppapi.BFDSession) error
+	ModifyBFDSession(ctx context.Context, s vppapi.BFDSession) error
+	DeleteBFDSession(ctx context.Context, k vppapi.BFDKey) error
+	DumpBFDSessions(ctx context.Context) ([]vppapi.BFDSessionState, error)
+	BFDEvents() <-chan vppapi.BFDEvent
+	BFDResync() <-chan struct{}
 }
 
 // Source is the agent's view of etcd; *blockwatch.Watcher implements it.
@@ -134,6 +141,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// EtcdHealth, when set, says why etcd cannot serve ("" when it can); Ready reports it.
 	EtcdHealth EtcdHealth
+	// BFD configures the BFD sessions to the other nodes (see bfd.go); off by default.
+	BFD BFDConfig
 }
 
 // Defaults of Config.
@@ -173,6 +182,9 @@ func (c *Config) Validate() error {
 	if c.ResyncInterval < 50*time.Millisecond || c.PeerLossGrace < 0 || c.SyncTimeout < time.Second {
 		return fmt.Errorf("resync interval %s, peer-loss grace %s, sync timeout %s: out of range",
 			c.ResyncInterval, c.PeerLossGrace, c.SyncTimeout)
+	}
+	if err := c.BFD.validate(); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -295,6 +307,8 @@ type Agent struct {
 	offUplink map[netip.Addr]struct{}
 	// gapLogged are the nodes whose registration has a gap in its indexes, as logged (see trackPeers).
 	gapLogged map[string]struct{}
+	// bfd are the agent's BFD sessions (bfd.go).
+	bfd bfdState
 
 	// live marks the reconcile loop's turns and the deadline of the VPP work it does now: the loop
 	// is alive until then even if it does not turn.
@@ -316,6 +330,8 @@ type readiness struct {
 	etcdSynced      bool
 	// noVXLAN counts the routes that need VXLAN while VPP has no vxlan plugin.
 	noVXLAN int
+	// bfdNotes are Notes.
+	bfdNotes []string
 }
 
 // New returns an agent; reg may be nil when nothing is registered (dry runs, tests).
@@ -336,6 +352,7 @@ func New(cfg Config, dp Dataplane, src Source, reg Registration, m *Metrics) (*A
 		encapLogged:  map[string]string{},
 		offUplink:    map[netip.Addr]struct{}{},
 		gapLogged:    map[string]struct{}{},
+		bfd:          newBFDState(),
 		m:            m.orNop(),
 	}
 	for _, u := range cfg.uplinks() {
@@ -368,6 +385,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.onListed(ctx, part)
 		case ev := <-a.dp.Events():
 			a.onVPPEvent(ctx, ev)
+		case ev := <-a.dp.BFDEvents():
+			a.onBFDEvent(ev)
+		case <-a.dp.BFDResync():
+			a.bfd.dumpDue = true
+			a.withBusy(ctx, func(ctx context.Context) { a.syncBFD(ctx, true) })
 		case <-resync.C:
 			a.fullSync(ctx, "periodic")
 		case <-a.retry.C:
@@ -455,6 +477,16 @@ func (a *Agent) onSnapshot(ctx context.Context, snap *blockwatch.Snapshot) {
 	if ops > 0 && !snap.ReceivedAt.IsZero() {
 		a.m.eventToFIB.Observe(time.Since(snap.ReceivedAt).Seconds())
 	}
+	if len(snap.ChangedPeers) > 0 {
+		a.syncBFD(ctx, false) // sessions follow the peers
+	}
+}
+
+// withBusy runs f with the loop marked busy on VPP (see busy).
+func (a *Agent) withBusy(ctx context.Context, f func(ctx context.Context)) {
+	ctx, done := a.busy(ctx)
+	defer done()
+	f(ctx)
 }
 
 // onListed takes a part of the first list, before its Full snapshot: its blocks go into the desired
@@ -526,6 +558,15 @@ func (a *Agent) programListed(ctx context.Context, dirty map[netip.Prefix]struct
 }
 
 func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
+	if ev.Kind == vppapi.InterfaceUp {
+		// Changes no route nor the table (a dump taken while listing stays good): only the BFD sessions.
+		for _, u := range a.uplinks {
+			if a.vppUp && u.phase == uplinkReady && ev.SwIfIndex == u.index {
+				a.withBusy(ctx, func(ctx context.Context) { a.reassertBFD(ctx, u.index) })
+			}
+		}
+		return
+	}
 	a.dumpedListing = false
 	switch ev.Kind {
 	// vppapi logs connection changes; the agent only reacts to them.
@@ -535,9 +576,11 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		a.vxlanMissingLogged = false // this VPP may have the plugin, or lack it
 		a.forgetUplinks()
 		a.programmedValid = false
+		a.bfd.read = false // read again by the full resync below, and adopted
 		clear(a.deleted)
 		if ev.Restarted {
-			clear(a.programmed) // a restarted VPP has an empty FIB, and no tunnels
+			clear(a.bfd.sessions) // a restarted VPP has none: the full resync creates them again
+			clear(a.programmed)   // a restarted VPP has an empty FIB, and no tunnels
 			clear(a.undeletable)
 			refused := a.tun.refused
 			a.tun = newTunnelState()
@@ -552,6 +595,7 @@ func (a *Agent) onVPPEvent(ctx context.Context, ev vppapi.Event) {
 		}
 	case vppapi.Disconnected, vppapi.Incompatible:
 		a.vppUp = false
+		a.bfd.read = false
 		a.forgetUplinks()
 		a.programmedValid = false
 		for _, u := range a.uplinks {
@@ -716,6 +760,9 @@ func (a *Agent) fullSync(ctx context.Context, kind string) {
 		a.scheduleRetry()
 		return
 	}
+	// Routes first, then the BFD sessions, read back from VPP on every full resync (after a (re)connect,
+	// periodically): a new session counts as down until the peer answers.
+	a.syncBFD(ctx, true)
 	a.log.Debug("full resync done", "kind", kind, "took", time.Since(start), "programmed", len(a.programmed))
 	if strings.HasPrefix(kind, "relist-") {
 		// A (re)list decoded every value and built the view and the routes anew: garbage of several

@@ -68,6 +68,10 @@ type clusterOpts struct {
 	// twoUplinks gives every node a second uplink (uplink2Name, sw_if_index 2) on the subnets of
 	// peer2V4 and peer2V6, registered as the node's peerip/<family>/2.
 	twoUplinks bool
+	// bfd is every node's BFD configuration (registered on its uplink addresses when Enabled), except
+	// the nodes in noBFD, which run without.
+	bfd   agent.BFDConfig
+	noBFD []string
 }
 
 type node struct {
@@ -213,15 +217,23 @@ func (c *cluster) start(name string) {
 		peerIPs = append(peerIPs, n.peer2V4, n.peer2V6)
 		more = []vppapi.Uplink{{Name: uplink2Name, Addresses: []netip.Prefix{netip.PrefixFrom(n.peer2V4, 24), netip.PrefixFrom(n.peer2V6, 64)}}}
 	}
+	bfdCfg := c.opts.bfd
+	if slices.Contains(c.opts.noBFD, name) {
+		bfdCfg = agent.BFDConfig{}
+	}
+	var bfdIPs []netip.Addr
+	if bfdCfg.Enabled {
+		bfdIPs = peerIPs
+	}
 	registrar, err := agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: hosts, NodeName: as,
-		PeerIPs: peerIPs, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
+		PeerIPs: peerIPs, BFDPeerIPs: bfdIPs, TTL: 5 * time.Second, RequestTimeout: 2 * time.Second, Logger: log, Metrics: m})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	a, err := agent.New(agent.Config{NodeName: as, Pools: c.opts.pools,
 		Uplink:         vppapi.Uplink{Name: uplinkName, Addresses: []netip.Prefix{netip.PrefixFrom(n.peerV4, 24), netip.PrefixFrom(n.peerV6, 64)}},
 		MoreUplinks:    more,
-		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log, EtcdHealth: guard}, vpp, w, registrar, m)
+		ResyncInterval: c.opts.resync, PeerLossGrace: c.opts.grace, Logger: log, EtcdHealth: guard, BFD: bfdCfg}, vpp, w, registrar, m)
 	if err != nil {
 		c.t.Fatal(err)
 	}

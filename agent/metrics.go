@@ -36,6 +36,9 @@ type Metrics struct {
 	noVXLAN                                prometheus.Gauge
 	offUplink, peerGaps                    prometheus.Counter
 	ecmpRoutes                             prometheus.Gauge
+	bfdSessions                            *prometheus.GaugeVec
+	bfdTransitions, bfdOps                 *prometheus.CounterVec
+	bfdPeersDown, bfdUnsupported           prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: unregistered, for tests).
@@ -102,6 +105,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Times a node's registration was found with a gap in its peer IP indexes (/1 and /3 without /2; each logged once): the addresses there are used."}),
 		ecmpRoutes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_routes_programmed_ecmp",
 			Help: "Routes owned by the agent in the FIB with more than one path (several uplinks or peer IPs)."}),
+		bfdSessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vpp_route_agent_bfd_sessions",
+			Help: "The agent's BFD sessions in VPP by state (admin-down, down, init, up), as last read or reported."}, []string{"state"}),
+		bfdTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_bfd_transitions_total",
+			Help: "State changes of the agent's BFD sessions, by new state (from VPP's events, or found by a read of the sessions)."}, []string{"state"}),
+		bfdOps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vpp_route_agent_bfd_session_operations_total",
+			Help: "BFD session writes by op (add, modify, delete, reassert: delete and add after an uplink came up) and result (ok, error)."}, []string{"op", "result"}),
+		bfdPeersDown: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_bfd_peers_down",
+			Help: "Nodes with BFD sessions none of which is up: every path to them is out of forwarding (their routes drop)."}),
+		bfdUnsupported: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_bfd_unsupported",
+			Help: "1 while --bfd is on and the connected VPP has no (compatible) BFD API: no sessions, routing goes on."}),
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vpp_route_agent_build_info",
 		Help:        "Build information; always 1.",
@@ -109,6 +122,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	build.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.offUplink, m.peerGaps, m.ecmpRoutes)
+		reg.MustRegister(m.bfdSessions, m.bfdTransitions, m.bfdOps, m.bfdPeersDown, m.bfdUnsupported)
 		reg.MustRegister(m.desired, m.programmed, m.unresolved, m.peers, m.ops, m.syncs, m.syncDuration, m.lastSync,
 			m.drift, m.registrationUp, m.registrationConflict, m.held, m.invalidPeers, m.blocks, m.uplinkWaiting, m.undeletable, m.defaultBlocks, m.conflicts, m.conflicting, m.eventToFIB, m.snapshots,
 			m.tunnels, m.tunnelOps, m.routesByEncap, m.podMTU, m.mtuTooLarge, m.noVXLAN, build)
@@ -124,6 +138,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		for _, result := range []string{"ok", "error"} {
 			m.tunnelOps.WithLabelValues(op, result)
 		}
+	}
+	for st := vppapi.BFDAdminDown; st <= vppapi.BFDUp; st++ {
+		m.bfdSessions.WithLabelValues(st.String())
+		m.bfdTransitions.WithLabelValues(st.String())
+	}
+	for _, op := range []string{"add", "modify", "delete", "reassert"} {
+		m.bfdOps.WithLabelValues(op, "ok")
+		m.bfdOps.WithLabelValues(op, "error")
 	}
 	m.tunnels.WithLabelValues("ipip")
 	m.routesByEncap.WithLabelValues("none")

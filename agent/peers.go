@@ -118,7 +118,7 @@ func (pc peerCheck) validPeers(raw map[string]blockwatch.Peer) (map[string]block
 	}
 	for node, p := range raw {
 		v := blockwatch.Peer{IPv4Created: p.IPv4Created, IPv6Created: p.IPv6Created, IPv4Leased: p.IPv4Leased, IPv6Leased: p.IPv6Leased,
-			Gap: p.Gap}
+			Gap: p.Gap, BFD: p.BFD}
 		for _, f := range families(node, p) {
 			var good []netip.Addr
 			for nth, a := range f.addrs {

@@ -31,6 +31,9 @@ type RegistrarConfig struct {
 	// PeerIPs are registered under <prefix><node>/peerip/ipv4/<n> and .../ipv6/<n>: the n-th address of
 	// each family in this order (the uplinks' order) gets index n, from 1.
 	PeerIPs []netip.Addr
+	// BFDPeerIPs are those of PeerIPs on which this node answers BFD (--bfd: its uplink addresses): each
+	// gets <prefix><node>/peerip/<family>/<n>/bfd, valued with the address, beside its peer key.
+	BFDPeerIPs []netip.Addr
 	// TTL of the lease the keys are attached to.
 	TTL time.Duration
 	// Deregister revokes the lease (deleting the keys) when Run ends; by default the keys outlive a
@@ -102,6 +105,9 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 			return nil, fmt.Errorf("registrar: more than %d peer IPs of family %s", blockwatch.MaxPeerIndex, fam)
 		}
 		r.kvs[blockwatch.PeerKeyAt(cfg.HostsPrefix, cfg.NodeName, fam, index[fam])] = a.String()
+		if slices.ContainsFunc(cfg.BFDPeerIPs, func(b netip.Addr) bool { return b.Unmap() == a }) {
+			r.kvs[blockwatch.PeerBFDKeyAt(cfg.HostsPrefix, cfg.NodeName, fam, index[fam])] = a.String()
+		}
 	}
 	if len(r.kvs) == 0 {
 		return nil, errors.New("registrar: no peer IP to register")

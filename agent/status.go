@@ -34,6 +34,10 @@ type Debug struct {
 	Foreign      []netip.Prefix       `json:"foreign_in_pools"`
 	Tunnels      []DebugTunnel        `json:"tunnels"`
 	Missing      map[string]time.Time `json:"peers_missing_since,omitempty"`
+	// BFD are the agent's BFD sessions (--bfd) with their state; BFDDown the nodes none of whose sessions
+	// is up (every path to them out of forwarding).
+	BFD     []DebugBFD `json:"bfd_sessions"`
+	BFDDown []string   `json:"bfd_peers_down,omitempty"`
 }
 
 // DebugUplink is one uplink as the agent stands with it, in --uplink-interface order.
@@ -58,6 +62,10 @@ type ProgrammedRoute struct {
 	TunnelIndex uint32 `json:"tunnel_sw_if_index,omitempty"`
 	// Paths are every path of an ECMP route ("via 192.0.2.7 sw_if_index 1"); empty for one path.
 	Paths []string `json:"paths,omitempty"`
+	// PathsDown are the paths (as in Paths, or the one path) whose BFD session is not up: VPP does not
+	// forward over them. PathsUp counts the others.
+	PathsDown []string `json:"paths_bfd_down,omitempty"`
+	PathsUp   int      `json:"paths_up"`
 }
 
 // DebugTunnel is a tunnel of the agent in VPP.
@@ -89,6 +97,8 @@ type debugState struct {
 	tunnels    []DebugTunnel
 	foreign    []netip.Prefix
 	missing    map[string]time.Time
+	bfd        []DebugBFD
+	bfdDown    []string
 }
 
 // debugEvery bounds how often the loop copies its state for /debug/routes (only while someone asks).
@@ -147,9 +157,11 @@ func (a *Agent) publishDebug() {
 	a.debugAt = time.Now()
 	st := &debugState{at: a.debugAt, snap: a.snap, pools: a.pools, uplink: a.uplinks[0].index,
 		programmed: make([]ProgrammedRoute, 0, len(a.programmed)), missing: make(map[string]time.Time, len(a.missingSince))}
+	down := a.bfdDownAdjacencies()
 	for _, r := range a.programmed {
-		st.programmed = append(st.programmed, a.programmedRoute(r))
+		st.programmed = append(st.programmed, a.programmedRoute(r, down))
 	}
+	st.bfd, st.bfdDown = a.debugBFD(), a.bfdDownPeers()
 	for _, u := range a.uplinks {
 		st.uplinks = append(st.uplinks, DebugUplink{Name: u.cfg.String(), SwIfIndex: u.index, State: u.phase.String(), Rebind: u.stale})
 	}
@@ -171,7 +183,7 @@ func (a *Agent) publishDebug() {
 func (a *Agent) debugView(st *debugState) Debug {
 	d := Debug{Node: a.cfg.NodeName, AsOf: st.at, TableID: a.cfg.TableID, Uplink: st.uplink, Uplinks: st.uplinks, Pools: st.pools,
 		Programmed: slices.Clone(st.programmed), Foreign: slices.Clone(st.foreign), Missing: st.missing,
-		Tunnels: append([]DebugTunnel{}, st.tunnels...),
+		Tunnels: append([]DebugTunnel{}, st.tunnels...), BFD: st.bfd, BFDDown: st.bfdDown,
 		Desired: []DesiredRoute{}, Unresolved: []Unresolved{}, InvalidPeers: []InvalidPeer{}, Held: []HeldBlock{}}
 	slices.SortFunc(d.Programmed, func(x, y ProgrammedRoute) int { return x.Prefix.Compare(y.Prefix) })
 	slices.SortFunc(d.Foreign, netip.Prefix.Compare)
@@ -196,6 +208,7 @@ func (a *Agent) publish() {
 		v.uplinkReady = a.uplinksReady()
 		v.waitingUplink = a.waitingUplinks()
 		v.etcdSynced = synced
+		v.bfdNotes = a.bfdNotes()
 	})
 	if time.Since(a.encapCountAt) >= time.Second {
 		// A pass over every route: at most once a second.
@@ -239,11 +252,18 @@ func (a *Agent) publish() {
 }
 
 // programmedRoute describes a programmed route for /debug/routes.
-func (a *Agent) programmedRoute(r vppapi.Route) ProgrammedRoute {
+func (a *Agent) programmedRoute(r vppapi.Route, bfdDown map[vppapi.Hop]struct{}) ProgrammedRoute {
 	out := ProgrammedRoute{Prefix: r.Prefix, NextHop: r.NextHop}
 	if r.More.Len() > 0 {
 		for _, h := range r.Hops() {
 			out.Paths = append(out.Paths, h.String())
+		}
+	}
+	for _, h := range r.Hops() {
+		if _, ok := bfdDown[vppapi.Hop{NextHop: h.NextHop, SwIfIndex: h.SwIfIndex}]; ok {
+			out.PathsDown = append(out.PathsDown, h.String())
+		} else {
+			out.PathsUp++
 		}
 	}
 	if t, ok := a.tun.byIndex[r.SwIfIndex]; ok {
@@ -317,6 +337,14 @@ func (a *Agent) Ready() (ok bool, missing []string) {
 		}
 	}
 	return len(missing) == 0, missing
+}
+
+// Notes are what /readyz shows beside readiness without making the node unready: the nodes whose BFD
+// sessions are all down (a dead peer is not this node's fault), a VPP without BFD.
+func (a *Agent) Notes() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.view.bfdNotes)
 }
 
 // Resynced reports whether the first full resync has completed (systemd's READY=1).

@@ -235,7 +235,8 @@ func (c *cache) setPeer(id peerID, e peerEntry, ch *changes) {
 	v4, more4, gap4 := c.peerFamily(id.node, false)
 	v6, more6, gap6 := c.peerFamily(id.node, true)
 	p := Peer{IPv4: v4.addr, IPv6: v6.addr, IPv4Created: v4.created, IPv6Created: v6.created,
-		IPv4Leased: v4.leased, IPv6Leased: v6.leased, MoreIPv4: more4, MoreIPv6: more6, Gap: gap4 || gap6}
+		IPv4Leased: v4.leased, IPv6Leased: v6.leased, MoreIPv4: more4, MoreIPv6: more6, Gap: gap4 || gap6,
+		BFD: c.peerBFD(id.node)}
 	old, had := c.peers[id.node]
 	if had && old == p || !had && p == (Peer{}) {
 		return
@@ -249,6 +250,19 @@ func (c *cache) setPeer(id peerID, e peerEntry, ch *changes) {
 		c.peers[id.node] = p
 	}
 	ch.peer(id.node)
+}
+
+// peerBFD returns the addresses node advertises BFD on (PeerBFDKeyAt), IPv4 then IPv6, each in index order.
+func (c *cache) peerBFD(node string) Addrs {
+	var out []netip.Addr
+	for _, v6 := range []bool{false, true} {
+		for i := 1; i <= MaxPeerIndex; i++ {
+			if e, ok := c.peerKeys[peerID{node: node, v6: v6, index: i, bfd: true}]; ok {
+				out = append(out, e.addr)
+			}
+		}
+	}
+	return MakeAddrs(out)
 }
 
 // peerFamily returns node's registered peer key of the family with the lowest index, the addresses of

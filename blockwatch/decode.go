@@ -88,11 +88,21 @@ func (d decoder) block(cidr netip.Prefix, value []byte) (*Block, error) {
 	return &Block{CIDR: cidr, Owner: owner, Borrowed: slices.Clip(r.Borrowed(owner))}, nil
 }
 
-// peerID names one registered peer address: a node, a family and an index (1-based).
+// PeerBFDKeyAt returns the key by which a node advertises that it answers BFD on its index-th peer IP of
+// family: <hostsPrefix><node>/peerip/<family>/<index>/bfd, whose value is that address (the agent's
+// --bfd). A reader that predates it finds it malformed and skips it; a registration without it is a node
+// without BFD.
+func PeerBFDKeyAt(hostsPrefix, node string, family netaddr.Family, index int) string {
+	return PeerKeyAt(hostsPrefix, node, family, index) + "/bfd"
+}
+
+// peerID names one registered peer address: a node, a family and an index (1-based); bfd marks the
+// BFD advertisement of that address (PeerBFDKeyAt) rather than the address itself.
 type peerID struct {
 	node  string
 	v6    bool
 	index int
+	bfd   bool
 }
 
 // peerKey parses a key under the hosts prefix.
@@ -107,12 +117,13 @@ func (d decoder) peerKey(key string) (peerID, error) {
 	}
 	fam, idx, _ := strings.Cut(strings.TrimPrefix(tail, "peerip/"), "/")
 	family, known := netaddr.ParseFamily(fam)
+	idx, sub, hasSub := strings.Cut(idx, "/")
 	n, err := strconv.Atoi(idx)
 	if strings.HasPrefix(tail, "peerip/") && known && err == nil &&
-		n >= 1 && n <= MaxPeerIndex && idx == strconv.Itoa(n) {
-		return peerID{node: node, v6: family == netaddr.V6, index: n}, nil
+		n >= 1 && n <= MaxPeerIndex && idx == strconv.Itoa(n) && (!hasSub || sub == "bfd") {
+		return peerID{node: node, v6: family == netaddr.V6, index: n, bfd: hasSub}, nil
 	}
-	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/<1..%d>", key, d.hostsPrefix, MaxPeerIndex)
+	return peerID{}, fmt.Errorf("peer key %q: want %s<node>/peerip/{ipv4,ipv6}/<1..%d>[/bfd]", key, d.hostsPrefix, MaxPeerIndex)
 }
 
 // peerAddr parses a peer value: a bare address of the key's family (surrounding white space allowed).

@@ -150,6 +150,9 @@ type Peer struct {
 	// Gap says that an index is missing below a registered one (/1 and /3 without /2; /2 without /1):
 	// the addresses there are used all the same, in index order.
 	Gap bool
+	// BFD are the node's peer IPs it answers BFD on (peerip/<family>/<n>/bfd, the agent's --bfd), IPv4
+	// first; empty for a node without BFD, and for every older agent.
+	BFD Addrs
 }
 
 // IPv4s returns every registered IPv4 peer IP of the node, in index order.

@@ -21,7 +21,7 @@ import (
 
 // Single-hop BFD (RFC 5880/5881) sessions in VPP (vnet core: every build has them). VPP ties a session to
 // the neighbour adjacency (peer, interface): every route path through that adjacency forwards only while
-// the session is Up, and a session that was never Up counts as down (../shared/bfd-ecmp.md §2). VPP does
+// the session is Up, and a session that was never Up counts as down (VPP 26.06 src/vnet/adj/adj_bfd.c). VPP does
 // that pruning itself; this file only creates, changes, deletes and reads sessions, and reports their
 // state changes.
 

@@ -17,6 +17,7 @@ import (
 	"go.fd.io/govpp/adapter/socketclient"
 	"go.fd.io/govpp/api"
 	interfaces "go.fd.io/govpp/binapi/interface"
+	"go.fd.io/govpp/binapi/interface_types"
 	"go.fd.io/govpp/binapi/ip"
 	"go.fd.io/govpp/binapi/ip_neighbor"
 	"go.fd.io/govpp/binapi/ipip"
@@ -104,6 +105,11 @@ const (
 	// in VPP's FIB but drop their traffic, even once another interface takes the index (measured on
 	// 26.06); a VPP without interface events sends none, and its clients notice by looking.
 	InterfaceDeleted
+	// InterfaceUp: VPP reported the interface SwIfIndex admin and link up (a sw_interface_event with
+	// both flags; VPP sends one per change, the simulator also for an unchanged link). After an
+	// interface comes up VPP forwards again over paths whose BFD session is not Up (a defect of 26.06,
+	// VPP 26.06 fib_path.c: an interface-up back-walk resolves the path without asking the adjacency) until that session changes state: the consumer re-creates those sessions.
+	InterfaceUp
 )
 
 // String returns the kind's name.
@@ -117,6 +123,8 @@ func (k EventKind) String() string {
 		return "incompatible"
 	case InterfaceDeleted:
 		return "interface-deleted"
+	case InterfaceUp:
+		return "interface-up"
 	default:
 		return fmt.Sprintf("EventKind(%d)", int(k))
 	}
@@ -134,7 +142,7 @@ type Event struct {
 	Restarted bool
 	// Err says why the connection ended (Disconnected) or was refused (Incompatible).
 	Err error
-	// SwIfIndex is the interface of an InterfaceDeleted.
+	// SwIfIndex is the interface of an InterfaceDeleted or InterfaceUp.
 	SwIfIndex uint32
 }
 
@@ -515,7 +523,8 @@ func (c *Client) watchInterfaces(ctx context.Context, sess *session) api.Watcher
 	return w
 }
 
-// forwardInterfaceEvents emits an InterfaceDeleted for each deletion w reports, from a goroutine that
+// forwardInterfaceEvents emits an InterfaceDeleted for each deletion w reports and an InterfaceUp for
+// each report of an interface admin and link up, from a goroutine that
 // ends with the session; the returned channel is closed then.
 func (c *Client) forwardInterfaceEvents(ctx context.Context, sess *session, w api.Watcher) <-chan struct{} {
 	done := make(chan struct{})
@@ -527,9 +536,15 @@ func (c *Client) forwardInterfaceEvents(ctx context.Context, sess *session, w ap
 		defer close(done)
 		defer w.Close()
 		for m := range w.Events() { // closed when the session ends
-			if ev, ok := m.(*interfaces.SwInterfaceEvent); ok && ev.Deleted {
+			ev, ok := m.(*interfaces.SwInterfaceEvent)
+			const up = interface_types.IF_STATUS_API_FLAG_ADMIN_UP | interface_types.IF_STATUS_API_FLAG_LINK_UP
+			switch {
+			case !ok:
+			case ev.Deleted:
 				sess.noteVXLAN(uint32(ev.SwIfIndex), false) // its index may be another interface's next
 				c.emit(ctx, Event{Kind: InterfaceDeleted, PID: sess.pid, Version: sess.version, SwIfIndex: uint32(ev.SwIfIndex)})
+			case ev.Flags&up == up:
+				c.emit(ctx, Event{Kind: InterfaceUp, PID: sess.pid, Version: sess.version, SwIfIndex: uint32(ev.SwIfIndex)})
 			}
 		}
 	}()

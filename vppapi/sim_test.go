@@ -135,6 +135,9 @@ func (h *harness) next() vppapi.Event {
 func (h *harness) expect(k vppapi.EventKind) vppapi.Event {
 	h.t.Helper()
 	ev := h.next()
+	for ev.Kind == vppapi.InterfaceUp && k != vppapi.InterfaceUp {
+		ev = h.next() // an interface set up (SetupUplink's admin up): not what the test waits for
+	}
 	if ev.Kind != k {
 		h.t.Fatalf("event %v (err %v), want %v", ev.Kind, ev.Err, k)
 	}
@@ -927,6 +930,21 @@ func TestRestartDuringApply(t *testing.T) {
 	}
 	if res := h.c.Apply(ctx, routes, nil); res.Err() != nil || len(sim.APIRoutes(0)) != len(routes) {
 		t.Errorf("Apply after the restart: %v; sim has %d routes", res.Err(), len(sim.APIRoutes(0)))
+	}
+}
+
+// TestInterfaceUpEvent: an uplink set admin up (its link up) is reported as InterfaceUp with its index
+// (the agent re-creates its BFD sessions that are not up there: VPP's interface down/up defect).
+func TestInterfaceUpEvent(t *testing.T) {
+	v := vpptest.New(t, vpptest.Options{})
+	h := start(t, v.Socket(), nil)
+	h.expect(vppapi.Connected)
+	idx, err := h.c.SetupUplink(ctxT(t), vppapi.Uplink{Name: v.Uplink(), Addresses: []netip.Prefix{pfx("192.0.2.7/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := h.expect(vppapi.InterfaceUp); ev.SwIfIndex != idx {
+		t.Errorf("InterfaceUp for sw_if_index %d, want %d", ev.SwIfIndex, idx)
 	}
 }
 

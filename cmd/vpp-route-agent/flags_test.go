@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/agent"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdconfig"
 )
 
@@ -45,6 +46,12 @@ func TestDaemonFlagsRejectBadInputNamingTheField(t *testing.T) {
 		{append(base, "--resync-interval", "10ms"), nil, "--resync-interval"},
 		{append(base, "--peer-loss-grace", "-1s"), nil, "--peer-loss-grace"},
 		{append(base, "--log-level", "chatty"), nil, "--log-level"},
+		{append(base, "--bfd", "--bfd-interval", "5ms"), nil, "--bfd-interval 5ms: want 10ms to 1m0s"},
+		{append(base, "--bfd", "--bfd-interval", "61s"), nil, "--bfd-interval"},
+		{append(base, "--bfd-multiplier", "1"), nil, "--bfd-multiplier 1: want 2 to 255"},
+		{append(base, "--bfd-multiplier", "256"), nil, "--bfd-multiplier 256"},
+		{base, map[string]string{"VPP_ROUTE_AGENT_BFD_MULTIPLIER": "1"}, "--bfd-multiplier"},
+		{[]string{"--nodename", "n1", "--uplink-interface", "x", "--peer-ip", "192.0.2.9", "--bfd"}, nil, "--bfd needs --uplink-address"},
 		{append(base, "--log-format", "xml"), nil, "--log-format"},
 		{append(base, "--metrics-address", "9482"), nil, "--metrics-address"},
 		{append(base, "--table-id", "-1"), nil, "table-id"},
@@ -96,6 +103,8 @@ func TestDaemonFlagsFromEnvironment(t *testing.T) {
 		"VPP_ROUTE_AGENT_METRICS_ADDRESS":      "127.0.0.1:0",
 		"VPP_ROUTE_AGENT_REGISTRATION_TTL":     "45s",
 		"VPP_ROUTE_AGENT_LEGACY_HOST_AFFINITY": "false",
+		"VPP_ROUTE_AGENT_BFD":                  "true",
+		"VPP_ROUTE_AGENT_BFD_INTERVAL":         "100ms",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -113,6 +122,12 @@ func TestDaemonFlagsFromEnvironment(t *testing.T) {
 	}
 	if cfg.agent.PeerLossGrace != 0 {
 		t.Errorf("--peer-loss-grace 0 became %s", cfg.agent.PeerLossGrace)
+	}
+	if want := (agent.BFDConfig{Enabled: true, Interval: 100 * time.Millisecond, Multiplier: 3}); cfg.agent.BFD != want {
+		t.Errorf("BFD %+v, want %+v", cfg.agent.BFD, want)
+	}
+	if got := cfg.bfdPeerIPs(); len(got) != 2 || got[0] != wantPeers[0] || got[1] != wantPeers[1] {
+		t.Errorf("BFD advertised on %v, want the uplink addresses", got)
 	}
 }
 

@@ -114,6 +114,20 @@ type daemonConfig struct {
 	startupCPUProfile string
 }
 
+// bfdPeerIPs are the peer IPs advertised as answering BFD: every uplink address, with --bfd.
+func (cfg *daemonConfig) bfdPeerIPs() []netip.Addr {
+	if !cfg.agent.BFD.Enabled {
+		return nil
+	}
+	var out []netip.Addr
+	for _, u := range append([]vppapi.Uplink{cfg.uplink}, cfg.moreUplinks...) {
+		for _, p := range u.Addresses {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
+
 // parseDaemonFlags parses and validates every flag before anything connects. It returns nil, nil when
 // it printed --help or --version.
 func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(string) (string, bool)) (*daemonConfig, error) {
@@ -139,6 +153,9 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 		withdrawOnExit = fs.Bool("withdraw-on-exit", false, "remove every route the agent owns when it stops")
 		deregister     = fs.Bool("deregister-on-exit", false, "revoke this node's registration when it stops (decommissioning)")
 		version        = fs.Bool("version", false, "print the version and exit")
+		bfdOn          = fs.Bool("bfd", false, "advertise BFD on this node's uplink addresses and open a VPP BFD session to every other node's peer IP that advertises it (VPP then takes a dead peer's paths out of forwarding within interval x multiplier); needs --uplink-address")
+		bfdInterval    = fs.Duration("bfd-interval", agent.DefaultBFDInterval, "BFD desired min TX and required min RX of every session, 10ms-60s")
+		bfdMultiplier  = fs.Uint("bfd-multiplier", agent.DefaultBFDMultiplier, "BFD detect multiplier, 2-255: a peer is down after this many intervals without a packet")
 		gcPercent      = fs.Int("go-gc-percent", defaultGCPercent, "Go GC target: the heap grows this many percent over the live data before a collection (GOGC, which this flag overrides when given); lower trades CPU for memory")
 	)
 	fs.Usage = func() {
@@ -230,9 +247,16 @@ func parseDaemonFlags(args []string, stdout, stderr io.Writer, getenv func(strin
 			return bad(fmt.Errorf("--metrics-address: %w", err))
 		}
 	}
+	if *bfdMultiplier < agent.MinBFDMultiplier || *bfdMultiplier > 255 {
+		return bad(fmt.Errorf("--bfd-multiplier %d: want %d to 255", *bfdMultiplier, agent.MinBFDMultiplier))
+	}
+	if *bfdOn && len(*uplinkAddrs) == 0 && !*dryRun {
+		return bad(errors.New("--bfd needs --uplink-address: a BFD session's local address is the uplink's address on the peer's subnet"))
+	}
 	pools, _ := ef.pools()
 	cfg.agent = agent.Config{NodeName: node, TableID: *tableID, Pools: pools, Uplink: cfg.uplink, MoreUplinks: cfg.moreUplinks, PeerIPs: cfg.peerIPs,
-		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log}
+		ResyncInterval: *resync, PeerLossGrace: *grace, DryRun: *dryRun, WithdrawOnExit: *withdrawOnExit, Logger: log,
+		BFD: agent.BFDConfig{Enabled: *bfdOn, Interval: *bfdInterval, Multiplier: uint8(*bfdMultiplier)}}
 	if err := cfg.agent.Validate(); err != nil {
 		return bad(err)
 	}
@@ -279,7 +303,7 @@ func daemon(ctx context.Context, cfg *daemonConfig) error {
 	var registration agent.Registration
 	if !cfg.agent.DryRun {
 		registrar, err = agent.NewRegistrar(agent.RegistrarConfig{Client: cli, HostsPrefix: cfg.etcd.hostsPrefix, NodeName: cfg.node,
-			PeerIPs: cfg.peerIPs, TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.RequestTimeout,
+			PeerIPs: cfg.peerIPs, BFDPeerIPs: cfg.bfdPeerIPs(), TTL: cfg.registrationTTL, Deregister: cfg.deregisterOnExit, RequestTimeout: cfg.etcd.RequestTimeout,
 			Logger: log.With("component", "registration"), Metrics: m})
 		if err != nil {
 			return err
@@ -496,12 +520,16 @@ func httpHandler(a *agent.Agent, reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ok, missing := a.Ready()
+		notes := ""
+		if n := a.Notes(); len(n) > 0 {
+			notes = "note (not a readiness condition):\n- " + strings.Join(n, "\n- ") + "\n"
+		}
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready:\n- %s\n", strings.Join(missing, "\n- "))
+			fmt.Fprintf(w, "not ready:\n- %s\n%s", strings.Join(missing, "\n- "), notes)
 			return
 		}
-		fmt.Fprintln(w, "ready")
+		fmt.Fprintf(w, "ready\n%s", notes)
 	})
 	mux.HandleFunc("GET /debug/routes", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)

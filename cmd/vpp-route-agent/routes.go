@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -50,12 +51,15 @@ func routesCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	v := agent.View(snap, agent.Options{NodeName: node, Pools: pools})
 	if *output == "json" {
-		return writeRoutesJSON(stdout, v)
+		return writeRoutesJSON(stdout, v, snap)
 	}
 	for _, r := range v.Desired {
 		note := ""
 		if r.EncapNote != "" {
 			note = " (" + r.EncapNote + ")"
+		}
+		if b := bfdPeerIPs(snap, r); len(b) > 0 {
+			note += " bfd " + strings.Join(b, ",")
 		}
 		fmt.Fprintf(stdout, "%s via %s%s owner %s encap %s%s\n", r.Prefix, r.NextHop, alsoVia(r), r.Owner, r.Encap, note)
 	}
@@ -140,17 +144,32 @@ type routeJSON struct {
 	EncapNote    string   `json:"encap_note,omitempty"`
 	Unresolved   string   `json:"unresolved,omitempty"`
 	Held         string   `json:"held,omitempty"`
+	// BFD are the route's next hops (NextHop, MoreNextHops) on which the owner advertises BFD (--bfd): a
+	// node with --bfd opens a session to each on its subnet; their live state is in /debug/routes.
+	BFD []string `json:"bfd_peer_ips,omitempty"`
+}
+
+// bfdPeerIPs lists the next hops of r on which its owner advertises BFD.
+func bfdPeerIPs(snap *blockwatch.Snapshot, r agent.DesiredRoute) []string {
+	adv := snap.Peers[r.Owner].BFD.All()
+	var out []string
+	for _, a := range append([]netip.Addr{r.NextHop}, r.MoreNextHops.All()...) {
+		if slices.Contains(adv, a) {
+			out = append(out, a.String())
+		}
+	}
+	return out
 }
 
 // writeRoutesJSON writes one list: the routes, then the unresolved ones (next_hop null, with the
 // reason), then the held blocks (next_hop null, kind "held", with the reason).
-func writeRoutesJSON(w io.Writer, v agent.RoutesView) error {
+func writeRoutesJSON(w io.Writer, v agent.RoutesView, snap *blockwatch.Snapshot) error {
 	routes, unresolved := v.Desired, v.Unresolved
 	out := make([]routeJSON, 0, len(routes)+len(unresolved)+len(v.Held))
 	for _, r := range routes {
 		nh := r.NextHop.String()
 		rj := routeJSON{Prefix: r.Prefix.String(), NextHop: &nh, Owner: r.Owner, Kind: string(r.Kind), Block: r.Block.String(),
-			Encap: r.Encap.String(), EncapNote: r.EncapNote}
+			Encap: r.Encap.String(), EncapNote: r.EncapNote, BFD: bfdPeerIPs(snap, r)}
 		for _, a := range r.MoreNextHops.All() {
 			rj.MoreNextHops = append(rj.MoreNextHops, a.String())
 		}

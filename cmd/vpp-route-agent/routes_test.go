@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vpp-route-agent/vpp-route-agent/blockwatch"
 	"github.com/vpp-route-agent/vpp-route-agent/calico"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
+	"github.com/vpp-route-agent/vpp-route-agent/internal/netaddr"
 )
 
 // TestRoutesListsHeldBlocksAndRefusedPeers: the routes subcommand names a block whose value cannot be
@@ -93,13 +96,17 @@ func TestRoutesShowEncap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// node-b runs --bfd: its peer IP's advertisement shows beside its route.
+	if _, err := cli.Put(ctx, blockwatch.PeerBFDKeyAt("/vpp-calico/hosts/", "node-b", netaddr.V4, 1), "192.0.2.2"); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"routes", "--etcd-endpoints", srv.Endpoint(), "--nodename", "node-a"}
 	var out bytes.Buffer
 	if err := run(ctx, args, &out, &bytes.Buffer{}, env(nil)); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"10.244.1.0/26 via 192.0.2.2 owner node-b encap none\n",
+		"10.244.1.0/26 via 192.0.2.2 owner node-b encap none bfd 192.0.2.2\n",
 		"10.244.2.0/26 via 198.51.100.3 owner node-c encap ipip\n",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -117,6 +124,9 @@ func TestRoutesShowEncap(t *testing.T) {
 	got := map[any]any{}
 	for _, r := range rows {
 		got[r["prefix"]] = r["encap"]
+		if r["prefix"] == "10.244.1.0/26" && fmt.Sprint(r["bfd_peer_ips"]) != "[192.0.2.2]" {
+			t.Errorf("json bfd_peer_ips of node-b's route: %v", r["bfd_peer_ips"])
+		}
 	}
 	if got["10.244.1.0/26"] != "none" || got["10.244.2.0/26"] != "ipip" {
 		t.Errorf("json encap by prefix %v, want none and ipip:\n%s", got, out.String())

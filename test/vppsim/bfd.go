@@ -13,7 +13,7 @@ import (
 	"go.fd.io/govpp/binapi/ip_types"
 )
 
-// Single-hop BFD as VPP 26.06 answers it (../shared/bfd-ecmp.md §1-2, §5.3):
+// Single-hop BFD as VPP 26.06 answers it (VPP 26.06 src/vnet/bfd and adj_bfd.c, and its interface down/up defect: see agent/bfd.go):
 //   - bfd_udp_add: an unknown sw_if_index -2; detect_mult 0, desired_min_tx 0 or local and peer of
 //     different families -73; an existing (sw_if_index, local, peer) -101. A new session is Down, admin up,
 //     and sends no event.
@@ -200,7 +200,7 @@ func (b *bfdSession) event() bfd.BfdUDPSessionEvent {
 
 // sendBFDEvents sends each event to every client registered with want_bfd_events, outside s.mu.
 func (s *Sim) sendBFDEvents(evs []bfd.BfdUDPSessionEvent) {
-	if len(evs) == 0 {
+	if len(evs) == 0 || s.faults.Load().DropBFDEvents {
 		return
 	}
 	s.mu.Lock()

@@ -109,6 +109,9 @@ type Faults struct {
 	// HangUpOn names a request (e.g. "ipip_add_tunnel"): the next one received is applied, not answered,
 	// and its connection closed, as when VPP's reply is lost with the connection; then the fault clears.
 	HangUpOn string
+	// DropBFDEvents sends no bfd_udp_session_event: the client never hears of its sessions' state changes,
+	// as when GoVPP drops notifications its full buffer cannot take (it only logs them); a dump still tells.
+	DropBFDEvents bool
 }
 
 // Sim is one simulated VPP. Its methods are safe for concurrent use.
