@@ -420,14 +420,14 @@ func TestDualHomedBFDKill(t *testing.T) {
 }
 
 // watchTransitions polls node n's BFD sessions every 50 ms until stop is called, which returns the state
-// changes seen (Up to not Up and back; a change shorter than a poll can be missed).
+// changes seen (Up to not Up and back; a change shorter than a poll can be missed). A poll is never cut
+// short, and stop waits for the last one: the test's other VPP calls do not overlap it.
 func (bc *dualBFD) watchTransitions(n *vpptopo.Node) (stop func() int) {
-	ctx, cancel := context.WithCancel(bc.ctx)
-	done := make(chan int)
+	quit, done := make(chan struct{}), make(chan int)
 	go func() {
 		last, changes := map[string]bool{}, 0
-		for ctx.Err() == nil {
-			ss, err := n.BFDSessions(ctx)
+		for {
+			ss, err := n.BFDSessions(bc.ctx)
 			if err == nil {
 				for _, s := range ss {
 					key := s.Interface + " " + s.Peer.String()
@@ -438,13 +438,14 @@ func (bc *dualBFD) watchTransitions(n *vpptopo.Node) (stop func() int) {
 				}
 			}
 			select {
-			case <-ctx.Done():
+			case <-quit:
+				done <- changes
+				return
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		done <- changes
 	}()
-	return func() int { cancel(); return <-done }
+	return func() int { close(quit); return <-done }
 }
 
 // flap toggles node-2's fabric-A port: cycles times down for period, then up for period.
@@ -479,8 +480,8 @@ func TestDualHomedBFDFlap(t *testing.T) {
 		}
 		stop := bc.watchTransitions(n1)
 		bc.flap(t, phase.cycles, phase.period)
-		bc.waitSessions(t, func(*vpptopo.Node, vpptopo.BFDSession) bool { return true }, time.Minute)
 		changes := stop()
+		bc.waitSessions(t, func(*vpptopo.Node, vpptopo.BFDSession) bool { return true }, time.Minute)
 		what := fmt.Sprintf("node-2's fabric-A port flapping every %s for %s", phase.period, 2*time.Duration(phase.cycles)*phase.period)
 		checkForwardsOverBoth(t, bc.topo, "after "+what)
 		for _, from := range []*vpptopo.Node{n1, bc.topo.Nodes[2]} {
@@ -495,7 +496,7 @@ func TestDualHomedBFDFlap(t *testing.T) {
 				t.Errorf("%s's agent wrote %g routes with %s, want at most %d", n.Name, d, what, flapWriteBound)
 			}
 		}
-		t.Logf("FIGURE %s (BFD 300ms x 3): route writes %s; node-1's VPP polled: %d BFD session state changes", what, strings.Join(deltas, ", "), changes)
+		t.Logf("FIGURE %s (BFD 300ms x 3): route writes %s; node-1's VPP polled during the flap: %d BFD session state changes", what, strings.Join(deltas, ", "), changes)
 	}
 }
 
