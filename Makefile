@@ -37,7 +37,7 @@ test-vpp:
 		echo "make test-vpp: no VPP_LAB_PKG, the data-plane tests are skipped; for them point VPP_LAB_PKG at a VPP" >&2; \
 		echo "  with the memif and ping plugins: VPP_LAB_PKG=/usr with fd.io's vpp-plugin-core installed, or an unpacked build (/opt/vpp-v26.06-lab)." >&2; \
 	fi
-	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) VPP_LAB_PKG=$(VPP_LAB_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab ./test/dataplane
+	VPP_TEST_BACKEND=real VPP_PKG=$(VPP_PKG) VPP_LAB_PKG=$(VPP_LAB_PKG) $(GO) test -count=1 -timeout 10m ./vppapi ./test/e2e ./cmd/vpplab ./internal/vpptopo ./test/dataplane
 
 # Interoperability with Project Calico's own calico-ipam and calicoctl v3.31.0 on one etcd (needs root:
 # calico-ipam runs in a private mount namespace). Calico is built once into CALICO_DIR (2-6 min cold).

@@ -363,15 +363,20 @@ func (v *VPP) Call(ctx context.Context, f func(api.Channel) error) error {
 	if err != nil {
 		return fmt.Errorf("connect to VPP at %s: %w", v.Socket(), err)
 	}
-	defer conn.Disconnect()
 	ch, err := conn.NewAPIChannel()
 	if err != nil {
+		conn.Disconnect()
 		return err
 	}
-	defer ch.Close()
 	ch.SetReplyTimeout(5 * time.Second)
 	done := make(chan error, 1)
-	go func() { done <- f(ch) }()
+	// The goroutine running f closes the channel and the connection once f is done with them (each reply
+	// within 5 s), also when ctx ends first and Call has returned: closing them under f races with it.
+	go func() {
+		defer conn.Disconnect()
+		defer ch.Close()
+		done <- f(ch)
+	}()
 	select {
 	case err := <-done:
 		return err

@@ -86,7 +86,7 @@ func runTests(m *testing.M) int {
 
 // requireLab skips the test unless it runs against real VPP with a lab build, and fails it if
 // VPP_LAB_PKG names something else.
-func requireLab(t *testing.T) {
+func requireLab(t testing.TB) {
 	t.Helper()
 	if skipWhy != "" {
 		t.Skip(skipWhy)
@@ -104,7 +104,7 @@ func startTopology(t *testing.T, kind vpptopo.Kind, n int) *vpptopo.Topology {
 }
 
 // startTopologyWith is startTopology with more of vpptopo.Config (Dir is set here).
-func startTopologyWith(t *testing.T, cfg vpptopo.Config) *vpptopo.Topology {
+func startTopologyWith(t testing.TB, cfg vpptopo.Config) *vpptopo.Topology {
 	kind, n := cfg.Kind, cfg.Nodes
 	t.Helper()
 	dir, err := os.MkdirTemp("", "dp")
@@ -128,12 +128,12 @@ func startTopologyWith(t *testing.T, cfg vpptopo.Config) *vpptopo.Topology {
 // cluster is an embedded etcd with both pools and one IPv4 and one IPv6 block per node, each block as
 // Calico writes it for a node with pods (ordinal 1 is the pod vpptopo puts on the node's loopback).
 type cluster struct {
-	t    *testing.T
+	t    testing.TB
 	etcd *etcdtest.Server
 	cli  *clientv3.Client
 }
 
-func newCluster(t *testing.T, topo *vpptopo.Topology) *cluster {
+func newCluster(t testing.TB, topo *vpptopo.Topology) *cluster {
 	t.Helper()
 	srv, cli := etcdtest.Start(t)
 	c := &cluster{t: t, etcd: srv, cli: cli}
@@ -179,6 +179,17 @@ func startAgent(t *testing.T, etcd string, n *vpptopo.Node) (stop func()) {
 // startAgentOn is startAgent for node name on VPP vpp, its uplink interface uplink with addresses addrs.
 func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink string, addrs ...netip.Prefix) (stop func()) {
 	t.Helper()
+	args := []string{"--uplink-interface", uplink}
+	for _, a := range addrs {
+		args = append(args, "--uplink-address", a.String())
+	}
+	return startAgentArgs(t, etcd, name, vpp, args...)
+}
+
+// startAgentArgs is startAgentOn with the uplink flags, and any others (a later flag overrides an
+// earlier one), given as args.
+func startAgentArgs(t testing.TB, etcd, name string, vpp *vppproc.VPP, args ...string) (stop func()) {
+	t.Helper()
 	n := struct {
 		Name string
 		VPP  *vppproc.VPP
@@ -193,14 +204,11 @@ func startAgentOn(t *testing.T, etcd, name string, vpp *vppproc.VPP, uplink stri
 		"--etcd-endpoints", etcd,
 		"--etcd-dial-timeout", "2s",
 		"--vpp-api-socket", n.VPP.Socket(),
-		"--uplink-interface", uplink,
 		"--metrics-address", "",
 		"--log-format", "json",
 		"--log-level", "debug", // the tests wait for "full resync done"
 		"--registration-ttl", "10s")
-	for _, a := range addrs {
-		cmd.Args = append(cmd.Args, "--uplink-address", a.String())
-	}
+	cmd.Args = append(cmd.Args, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()} // no ETCD_ENDPOINTS, NODENAME leak in
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -303,7 +311,7 @@ func pingPods(t *testing.T, from, to *vpptopo.Node, ipv6 bool) ([]vpptopo.PingRe
 }
 
 // ping pings dst from node from's VPP, sourced from interface source.
-func ping(t *testing.T, from *vpptopo.Node, dst netip.Addr, source string) ([]vpptopo.PingResult, bool) {
+func ping(t testing.TB, from *vpptopo.Node, dst netip.Addr, source string) ([]vpptopo.PingResult, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
