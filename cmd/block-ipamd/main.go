@@ -284,7 +284,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, lookup func(strin
 		return err
 	}
 	capacity := ipamd.NewCapacity(ipamd.CapacityConfig{Client: cli, Node: cfg.node, Leader: live.Leader,
-		Interval: cfg.capacityInterval, CallTimeout: cfg.etcd.RequestTimeout, HostsPrefix: cfg.hostsPrefix, Logger: log}, reg)
+		Interval: cfg.capacityInterval, CallTimeout: cfg.etcd.RequestTimeout, HostsPrefix: cfg.hostsPrefix, Exclude: srv.Exclude, Logger: log}, reg)
 	g.Go(func() error { return live.Run(gctx) })
 	g.Go(func() error { return capacity.Run(gctx) })
 	if cfg.releaseAfter > 0 {

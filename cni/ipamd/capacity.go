@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +33,11 @@ type CapacityConfig struct {
 	Interval, CallTimeout time.Duration
 	// HostsPrefix is the route agents' registration prefix (default DefaultHostsPrefix).
 	HostsPrefix string
-	Logger      *slog.Logger
+	// Exclude returns the address ranges the CNI configuration excludes (Server.Exclude), counted as
+	// reserved; nil: none. Only requests carry them, and every node has the same network
+	// configuration as a rule: the elected daemon counts its own node's for the pools.
+	Exclude func() []netip.Prefix
+	Logger  *slog.Logger
 }
 
 // Capacity exports the IPAM capacity (calico.Capacity) as gauges: every daemon its own node's, the
@@ -76,7 +81,7 @@ var (
 	descPoolBlockAddr = prometheus.NewDesc("block_ipam_pool_block_addresses", "Addresses of the pool's claimed blocks. Exported by the elected daemon only.", poolLabels, nil)
 	descPoolAllocated = prometheus.NewDesc("block_ipam_pool_allocated_addresses", "Allocated addresses in the pool (calicoctl ipam show: IPS IN USE). Exported by the elected daemon only.", poolLabels, nil)
 	descPoolFree      = prometheus.NewDesc("block_ipam_pool_free_block_addresses", "Addresses of claimed blocks neither allocated nor reserved. Exported by the elected daemon only.", poolLabels, nil)
-	descPoolReserved  = prometheus.NewDesc("block_ipam_pool_reserved_addresses", "Addresses of the pool that IPReservations cover. Exported by the elected daemon only.", poolLabels, nil)
+	descPoolReserved  = prometheus.NewDesc("block_ipam_pool_reserved_addresses", "Addresses of the pool that IPReservations or the CNI configuration's ipam.exclude (as of the last ADD this daemon served) cover. Exported by the elected daemon only.", poolLabels, nil)
 	descPoolBlocks    = prometheus.NewDesc("block_ipam_pool_blocks", "Claimed blocks of the pool. Exported by the elected daemon only.", poolLabels, nil)
 	descPoolClaimable = prometheus.NewDesc("block_ipam_pool_claimable_blocks", "Block-sized subnets of the pool a claim could still take. Exported by the elected daemon only.", poolLabels, nil)
 	descPoolBorrowed  = prometheus.NewDesc("block_ipam_pool_borrowed_addresses", "Allocated addresses whose node is not their block's owner. Exported by the elected daemon only.", poolLabels, nil)
@@ -155,6 +160,9 @@ func (c *Capacity) Refresh(ctx context.Context, full bool) error {
 	in, alive, rev, err := c.read(ctx, full)
 	if err != nil {
 		return err
+	}
+	if c.cfg.Exclude != nil {
+		in.Exclude = c.cfg.Exclude()
 	}
 	snap := capacitySnap{rep: calico.Capacity(in.CapacityInput), full: full, at: time.Now(), skipped: in.skipped}
 	if full {

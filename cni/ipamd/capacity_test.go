@@ -233,3 +233,42 @@ func TestExporterResignsOnStop(t *testing.T) {
 		t.Error("the stopped daemon's liveness key was deleted with it: a restart would make the node look dead")
 	}
 }
+
+// TestCapacityCountsExclude: the ranges the CNI configuration excludes are reserved addresses in the
+// gauges: the pool's reserved addresses grow by the excluded range outside the IPReservation, and the
+// node's free addresses shrink by the excluded addresses inside its block.
+func TestCapacityCountsExclude(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	putCapacityFixture(t, cli)
+	exclude := []netip.Prefix{netip.MustParsePrefix("10.0.0.192/27"), netip.MustParsePrefix("10.0.0.60/30")}
+	reg := prometheus.NewRegistry()
+	c := NewCapacity(CapacityConfig{Client: cli, Node: "a", Leader: func() bool { return true },
+		Exclude: func() []netip.Prefix { return exclude }}, reg)
+	if err := c.Refresh(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	pool := []string{"pool", "p4", "family", "ipv4"}
+	if got := metricstest.Value(t, reg, "block_ipam_pool_reserved_addresses", pool...); got != 64+32+4 {
+		t.Errorf("reserved addresses %v, want 100: the IPReservation's 64, and the excluded /27 and /30", got)
+	}
+	if got := metricstest.Value(t, reg, "block_ipam_node_free_addresses", append([]string{"node", "a"}, pool...)...); got != 61-4 {
+		t.Errorf("node a's free addresses %v, want 57: 61 less the excluded /30 in its block", got)
+	}
+}
+
+// TestServerRemembersExclude: the capacity gauges learn ipam.exclude from the last ADD the daemon
+// served (only requests carry the CNI configuration).
+func TestServerRemembersExclude(t *testing.T) {
+	srv := startServer(t, Config{}, nil)
+	if got := srv.Exclude(); got != nil {
+		t.Fatalf("Exclude before any ADD = %v, want nil", got)
+	}
+	req := addRequest("c1", 10*time.Second)
+	req.Exclude = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/30")}
+	if reply := srv.serve(t.Context(), time.Now(), req); reply.Code != 0 {
+		t.Fatalf("ADD: %d %s", reply.Code, reply.Msg)
+	}
+	if got := srv.Exclude(); len(got) != 1 || got[0] != req.Exclude[0] {
+		t.Errorf("Exclude after the ADD = %v, want %v", got, req.Exclude)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -73,6 +74,18 @@ type Server struct {
 	// still this daemon's.
 	socket atomic.Pointer[Socket]
 	limits *connLimits
+	// exclude are the ipam.exclude ranges of the last valid ADD: the CNI configuration's, which only
+	// the requests carry (Exclude, for the capacity gauges).
+	exclude atomic.Pointer[[]netip.Prefix]
+}
+
+// Exclude returns the ipam.exclude ranges of the last valid ADD this daemon served (nil before the
+// first): the node's CNI network configuration, which the requests carry and etcd does not.
+func (s *Server) Exclude() []netip.Prefix {
+	if p := s.exclude.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // job is one request queued for the state loop; done receives exactly one reply.
@@ -516,6 +529,10 @@ func (s *Server) serve(ctx context.Context, start time.Time, req *cni.Request) *
 	}
 	// From here on, the request is the daemon's node's (the allocator's conf.Node).
 	req.Node = s.cfg.Node
+	if req.Verb == "ADD" {
+		ex := slices.Clone(req.Exclude)
+		s.exclude.Store(&ex)
+	}
 	if p := s.healthProblem(); p != "" {
 		// etcd is known not to serve: answer now rather than queue behind operations that wait on it.
 		code := uint(types.ErrTryAgainLater)
