@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,40 +26,9 @@ import (
 // BFD flags); it stops with the test, its log shown if the test fails.
 func startBFDAgent(t testing.TB, etcd string, n *vpptopo.Node, interval time.Duration) {
 	t.Helper()
-	logPath := filepath.Join(n.VPP.Dir(), "agent.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(agentBin, "--nodename", n.Name, "--etcd-endpoints", etcd, "--etcd-dial-timeout", "2s",
-		"--vpp-api-socket", n.VPP.Socket(), "--uplink-interface", vpptopo.UplinkInterface,
+	startAgentArgs(t, etcd, n.Name, n.VPP, "--uplink-interface", vpptopo.UplinkInterface,
 		"--uplink-address", n.Addr4.String(), "--uplink-address", n.Addr6.String(),
-		"--metrics-address", "", "--log-format", "json", "--log-level", "debug", "--registration-ttl", "10s",
 		"--bfd", "--bfd-interval", interval.String(), "--bfd-multiplier", "3")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logFile.Close()
-		out, _ := os.ReadFile(logPath)
-		if raceEnabled && strings.Contains(string(out), "WARNING: DATA RACE") {
-			t.Errorf("agent %s: the race detector found a data race:\n%s", n.Name, out)
-		} else if t.Failed() {
-			t.Logf("agent %s log:\n%s", n.Name, out)
-		}
-	})
 }
 
 // bfdStates returns node n's BFD sessions, peer -> state (0 admin-down, 1 down, 2 init, 3 up).
