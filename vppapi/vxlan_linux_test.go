@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -22,11 +21,11 @@ import (
 // run runs a command, failing the test with its output if it fails.
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
+	out, err := vpptopo.Command(name, args...)
 	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+		t.Fatal(err)
 	}
-	return string(out)
+	return out
 }
 
 // TestVXLANLinuxInterop: a lab VPP and a Linux network namespace configured as felix configures a node
@@ -47,23 +46,21 @@ func TestVXLANLinuxInterop(t *testing.T) {
 	case os.Geteuid() != 0:
 		t.Skip("needs root: a network namespace, a veth pair and a kernel VXLAN device")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip and bridge")
-	}
 	id := fmt.Sprintf("vxt%d", os.Getpid()%100000)
-	ns, vppEnd, lnxEnd := id, id+"v", id+"l"
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
+	vppEnd, lnxEnd := id+"v", id+"l"
+	ns, err := vpptopo.NewVXLANNetns(id)
+	if err != nil {
+		t.Skip(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() }) // takes the veth pair with it
+	t.Cleanup(ns.Delete) // takes the veth pair with it
 	inNS := func(args ...string) string {
 		t.Helper()
-		return run(t, "ip", append([]string{"netns", "exec", ns}, args...)...)
+		out, err := ns.Exec(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns, "ip", "link", "add", "vxprobe", "type", "vxlan", "id", "1", "dstport", "4789").CombinedOutput(); err != nil {
-		t.Skipf("the kernel has no VXLAN: %v: %s", err, out)
-	}
-	inNS("ip", "link", "del", "vxprobe")
 
 	const (
 		vppNode, lnxNode = "vpp-node", "linux-node"
@@ -78,7 +75,7 @@ func TestVXLANLinuxInterop(t *testing.T) {
 	// The VPP end stays in this namespace without addresses; keep the kernel from speaking IPv6 on it.
 	_ = exec.Command("sysctl", "-qw", "net.ipv6.conf."+vppEnd+".disable_ipv6=1").Run()
 	run(t, "ip", "link", "set", vppEnd, "up")
-	run(t, "ip", "link", "set", lnxEnd, "netns", ns)
+	run(t, "ip", "link", "set", lnxEnd, "netns", string(ns))
 	// The Linux node, as felix's vxlan_mgr and vxlanfdb leave it, but for noudpcsum: over a veth the
 	// kernel leaves the outer UDP checksum partial (to be completed by a NIC), and VPP's af_packet
 	// interface then either drops the packets (bad udp checksum, without its checksum offload) or, with
@@ -151,7 +148,7 @@ func TestVXLANLinuxInterop(t *testing.T) {
 	// Linux -> VPP: an ICMP echo from the namespace (no ping binary needed).
 	var replies int
 	for range 5 {
-		if replies, err = vpptopo.PingFromNetns(ns, addr(lnxPod), addr(vppPod), 3); err != nil {
+		if replies, err = vpptopo.PingFromNetns(string(ns), addr(lnxPod), addr(vppPod), 3); err != nil {
 			t.Fatal(err)
 		}
 		if replies >= 2 {

@@ -4,12 +4,57 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// Command runs name with args and returns its combined output; its error names the command and carries
+// the output.
+func Command(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// VXLANNetns is a Linux network namespace, named so, whose kernel makes VXLAN devices: where a test puts
+// a node configured as felix configures one (vxlan.calico) beside VPPs. Needs root and iproute2.
+type VXLANNetns string
+
+// NewVXLANNetns creates network namespace name and checks that a VXLAN device can be made in it; its
+// error says why not (the caller skips the test), the namespace then gone again.
+func NewVXLANNetns(name string) (VXLANNetns, error) {
+	if _, err := exec.LookPath("ip"); err != nil {
+		return "", fmt.Errorf("needs iproute2's ip: %w", err)
+	}
+	if _, err := Command("ip", "netns", "add", name); err != nil {
+		return "", err
+	}
+	ns := VXLANNetns(name)
+	if _, err := ns.Exec("ip", "link", "add", "vxprobe", "type", "vxlan", "id", "1", "dstport", "4789"); err != nil {
+		ns.Delete()
+		return "", fmt.Errorf("the kernel has no VXLAN: %w", err)
+	}
+	if _, err := ns.Exec("ip", "link", "del", "vxprobe"); err != nil {
+		ns.Delete()
+		return "", err
+	}
+	return ns, nil
+}
+
+// Exec runs a command inside the namespace (ip netns exec), as Command does.
+func (ns VXLANNetns) Exec(args ...string) (string, error) {
+	return Command("ip", append([]string{"netns", "exec", string(ns)}, args...)...)
+}
+
+// Delete deletes the namespace, and with it the interfaces in it (a veth pair's other end too).
+func (ns VXLANNetns) Delete() { _, _ = Command("ip", "netns", "del", string(ns)) }
 
 // PingFromNetns sends count ICMP echoes from src to dst inside network namespace ns (a raw socket on a
 // thread of its own that enters ns and then ends with its goroutine; no ping binary needed) and

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,19 +38,15 @@ func TestMixedVXLAN(t *testing.T) {
 		t.Skip("needs iproute2's ip and bridge")
 	}
 	id := fmt.Sprintf("mx%d", os.Getpid()%100000)
-	ns := id
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
+	ns, err := vpptopo.NewVXLANNetns(id)
+	if err != nil {
+		t.Skip(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() }) // takes the veth pairs with it
+	t.Cleanup(ns.Delete) // takes the veth pairs with it
 	inNS := func(args ...string) string {
 		t.Helper()
-		return sh(t, "ip", append([]string{"netns", "exec", ns}, args...)...)
+		return must(t)(ns.Exec(args...))
 	}
-	if out, err := exec.Command("ip", "netns", "exec", ns, "ip", "link", "add", "vxprobe", "type", "vxlan", "id", "1", "dstport", "4789").CombinedOutput(); err != nil {
-		t.Skipf("the kernel has no VXLAN: %v: %s", err, out)
-	}
-	inNS("ip", "link", "del", "vxprobe")
 
 	type vppNode struct {
 		name      string
@@ -81,7 +76,7 @@ func TestMixedVXLAN(t *testing.T) {
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", n.end).Run() })
 		_ = exec.Command("sysctl", "-qw", "net.ipv6.conf."+n.end+".disable_ipv6=1").Run()
 		sh(t, "ip", "link", "set", n.end, "up")
-		sh(t, "ip", "link", "set", n.end+"l", "netns", ns)
+		sh(t, "ip", "link", "set", n.end+"l", "netns", string(ns))
 		inNS("ip", "link", "set", n.end+"l", "master", "br0")
 		inNS("ip", "link", "set", n.end+"l", "up")
 	}
@@ -169,7 +164,7 @@ func TestMixedVXLAN(t *testing.T) {
 		}
 		replies := 0
 		for range 5 {
-			if replies, err = vpptopo.PingFromNetns(ns, lnxPod, n.pod, 3); err != nil {
+			if replies, err = vpptopo.PingFromNetns(string(ns), lnxPod, n.pod, 3); err != nil {
 				t.Fatal(err)
 			}
 			if replies >= 2 {
@@ -206,9 +201,16 @@ func TestMixedVXLAN(t *testing.T) {
 // sh runs a command, failing the test with its output if it fails.
 func sh(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	return must(t)(vpptopo.Command(name, args...))
+}
+
+// must fails t with err, else returns out.
+func must(t *testing.T) func(out string, err error) string {
+	return func(out string, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
 	}
-	return string(out)
 }
