@@ -188,23 +188,18 @@ func checkEncapPairs(t *testing.T, topo *vpptopo.Topology) {
 
 // lossDuring pings to's IPv4 pod from from's pod (400 echoes, 10 ms apart: 4 s) while do runs, 1 s
 // into the pings, and returns the result.
-func lossDuring(t *testing.T, from, to *vpptopo.Node, do func()) vpptopo.PingResult {
+func lossDuring(t *testing.T, from, to *vpptopo.Node, do func()) vpptopo.Echoes {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	type res struct {
-		r   vpptopo.PingResult
+		e   vpptopo.Echoes
 		err error
 	}
 	ch := make(chan res, 1)
 	go func() {
-		out, err := from.VPP.CLI(ctx, fmt.Sprintf("ping %s source %s repeat 400 interval 0.01", to.Pod4, vpptopo.PodInterface))
-		if err != nil {
-			ch <- res{err: err}
-			return
-		}
-		r, err := vpptopo.ParsePing(out)
-		ch <- res{r, err}
+		e, err := vpptopo.PingEvery(ctx, from.VPP, vpptopo.PodInterface, to.Pod4, 400, 10*time.Millisecond)
+		ch <- res{e, err}
 	}()
 	time.Sleep(time.Second)
 	do()
@@ -212,7 +207,7 @@ func lossDuring(t *testing.T, from, to *vpptopo.Node, do func()) vpptopo.PingRes
 	if got.err != nil {
 		t.Fatalf("%s: %v", from.Name, got.err)
 	}
-	return got.r
+	return got.e
 }
 
 // logSize returns the length of node n's agent log (every run of it appends).
@@ -307,8 +302,10 @@ func TestRoutedIPIP(t *testing.T) {
 	if after := encapRoutes(t, n1); !maps.Equal(after, routesBefore) {
 		t.Errorf("%s's routes changed across its agent's restart:\nbefore %v\n after %v", n1.Name, routesBefore, after)
 	}
-	if loss.Received != loss.Sent {
-		t.Errorf("pings lost while the agent restarted: %s", loss)
+	// An outage (a route or tunnel rewritten) loses echoes in a row; a lone one lost is the loaded
+	// machine (seen once in CI: 399/400, with routes and tunnels unchanged).
+	if loss.LongestLoss() > 1 {
+		t.Errorf("pings lost while the agent restarted: %s, %d in a row", loss.PingResult, loss.LongestLoss())
 	}
 
 	loss = lossDuring(t, n1, n3, func() { c.setIPIPMode(calico.EncapCrossSubnet) })

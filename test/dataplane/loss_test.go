@@ -96,9 +96,9 @@ func TestEncapChangeLoss(t *testing.T) {
 	if r, ok := pingPods(t, n1, n3, false); !ok {
 		t.Fatalf("flat, same subnet: no answer: %v", r)
 	}
-	report := func(what string, from, to *vpptopo.Node, r vpptopo.PingResult) {
-		t.Logf("FIGURE ping loss %s -> %s while %s: %d of %d lost (%.1f ms at 10 ms per echo)",
-			from.Name, to.Name, what, r.Sent-r.Received, r.Sent, float64(r.Sent-r.Received)*10)
+	report := func(what string, from, to *vpptopo.Node, r vpptopo.Echoes) {
+		t.Logf("FIGURE ping loss %s -> %s while %s: %d of %d lost (%.1f ms at 10 ms per echo), longest outage %s",
+			from.Name, to.Name, what, r.Sent-r.Received, r.Sent, float64(r.Sent-r.Received)*10, r.Outage())
 	}
 	mustAnswer := func(from, to *vpptopo.Node) {
 		t.Helper()
