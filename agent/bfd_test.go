@@ -292,7 +292,15 @@ func TestBFDECMPSurvivingPath(t *testing.T) {
 	// A path with no session yet forwards too: wait for the sessions (one per uplink and family) first.
 	c.waitFor("a's sessions, one per uplink and family", settle, func() bool { return len(c.bfdSessions("a")) == 4 })
 	c.waitFor("both paths forward", settle, func() bool { return slices.Equal(c.forwards("a", "10.244.2.1"), both) })
+	// The count from which no write may come: once the agent's start (its first full resync after the
+	// list may write again what the list's turn wrote) is over.
 	writes := c.fibWrites("a")
+	c.waitFor("a's route writes settled", settle, func() bool {
+		time.Sleep(300 * time.Millisecond)
+		w := c.fibWrites("a")
+		defer func() { writes = w }()
+		return w == writes
+	})
 	c.nodes["a"].sim.SetBFDPeerAnswering(b.peer2V4, false)
 	c.waitFor("only the first path forwards", settle, func() bool { return slices.Equal(c.forwards("a", "10.244.2.1"), both[:1]) })
 	c.waitFor("debug shows one path down", settle, func() bool {
