@@ -512,13 +512,23 @@ batch:
 		}
 	}
 	// Changes applied before an error are emitted first: the relist diffs against the view that
-	// already holds them.
+	// already holds them. Otherwise the status is updated before the snapshot goes out, so that it is
+	// never behind a snapshot a consumer holds.
+	var snap *Snapshot
 	if !ch.empty() {
-		w.emit(w.view.snapshot(&ch, false, ""))
+		snap = w.view.snapshot(&ch, false, "")
 	}
 	if err != nil {
+		if snap != nil {
+			w.emit(snap)
+		}
 		return reason, err
 	}
+	defer func() {
+		if snap != nil {
+			w.emit(snap)
+		}
+	}()
 	p.lastHeard, p.probeSent = time.Now(), time.Time{}
 	p.switchAt = w.scheduleSwitch(p.switchAt)
 	problem := w.view.problem()
