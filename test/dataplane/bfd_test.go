@@ -3,7 +3,6 @@ package dataplane
 import (
 	"context"
 	"net/netip"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,9 +11,6 @@ import (
 	"go.fd.io/govpp/api"
 	"go.fd.io/govpp/binapi/bfd"
 
-	"github.com/vpp-route-agent/vpp-route-agent/calico"
-	"github.com/vpp-route-agent/vpp-route-agent/internal/calicotest"
-	"github.com/vpp-route-agent/vpp-route-agent/internal/etcdtest"
 	"github.com/vpp-route-agent/vpp-route-agent/internal/vpptopo"
 )
 
@@ -79,40 +75,11 @@ func fibDrops(t testing.TB, n *vpptopo.Node, block netip.Prefix) bool {
 // every node's sessions to the others are up.
 func bfdCluster(t testing.TB, interval time.Duration) *vpptopo.Topology {
 	t.Helper()
-	if skipWhy != "" {
-		t.Skip(skipWhy)
-	}
-	if labErr != nil {
-		t.Fatal(labErr)
-	}
-	dir, err := os.MkdirTemp("", "dp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	topo, err := vpptopo.Start(ctx, labBin, vpptopo.Config{Kind: vpptopo.Fabric, Nodes: 3, Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(topo.Stop)
-	srv, cli := etcdtest.Start(t)
-	for _, p := range []calico.IPPool{{Name: "default-ipv4-ippool", CIDR: pool4, BlockSize: 26},
-		{Name: "default-ipv6-ippool", CIDR: pool6, BlockSize: 122}} {
-		if err := calicotest.PutPool(ctx, cli, p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, n := range topo.Nodes {
-		for j, b := range []netip.Prefix{n.Block4, n.Block6} {
-			if err := calicotest.PutBlock(ctx, cli, calicotest.Block(b, n.Name, 2*i+j)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	requireLab(t)
+	topo := startTopologyWith(t, vpptopo.Config{Kind: vpptopo.Fabric, Nodes: 3})
+	c := newCluster(t, topo)
 	for _, n := range topo.Nodes {
-		startBFDAgent(t, srv.Endpoint(), n, interval)
+		startBFDAgent(t, c.etcd.Endpoint(), n, interval)
 	}
 	waitBFDUp(t, topo.Nodes, 60*time.Second)
 	return topo
